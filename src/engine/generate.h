@@ -1,0 +1,52 @@
+/* generate.h: one request's decode loop over a model sequence: prefill, sample, stop.
+ *
+ * Stops at any of the model's EOS ids (not emitted), at max_tokens ("length"), or when a stop
+ * string appears in the text ("stop"; the stop string and what follows are not emitted). Text
+ * that might still become a stop string is held back and released once it cannot. */
+#ifndef LM_ENGINE_GENERATE_H
+#define LM_ENGINE_GENERATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/buf.h"
+#include "base/status.h"
+#include "engine/sampler.h"
+#include "family/model.h"
+
+enum lm_finish { LM_FINISH_NONE, LM_FINISH_STOP, LM_FINISH_LENGTH, LM_FINISH_CANCELLED };
+const char *lm_finish_name(enum lm_finish f); /* "stop", "length", "cancelled", "" */
+
+struct lm_gen_request {
+    const int32_t *prompt; /* borrowed prompt ids */
+    size_t n_prompt;
+    int max_tokens;        /* completion tokens at most (> 0) */
+    struct lm_sampling_params sampling;
+    const char *const *stop; /* borrowed stop strings (may be NULL) */
+    size_t n_stop;
+    bool ignore_eos;           /* keep going past EOS ids (benchmarks) */
+    atomic_bool *cancel;       /* polled every step; NULL = never cancelled */
+};
+
+/* Called with each piece of newly released text (complete UTF-8). Return false to cancel. */
+typedef bool (*lm_gen_text_fn)(void *ctx, const char *text, size_t len);
+
+struct lm_gen_result {
+    struct lm_ids ids;    /* completion ids, EOS excluded; caller frees (lm_gen_result_free) */
+    struct lm_buf text;   /* full completion text as emitted (stop string excluded) */
+    enum lm_finish finish;
+    int prompt_tokens;
+    int completion_tokens;
+    double prefill_s;     /* wall seconds of the prefill forward */
+    double decode_s;      /* wall seconds of the decode steps */
+};
+void lm_gen_result_free(struct lm_gen_result *r);
+
+/* Runs the request on `seq` (which is truncated to empty first). The callback may be NULL.
+ * LM_ERR_RANGE when prompt + max_tokens exceeds the sequence capacity (message gives numbers). */
+lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_gen_request *req,
+                      lm_gen_text_fn on_text, void *ctx, struct lm_gen_result *out);
+
+#endif

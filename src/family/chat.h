@@ -1,0 +1,35 @@
+/* chat.h: a conversation as the server hands it to a model family's chat template.
+ *
+ * Strings are borrowed from the caller for the duration of the render call. */
+#ifndef LM_FAMILY_CHAT_H
+#define LM_FAMILY_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/buf.h"
+#include "base/status.h"
+
+enum lm_chat_role {
+    LM_ROLE_SYSTEM,
+    LM_ROLE_USER,
+    LM_ROLE_ASSISTANT,
+    LM_ROLE_TOOL, /* parsed so that it can be rejected with a clear message */
+};
+
+struct lm_chat_msg {
+    enum lm_chat_role role;
+    const char *content;           /* UTF-8, NUL-terminated; never NULL ("" when absent) */
+    const char *reasoning_content; /* assistant only; NULL when absent */
+    bool has_tool_calls;           /* assistant message carried tool_calls: rejected for now */
+};
+
+struct lm_chat_opts {
+    bool add_generation_prompt; /* append "<|im_start|>assistant\n" */
+    int enable_thinking;        /* -1 not given (template default), 0 false, 1 true */
+};
+
+/* Parses "system"/"user"/"assistant"/"tool"; returns false for anything else. */
+bool lm_chat_role_parse(const char *s, enum lm_chat_role *out);
+
+#endif

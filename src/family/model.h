@@ -1,0 +1,96 @@
+/* model.h: a loaded model (config, weights, tokenizer, generation defaults, family) and the
+ * per-sequence state (KV cache) that its forward pass runs over.
+ *
+ * lm_model_open reads a Hugging Face model folder: config.json, model.safetensors or a sharded set
+ * (model.safetensors.index.json), generation_config.json (optional), tokenizer.json and
+ * tokenizer_config.json (from the folder or from `tokenizer_dir`). The family is chosen by
+ * config.json's model_type through the family registry (family.h); the engine and server never
+ * test a family's name, they ask the family what it can do. */
+#ifndef LM_FAMILY_MODEL_H
+#define LM_FAMILY_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "family/chat.h"
+#include "text/tokenizer.h"
+
+#define LM_MAX_EOS 8
+
+/* Hugging Face config.json keys for a decoder-only transformer (Qwen3 names). */
+struct lm_model_config {
+    char model_type[32];         /* "qwen3" */
+    int hidden_size;             /* d_model */
+    int intermediate_size;       /* MLP width */
+    int num_hidden_layers;       /* layers */
+    int num_attention_heads;     /* query heads */
+    int num_key_value_heads;     /* KV heads (GQA) */
+    int head_dim;                /* per-head width; q width = heads * head_dim may differ from hidden */
+    float rms_norm_eps;          /* RMSNorm epsilon */
+    double rope_theta;           /* rope_theta or rope_parameters.rope_theta */
+    int max_position_embeddings; /* context limit in tokens */
+    bool tie_word_embeddings;    /* lm_head shares embed_tokens */
+    int vocab_size;              /* rows of embed_tokens / lm_head */
+    int bos_token_id;            /* -1 when absent */
+};
+
+/* Generation defaults from generation_config.json (and config.json's eos_token_id). */
+struct lm_gen_defaults {
+    int32_t eos_token_ids[LM_MAX_EOS]; /* generation stops at any of these */
+    int n_eos;
+    float temperature; /* < 0 when generation_config.json sets none */
+    float top_p;       /* < 0 when unset */
+    int top_k;         /* < 0 when unset */
+};
+
+/* Tasks a family can run; the server dispatches on these. */
+enum lm_task {
+    LM_TASK_TEXT_GENERATION = 1u << 0,   /* /v1/completions */
+    LM_TASK_TEXT_CONVERSATION = 1u << 1, /* /v1/chat/completions */
+};
+
+struct lm_model;
+struct lm_seq;
+
+struct lm_model_open_params {
+    const char *tokenizer_dir; /* NULL: the model folder holds tokenizer.json */
+    int n_threads;             /* CPU threads for the forward pass; 0 = all online cores */
+};
+struct lm_model_open_params lm_model_default_open_params(void);
+
+/* Opens the model folder `dir`. *out is caller-owned (lm_model_close). Errors name the file and
+ * the problem: LM_ERR_IO, LM_ERR_FORMAT (truncated or corrupt), LM_ERR_MISSING (a tensor or key),
+ * LM_ERR_SHAPE (a tensor's shape or dtype), LM_ERR_UNSUPPORTED (model_type). */
+lm_status lm_model_open(const char *dir, const struct lm_model_open_params *params,
+                        struct lm_model **out);
+void lm_model_close(struct lm_model *m);
+
+/* Borrowed views, valid until lm_model_close. */
+const struct lm_model_config *lm_model_config(const struct lm_model *m);
+const struct lm_gen_defaults *lm_model_gen_defaults(const struct lm_model *m);
+const struct lm_tokenizer *lm_model_tokenizer(const struct lm_model *m);
+unsigned lm_model_tasks(const struct lm_model *m);  /* enum lm_task bits */
+const char *lm_model_name(const struct lm_model *m); /* the folder's base name, for /v1/models */
+
+/* Renders a conversation with the family's chat template into `out` (appended).
+ * LM_ERR_UNSUPPORTED for tool roles/calls; LM_ERR_INVALID for a malformed conversation. */
+lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_msg *msgs, size_t n,
+                               const struct lm_chat_opts *opts, struct lm_buf *out);
+
+/* A sequence: its KV cache (capacity `max_tokens` positions) and forward scratch.
+ * Caller-owned (lm_seq_destroy). LM_ERR_NOMEM when the cache cannot be allocated;
+ * LM_ERR_RANGE when max_tokens exceeds max_position_embeddings. */
+lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out);
+void lm_seq_destroy(struct lm_seq *s);
+int lm_seq_len(const struct lm_seq *s);      /* positions held in the cache */
+int lm_seq_capacity(const struct lm_seq *s); /* max_tokens given at create */
+void lm_seq_truncate(struct lm_seq *s, int n); /* keep the first n positions (n <= len) */
+
+/* Runs `n` new tokens at positions len..len+n-1, appending their K/V to the cache.
+ * logits: float32 [n, vocab_size] when all_logits, else [1, vocab_size] for the last position.
+ * LM_ERR_RANGE when len + n exceeds the capacity; LM_ERR_INVALID for an id outside the vocab. */
+lm_status lm_seq_forward(struct lm_seq *s, const int32_t *ids, int n, float *logits, bool all_logits);
+
+#endif
