@@ -47,11 +47,16 @@ void lm_buf_puts(struct lm_buf *b, const char *s) { lm_buf_append(b, s, strlen(s
 void lm_buf_putc(struct lm_buf *b, char c) { lm_buf_append(b, &c, 1); }
 
 void lm_buf_vprintf(struct lm_buf *b, const char *fmt, va_list ap) {
+    char tmp[256]; /* most pieces fit: one formatting pass */
     va_list ap2;
     va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap2);
     va_end(ap2);
     if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        lm_buf_append(b, tmp, (size_t)n);
+        return;
+    }
     lm_buf_reserve(b, (size_t)n);
     vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
     b->len += (size_t)n;

@@ -1,0 +1,229 @@
+/* client.c: see client.h. */
+#include "bench/client.h"
+
+#include <curl/curl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "base/buf.h"
+
+#define ERROR_BODY_MAX 4096 /* bytes of a non-200 body kept for the message */
+
+double lm_bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double lm_bench_unix_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+void lm_bench_client_global_init(void) { pthread_once(&g_curl_once, curl_init_once); }
+
+lm_status lm_bench_client_init(struct lm_bench_client *c, const char *url, const char *api_key,
+                               double timeout_s) {
+    memset(c, 0, sizeof *c);
+    if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
+        return lm_errorf(LM_ERR_INVALID, "--url %s: expected http://host:port", url);
+    lm_bench_client_global_init();
+    size_t n = strlen(url);
+    while (n && url[n - 1] == '/') n--;
+    if (n >= 3 && !memcmp(url + n - 3, "/v1", 3)) n -= 3;
+    while (n && url[n - 1] == '/') n--;
+    c->base_url = strndup(url, n);
+    if (api_key && *api_key) c->api_key = strdup(api_key);
+    c->timeout_s = timeout_s;
+    c->curl = curl_easy_init();
+    if (!c->base_url || !c->curl) return lm_errorf(LM_ERR_NOMEM, "cannot start a libcurl handle");
+    return LM_OK;
+}
+
+void lm_bench_client_free(struct lm_bench_client *c) {
+    if (!c) return;
+    if (c->curl) curl_easy_cleanup(c->curl);
+    free(c->base_url);
+    free(c->api_key);
+    memset(c, 0, sizeof *c);
+}
+
+/* Options shared by every request of a client. */
+static void set_common(struct lm_bench_client *c, const char *path, struct lm_buf *url) {
+    CURL *h = c->curl;
+    curl_easy_reset(h);
+    lm_buf_reset(url);
+    lm_buf_printf(url, "%s%s", c->base_url, path);
+    curl_easy_setopt(h, CURLOPT_URL, url->p);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    if (c->timeout_s > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(c->timeout_s * 1000.0));
+}
+
+static struct curl_slist *add_header(struct curl_slist *l, const char *name, const char *value) {
+    struct lm_buf b = {0};
+    lm_buf_printf(&b, "%s: %s", name, value);
+    struct curl_slist *r = curl_slist_append(l, b.p);
+    lm_buf_free(&b);
+    if (!r) abort();
+    return r;
+}
+
+static size_t collect_body(char *p, size_t size, size_t n, void *ud) {
+    lm_buf_append(ud, p, size * n);
+    return size * n;
+}
+
+lm_status lm_bench_client_first_model(struct lm_bench_client *c, char **id) {
+    *id = NULL;
+    struct lm_buf url = {0}, body = {0};
+    set_common(c, "/v1/models", &url);
+    struct curl_slist *hdr = NULL;
+    if (c->api_key) {
+        struct lm_buf b = {0};
+        lm_buf_printf(&b, "Bearer %s", c->api_key);
+        hdr = add_header(hdr, "Authorization", b.p);
+        lm_buf_free(&b);
+    }
+    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, collect_body);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &body);
+    CURLcode rc = curl_easy_perform(c->curl);
+    long status = 0;
+    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hdr);
+    lm_status st = LM_OK;
+    if (rc != CURLE_OK) {
+        st = lm_errorf(LM_ERR_IO, "GET %s: %s", url.p, curl_easy_strerror(rc));
+    } else if (status != 200) {
+        st = lm_errorf(LM_ERR_IO, "GET %s: HTTP %ld: %.200s", url.p, status, body.p ? body.p : "");
+    } else {
+        json_error_t e;
+        json_t *o = json_loadb(body.p ? body.p : "", body.len, 0, &e);
+        json_t *data = json_object_get(o, "data");
+        if (!json_is_array(data)) {
+            st = lm_errorf(LM_ERR_FORMAT, "GET %s: expected {\"data\": [{\"id\": ...}]}", url.p);
+        } else {
+            const char *s = json_string_value(json_object_get(json_array_get(data, 0), "id"));
+            if (!s)
+                st = lm_errorf(LM_ERR_MISSING, "GET %s: the server lists no model (data[0].id)",
+                               url.p);
+            else if (!(*id = strdup(s)))
+                abort();
+        }
+        json_decref(o);
+    }
+    lm_buf_free(&url);
+    lm_buf_free(&body);
+    return st;
+}
+
+enum body_kind { BODY_UNKNOWN, BODY_SSE, BODY_JSON, BODY_ERROR };
+
+struct chat_ctx {
+    CURL *curl;
+    struct lm_bench_record *rec;
+    struct lm_bench_stream stream;
+    enum body_kind kind;
+    struct lm_buf body; /* a non-SSE body (JSON answer or error text) */
+};
+
+static size_t on_data(char *p, size_t size, size_t n, void *ud) {
+    struct chat_ctx *x = ud;
+    size_t len = size * n;
+    double t_ms = (lm_bench_now() - x->rec->t_send) * 1e3;
+    if (x->kind == BODY_UNKNOWN) {
+        long status = 0;
+        char *ctype = NULL;
+        curl_easy_getinfo(x->curl, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_getinfo(x->curl, CURLINFO_CONTENT_TYPE, &ctype);
+        x->rec->http_status = status;
+        if (status != 200)
+            x->kind = BODY_ERROR;
+        else if (ctype && !strncasecmp(ctype, "application/json", 16))
+            x->kind = BODY_JSON;
+        else
+            x->kind = BODY_SSE;
+    }
+    if (x->kind == BODY_SSE) {
+        lm_bench_stream_feed(&x->stream, p, len, t_ms);
+    } else if (x->kind == BODY_JSON || x->body.len < ERROR_BODY_MAX) {
+        lm_buf_append(&x->body, p, len);
+    }
+    return len;
+}
+
+static enum lm_bench_error curl_error_kind(CURLcode rc) {
+    return rc == CURLE_OPERATION_TIMEDOUT ? LM_BENCH_ERR_TIMEOUT : LM_BENCH_ERR_CONNECTION;
+}
+
+/* The message of an error body: error.message of an OpenAI error object, else the text. */
+static void fail_http(struct lm_bench_record *rec, const struct lm_buf *body) {
+    long s = rec->http_status;
+    enum lm_bench_error e = s >= 400 && s < 500   ? LM_BENCH_ERR_HTTP_4XX
+                            : s >= 500 && s < 600 ? LM_BENCH_ERR_HTTP_5XX
+                                                  : LM_BENCH_ERR_HTTP_OTHER;
+    json_t *o = json_loadb(body->p ? body->p : "", body->len, 0, NULL);
+    json_t *err = json_object_get(o, "error");
+    const char *msg = json_string_value(json_object_get(err, "message"));
+    if (!msg) msg = json_string_value(err);
+    if (msg)
+        lm_bench_record_fail(rec, e, "HTTP %ld: %s", s, msg);
+    else
+        lm_bench_record_fail(rec, e, "HTTP %ld: %.300s", s, body->p ? body->p : "");
+    json_decref(o);
+}
+
+void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm_bench_record *rec) {
+    struct lm_buf url = {0};
+    set_common(c, "/v1/chat/completions", &url);
+    struct curl_slist *hdr = NULL;
+    hdr = add_header(hdr, "Content-Type", "application/json");
+    hdr = add_header(hdr, "Accept", "text/event-stream");
+    hdr = add_header(hdr, "X-Request-Id", rec->request_id);
+    hdr = add_header(hdr, "X-Conversation-Id", rec->conversation_id);
+    if (c->api_key) {
+        struct lm_buf b = {0};
+        lm_buf_printf(&b, "Bearer %s", c->api_key);
+        hdr = add_header(hdr, "Authorization", b.p);
+        lm_buf_free(&b);
+    }
+    struct chat_ctx x = {.curl = c->curl, .rec = rec};
+    lm_bench_stream_init(&x.stream, rec);
+    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(c->curl, CURLOPT_POST, 1L);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &x);
+
+    rec->sent = true;
+    rec->start_unix = lm_bench_unix_now();
+    rec->t_send = lm_bench_now();
+    CURLcode rc = curl_easy_perform(c->curl);
+    rec->t_end = lm_bench_now();
+    double t_ms = (rec->t_end - rec->t_send) * 1e3;
+    if (!rec->http_status) curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &rec->http_status);
+
+    if (rc != CURLE_OK) {
+        lm_bench_record_fail(rec, curl_error_kind(rc), "%s: %s", url.p, curl_easy_strerror(rc));
+    } else if (rec->http_status != 200) {
+        fail_http(rec, &x.body);
+    } else if (x.kind == BODY_JSON) {
+        lm_bench_record_full_response(rec, x.body.p ? x.body.p : "", x.body.len, t_ms);
+    }
+    lm_bench_stream_finish(&x.stream, t_ms);
+    if (!isfinite(rec->latency_ms)) rec->latency_ms = t_ms;
+    lm_bench_stream_free(&x.stream);
+    lm_buf_free(&x.body);
+    lm_buf_free(&url);
+    curl_slist_free_all(hdr);
+}
