@@ -57,6 +57,9 @@ struct lm_seq;
 struct lm_model_open_params {
     const char *tokenizer_dir; /* NULL: the model folder holds tokenizer.json */
     int n_threads;             /* CPU threads for the forward pass; 0 = all online cores */
+    bool map_weights;          /* false (default): weights are read into anonymous memory;
+                                  true: matrices are used in place from the file map */
+    bool scalar_kernels;       /* run the plain scalar reference kernels (tests) */
 };
 struct lm_model_open_params lm_model_default_open_params(void);
 
@@ -73,6 +76,17 @@ const struct lm_gen_defaults *lm_model_gen_defaults(const struct lm_model *m);
 const struct lm_tokenizer *lm_model_tokenizer(const struct lm_model *m);
 unsigned lm_model_tasks(const struct lm_model *m);  /* enum lm_task bits */
 const char *lm_model_name(const struct lm_model *m); /* the folder's base name, for /v1/models */
+
+/* How the model runs, for `lumen perf` and logs. Strings are static or borrowed until close. */
+struct lm_model_info {
+    const char *weight_dtype; /* dtype of the weight matrices: "bf16", "f16", "f32" or "mixed" */
+    const char *kernels;      /* the CPU kernels in use: "avx512", "avx2", "generic", "scalar" */
+    bool weights_mapped;      /* true: used in place from the file map; false: read into memory */
+    size_t weight_bytes;      /* bytes of weights held (copied plus mapped) */
+    long n_params;            /* parameters held (lm_head counted once when tied) */
+    int n_threads;            /* threads of the forward pass */
+};
+void lm_model_info(const struct lm_model *m, struct lm_model_info *out);
 
 /* Renders a conversation with the family's chat template into `out` (appended).
  * LM_ERR_UNSUPPORTED for tool roles/calls; LM_ERR_INVALID for a malformed conversation. */

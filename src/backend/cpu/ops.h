@@ -1,0 +1,97 @@
+/* ops.h: the CPU kernels behind one ops table: matmul, RMSNorm, RoPE, SwiGLU, softmax,
+ * attention, row conversion.
+ *
+ * Two tables implement the same contract: lm_cpu_ops_scalar() holds plain single-threaded loops
+ * that read like the math (the reference the tests compare against), lm_cpu_ops_fast() the SIMD
+ * versions (AVX-512 when the compiler targets it, else AVX2+FMA+F16C, else GCC vector
+ * extensions for any other CPU), threaded over rows with a base/threadpool.h pool and returning
+ * only when every thread is done (the barrier between ops). The fast table is chosen at compile
+ * time from the target flags (the build uses -march=native); lm_cpu_ops_fast()->name says which.
+ *
+ * Activations are float32, row-major. Weights may be float32, float16 or bfloat16 and are
+ * widened to float32 on the fly. All pointers are borrowed for the duration of the call; output
+ * rows must not alias input rows unless a kernel says it works in place. A NULL pool runs on
+ * the calling thread. Kernels never allocate. */
+#ifndef LM_BACKEND_CPU_OPS_H
+#define LM_BACKEND_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+
+/* Element type of a weight matrix. */
+enum lm_dtype {
+    LM_DTYPE_F32,
+    LM_DTYPE_F16,  /* IEEE 754 binary16 */
+    LM_DTYPE_BF16, /* bfloat16: the top 16 bits of a float32 */
+};
+
+const char *lm_dtype_name(enum lm_dtype t); /* "f32", "f16", "bf16" */
+size_t lm_dtype_size(enum lm_dtype t);      /* bytes per element */
+
+/* Exact widening of a bfloat16. */
+static inline float lm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Exact widening of a binary16 (subnormals, inf and NaN included). */
+float lm_f16_to_f32(uint16_t h);
+/* Rounds to nearest even (NaN stays NaN), as torch's float32 -> bfloat16 cast does. */
+uint16_t lm_f32_to_bf16(float f);
+/* Rounds to nearest even with overflow to inf, as the F16C instruction does. */
+uint16_t lm_f32_to_f16(float f);
+
+struct lm_cpu_ops {
+    const char *name; /* "scalar", "avx512", "avx2", "generic" */
+
+    /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
+     * x: float32 rows of k; w: m rows of k elements of dtype wt; y: float32 rows of m.
+     * The fast version splits the m weight rows over the pool and tiles tokens so that each
+     * weight row is read once per block of tokens. */
+    void (*matmul)(struct lm_pool *pool, float *y, const float *x, const void *w,
+                   enum lm_dtype wt, int n, int k, int m);
+
+    /* y[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * w for each of n rows of d (float32).
+     * In place (y == x) is allowed. RMSNorm, Zhang & Sennrich 2019; as HF's Qwen3RMSNorm. */
+    void (*rmsnorm)(struct lm_pool *pool, float *y, const float *x, const float *w, int n, int d,
+                    float eps);
+
+    /* Rotary position embedding in place, rotate-half form (HF apply_rotary_pos_emb):
+     * x: [n, n_heads, head_dim]; token i is at position pos0 + i; for j < head_dim/2 with
+     * a = float32(inv_freq[j] * float32(pos)): (x[j], x[j+h]) <- (x[j] cos a - x[j+h] sin a,
+     * x[j+h] cos a + x[j] sin a), h = head_dim/2. inv_freq: [head_dim/2]. RoFormer, Su et al. 2021.
+     * head_dim is even and at most 512. */
+    void (*rope)(struct lm_pool *pool, float *x, int n, int n_heads, int head_dim, int pos0,
+                 const float *inv_freq);
+
+    /* y[i] = silu(gate[i]) * up[i] for i < n, silu(g) = g / (1 + exp(-g)). y may alias gate.
+     * SwiGLU, Shazeer 2020. */
+    void (*swiglu)(struct lm_pool *pool, float *y, const float *gate, const float *up, long n);
+
+    /* x[0..n) <- softmax(x) in place (max-subtracted, float32). */
+    void (*softmax)(float *x, int n);
+
+    /* Causal grouped-query attention of n new queries over a KV cache.
+     * q: [n, n_heads * head_dim] (after RoPE); k, v: cache rows [pos0 + n, kv_stride] float32
+     * where row t holds the n_kv_heads heads of position t at offsets g * head_dim; query i is at
+     * position pos0 + i and attends to positions 0..pos0+i; query head h uses KV head
+     * h / (n_heads / n_kv_heads). out: [n, n_heads * head_dim] = softmax(q.k^T * scale) . v.
+     * scratch: lm_pool_size(pool) * (pos0 + n) floats. Vaswani et al. 2017; GQA, Ainslie 2023. */
+    void (*attention)(struct lm_pool *pool, float *out, const float *q, const float *k,
+                      const float *v, int n, int pos0, int n_heads, int n_kv_heads, int head_dim,
+                      int kv_stride, float scale, float *scratch);
+
+    /* y[0..n) = float32(w[0..n)) of dtype wt (an embedding row). */
+    void (*convert_row)(float *y, const void *w, enum lm_dtype wt, int n);
+};
+
+/* The plain reference kernels (single-threaded; the pool argument is ignored). */
+const struct lm_cpu_ops *lm_cpu_ops_scalar(void);
+/* The fast kernels for this build's target (see above). */
+const struct lm_cpu_ops *lm_cpu_ops_fast(void);
+
+#endif

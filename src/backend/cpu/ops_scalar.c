@@ -1,0 +1,172 @@
+/* ops_scalar.c: the plain reference kernels of ops.h, and the dtype helpers. Each loop reads
+ * like the formula it implements; the fast kernels (ops_fast.c) are tested against these. */
+#include <assert.h>
+#include <math.h>
+
+#include "backend/cpu/ops.h"
+
+const char *lm_dtype_name(enum lm_dtype t) {
+    switch (t) {
+    case LM_DTYPE_F32: return "f32";
+    case LM_DTYPE_F16: return "f16";
+    case LM_DTYPE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+size_t lm_dtype_size(enum lm_dtype t) { return t == LM_DTYPE_F32 ? 4 : 2; }
+
+float lm_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man ? 0x400000u | man << 13 : 0); /* inf; NaN quietened as F16C does */
+    } else if (exp) {
+        u = sign | (exp + 112) << 23 | man << 13;
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        u = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t lm_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40); /* quiet NaN */
+    u += 0x7fffu + (u >> 16 & 1);
+    return (uint16_t)(u >> 16);
+}
+
+uint16_t lm_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = u >> 16 & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to >= 65536: inf */
+    if (a < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+        if (a < 0x33000000u) return (uint16_t)sign;          /* below half the smallest subnormal */
+        /* value = man * 2^(e - 150); in units of the smallest subnormal 2^-24: man >> (126 - e) */
+        uint32_t man = (a & 0x7fffff) | 0x800000, shift = 126 - (a >> 23);
+        uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15 */
+    r += 0xfffu + (r >> 13 & 1);
+    return (uint16_t)(sign | r >> 13);
+}
+
+static float load_elem(const void *w, enum lm_dtype t, size_t i) {
+    switch (t) {
+    case LM_DTYPE_F32: return ((const float *)w)[i];
+    case LM_DTYPE_F16: return lm_f16_to_f32(((const uint16_t *)w)[i]);
+    case LM_DTYPE_BF16: return lm_bf16_to_f32(((const uint16_t *)w)[i]);
+    }
+    return 0;
+}
+
+static void s_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
+                     enum lm_dtype wt, int n, int k, int m) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            float acc = 0;
+            for (int l = 0; l < k; l++) acc += x[(size_t)i * k + l] * load_elem(w, wt, (size_t)j * k + l);
+            y[(size_t)i * m + j] = acc;
+        }
+}
+
+static void s_rmsnorm(struct lm_pool *pool, float *y, const float *x, const float *w, int n, int d,
+                      float eps) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * d;
+        float *yi = y + (size_t)i * d;
+        float ss = 0;
+        for (int j = 0; j < d; j++) ss += xi[j] * xi[j];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int j = 0; j < d; j++) yi[j] = w[j] * (xi[j] * inv);
+    }
+}
+
+static void s_rope(struct lm_pool *pool, float *x, int n, int n_heads, int head_dim, int pos0,
+                   const float *inv_freq) {
+    int half = head_dim / 2;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)i * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                float a = inv_freq[j] * (float)(pos0 + i);
+                float c = cosf(a), s = sinf(a);
+                float x1 = v[j], x2 = v[j + half];
+                v[j] = x1 * c - x2 * s;
+                v[j + half] = x2 * c + x1 * s;
+            }
+        }
+}
+
+static void s_swiglu(struct lm_pool *pool, float *y, const float *gate, const float *up, long n) {
+    for (long i = 0; i < n; i++) {
+        float g = gate[i];
+        y[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void s_softmax(float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+static void s_attention(struct lm_pool *pool, float *out, const float *q, const float *k,
+                        const float *v, int n, int pos0, int n_heads, int n_kv_heads, int head_dim,
+                        int kv_stride, float scale, float *scratch) {
+    assert(n_heads % n_kv_heads == 0);
+    int group = n_heads / n_kv_heads;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *qi = q + ((size_t)i * n_heads + h) * head_dim;
+            float *oi = out + ((size_t)i * n_heads + h) * head_dim;
+            int g = h / group, len = pos0 + i + 1;
+            for (int t = 0; t < len; t++) {
+                const float *kt = k + (size_t)t * kv_stride + (size_t)g * head_dim;
+                float dot = 0;
+                for (int d = 0; d < head_dim; d++) dot += qi[d] * kt[d];
+                scratch[t] = dot * scale;
+            }
+            s_softmax(scratch, len);
+            for (int d = 0; d < head_dim; d++) oi[d] = 0;
+            for (int t = 0; t < len; t++) {
+                const float *vt = v + (size_t)t * kv_stride + (size_t)g * head_dim;
+                for (int d = 0; d < head_dim; d++) oi[d] += scratch[t] * vt[d];
+            }
+        }
+}
+
+static void s_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
+    for (int i = 0; i < n; i++) y[i] = load_elem(w, wt, (size_t)i);
+}
+
+static const struct lm_cpu_ops k_scalar = {
+    .name = "scalar",
+    .matmul = s_matmul,
+    .rmsnorm = s_rmsnorm,
+    .rope = s_rope,
+    .swiglu = s_swiglu,
+    .softmax = s_softmax,
+    .attention = s_attention,
+    .convert_row = s_convert_row,
+};
+
+const struct lm_cpu_ops *lm_cpu_ops_scalar(void) { return &k_scalar; }

@@ -1,0 +1,308 @@
+/* test_kernels.c: the CPU kernels (backend/cpu/ops.h) and the thread pool.
+ * The fast kernels are checked against the scalar references on random inputs at odd sizes,
+ * with 1, 2 and 3 threads; the scalar references against float64 math and known values.
+ * LM_LINK: lm_backend lm_base */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/ops.h"
+#include "base/threadpool.h"
+#include "check.h"
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static void fill(float *x, long n, float scale) {
+    for (long i = 0; i < n; i++) x[i] = frand() * scale;
+}
+
+/* max |a - b| / max |b| over n values. */
+static double rel_err(const float *a, const float *b, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > den) den = fabs(b[i]);
+    }
+    return den ? num / den : num;
+}
+
+/* Weights of dtype t holding values w (rounded to t); `wf` receives the exact widened values. */
+static void *make_weights(enum lm_dtype t, const float *w, long n, float *wf) {
+    void *p = malloc((size_t)n * lm_dtype_size(t));
+    for (long i = 0; i < n; i++) {
+        if (t == LM_DTYPE_F32) ((float *)p)[i] = w[i], wf[i] = w[i];
+        if (t == LM_DTYPE_BF16)
+            ((uint16_t *)p)[i] = lm_f32_to_bf16(w[i]), wf[i] = lm_bf16_to_f32(((uint16_t *)p)[i]);
+        if (t == LM_DTYPE_F16)
+            ((uint16_t *)p)[i] = lm_f32_to_f16(w[i]), wf[i] = lm_f16_to_f32(((uint16_t *)p)[i]);
+    }
+    return p;
+}
+
+static void test_conversions(void) {
+    /* binary16 -> float32 -> binary16 is the identity for every non-NaN value. */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = lm_f16_to_f32((uint16_t)h);
+        if (isnan(f)) {
+            bad += ((h >> 10) & 0x1f) != 0x1f || !(h & 0x3ff);
+            continue;
+        }
+        bad += lm_f32_to_f16(f) != h;
+    }
+    CHECK(bad == 0, "%d binary16 values do not round-trip", bad);
+    CHECK(lm_f16_to_f32(0x3c00) == 1.0f, "f16 1.0");
+    CHECK(lm_f16_to_f32(0xc000) == -2.0f, "f16 -2.0");
+    CHECK(lm_f16_to_f32(0x0001) == ldexpf(1, -24), "smallest f16 subnormal");
+    CHECK(lm_f16_to_f32(0x7bff) == 65504.0f, "largest f16");
+    CHECK(lm_f32_to_f16(65520.0f) == 0x7c00, "65520 rounds to inf");
+    CHECK(lm_f32_to_f16(ldexpf(1, -25)) == 0, "2^-25 ties to even zero");
+    CHECK(lm_f32_to_f16(ldexpf(1.5f, -25)) == 1, "1.5 * 2^-25 rounds up");
+    CHECK(lm_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even (down)");
+    CHECK(lm_f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3c02, "tie to even (up)");
+    CHECK(lm_bf16_to_f32(0x3f80) == 1.0f, "bf16 1.0");
+    CHECK(lm_f32_to_bf16(1.0f) == 0x3f80, "bf16 of 1.0");
+    CHECK(lm_f32_to_bf16(1.0f + ldexpf(1, -8)) == 0x3f80, "bf16 tie to even (down)");
+    CHECK(lm_f32_to_bf16(1.0f + ldexpf(3, -8)) == 0x3f82, "bf16 tie to even (up)");
+    CHECK(lm_f32_to_bf16(-3.0f) == 0xc040, "bf16 of -3");
+    CHECK(isnan(lm_bf16_to_f32(lm_f32_to_bf16(NAN))), "bf16 NaN stays NaN");
+    /* The fast row conversion agrees bit for bit. */
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    uint16_t h[67];
+    float a[67], b[67];
+    for (int i = 0; i < 67; i++) h[i] = (uint16_t)(i * 977 + 13);
+    for (int t = 1; t <= 2; t++) {
+        f->convert_row(a, h, (enum lm_dtype)t, 67);
+        s->convert_row(b, h, (enum lm_dtype)t, 67);
+        CHECK(memcmp(a, b, sizeof a) == 0, "convert_row %s differs", lm_dtype_name((enum lm_dtype)t));
+    }
+}
+
+static void test_matmul(struct lm_pool *pool) {
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    const int ks[] = {37, 8, 16, 64, 130, 1000}, ms[] = {129, 5, 64, 300};
+    const int ns[] = {1, 3, 17, 2};
+    double worst = 0;
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+            for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                    int k = ks[ki], m = ms[mi], n = ns[ni];
+                    float *x = malloc(sizeof(float) * n * k), *w = malloc(sizeof(float) * m * k);
+                    float *wf = malloc(sizeof(float) * m * k);
+                    float *y1 = malloc(sizeof(float) * n * m), *y2 = malloc(sizeof(float) * n * m);
+                    fill(x, (long)n * k, 2.0f);
+                    fill(w, (long)m * k, 0.5f);
+                    void *wt = make_weights((enum lm_dtype)dt, w, (long)m * k, wf);
+                    s->matmul(NULL, y1, x, wt, (enum lm_dtype)dt, n, k, m);
+                    f->matmul(pool, y2, x, wt, (enum lm_dtype)dt, n, k, m);
+                    /* The reference against float64 on the widened weights. */
+                    double e64 = 0, mx = 0;
+                    for (int i = 0; i < n; i++)
+                        for (int j = 0; j < m; j++) {
+                            double acc = 0;
+                            for (int l = 0; l < k; l++) acc += (double)x[i * k + l] * wf[j * k + l];
+                            e64 = fmax(e64, fabs(acc - y1[i * m + j]));
+                            mx = fmax(mx, fabs(acc));
+                        }
+                    CHECK(e64 <= 1e-5 * mx, "scalar matmul vs float64: %g (max %g) dt=%d k=%d m=%d n=%d",
+                          e64, mx, dt, k, m, n);
+                    double e = rel_err(y2, y1, (long)n * m);
+                    worst = fmax(worst, e);
+                    CHECK(e <= 1e-5, "matmul %s %s k=%d m=%d n=%d: rel err %g", f->name,
+                          lm_dtype_name((enum lm_dtype)dt), k, m, n, e);
+                    free(x), free(w), free(wf), free(y1), free(y2), free(wt);
+                }
+    fprintf(stderr, "matmul (%s, %d threads): max rel err %.3g\n", f->name, lm_pool_size(pool), worst);
+}
+
+static void test_rmsnorm(struct lm_pool *pool) {
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    /* Known value: x = [3, 4], w = [1, 2]: rms = sqrt(12.5). */
+    float x0[2] = {3, 4}, w0[2] = {1, 2}, y0[2];
+    s->rmsnorm(NULL, y0, x0, w0, 1, 2, 0);
+    CHECK(fabsf(y0[0] - 3 / sqrtf(12.5f)) < 1e-6f && fabsf(y0[1] - 8 / sqrtf(12.5f)) < 1e-6f,
+          "rmsnorm [3,4]: %g %g", y0[0], y0[1]);
+    const int ds[] = {37, 16, 1024, 5}, ns[] = {1, 3, 17, 300};
+    for (size_t di = 0; di < 4; di++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            int d = ds[di], n = ns[ni];
+            float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d);
+            float *y1 = malloc(sizeof(float) * n * d), *y2 = malloc(sizeof(float) * n * d);
+            fill(x, (long)n * d, 3), fill(w, d, 1.5f);
+            s->rmsnorm(NULL, y1, x, w, n, d, 1e-6f);
+            f->rmsnorm(pool, y2, x, w, n, d, 1e-6f);
+            CHECK(rel_err(y2, y1, (long)n * d) <= 1e-5, "rmsnorm d=%d n=%d: %g", d, n,
+                  rel_err(y2, y1, (long)n * d));
+            f->rmsnorm(pool, x, x, w, n, d, 1e-6f); /* in place */
+            CHECK(rel_err(x, y1, (long)n * d) <= 1e-5, "rmsnorm in place d=%d n=%d", d, n);
+            free(x), free(w), free(y1), free(y2);
+        }
+}
+
+static void test_rope(struct lm_pool *pool) {
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    const int hds[] = {16, 128, 6, 34}, ns[] = {1, 3, 17, 130}, hs[] = {4, 2, 1, 3};
+    for (size_t hi = 0; hi < 4; hi++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            int hd = hds[hi], n = ns[ni], nh = hs[hi], pos0 = (int)ni * 37;
+            float inv[64];
+            for (int j = 0; j < hd / 2; j++) inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / hd);
+            long len = (long)n * nh * hd;
+            float *x = malloc(sizeof(float) * len), *a = malloc(sizeof(float) * len),
+                  *b = malloc(sizeof(float) * len);
+            fill(x, len, 1);
+            memcpy(a, x, sizeof(float) * len), memcpy(b, x, sizeof(float) * len);
+            s->rope(NULL, a, n, nh, hd, pos0, inv);
+            f->rope(pool, b, n, nh, hd, pos0, inv);
+            CHECK(rel_err(b, a, len) <= 1e-6, "rope hd=%d n=%d: %g", hd, n, rel_err(b, a, len));
+            /* A rotation: each (j, j + hd/2) pair keeps its length; position 0 is the identity. */
+            double worst = 0;
+            for (long r = 0; r < (long)n * nh; r++)
+                for (int j = 0; j < hd / 2; j++) {
+                    const float *u = x + r * hd, *v = a + r * hd;
+                    double l0 = hypot(u[j], u[j + hd / 2]), l1 = hypot(v[j], v[j + hd / 2]);
+                    worst = fmax(worst, fabs(l0 - l1));
+                }
+            CHECK(worst < 1e-5, "rope changes lengths by %g", worst);
+            if (pos0 == 0) CHECK(memcmp(a, x, sizeof(float) * nh * hd) == 0, "rope at position 0");
+            free(x), free(a), free(b);
+        }
+    /* Position 1, head_dim 2, inv_freq 1: rotation by 1 radian. */
+    float v[2] = {1, 0}, one = 1;
+    s->rope(NULL, v, 1, 1, 2, 1, &one);
+    CHECK(fabsf(v[0] - cosf(1)) < 1e-7f && fabsf(v[1] - sinf(1)) < 1e-7f, "rope by 1 rad: %g %g",
+          v[0], v[1]);
+}
+
+static void test_swiglu_softmax(struct lm_pool *pool) {
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    long ns[] = {1, 37, 100000};
+    for (int i = 0; i < 3; i++) {
+        long n = ns[i];
+        float *g = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n);
+        float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        fill(g, n, 8), fill(u, n, 2);
+        s->swiglu(NULL, a, g, u, n);
+        f->swiglu(pool, b, g, u, n);
+        CHECK(rel_err(b, a, n) <= 1e-6, "swiglu n=%ld", n);
+        double e = 0;
+        for (long j = 0; j < n; j++) e = fmax(e, fabs(a[j] - g[j] / (1 + exp(-(double)g[j])) * u[j]));
+        CHECK(e < 1e-5, "swiglu vs float64: %g", e);
+        free(g), free(u), free(a), free(b);
+    }
+    int sm[] = {1, 7, 37, 1000};
+    for (int i = 0; i < 4; i++) {
+        int n = sm[i];
+        float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        fill(a, n, 30);
+        memcpy(b, a, sizeof(float) * n);
+        double mx = -1e30, z = 0;
+        for (int j = 0; j < n; j++) mx = fmax(mx, a[j]);
+        for (int j = 0; j < n; j++) z += exp(a[j] - mx);
+        double e0 = 0;
+        for (int j = 0; j < n; j++) e0 = fmax(e0, fabs(exp(a[j] - mx) / z));
+        float *ref = malloc(sizeof(float) * n);
+        for (int j = 0; j < n; j++) ref[j] = (float)(exp(a[j] - mx) / z);
+        s->softmax(a, n);
+        f->softmax(b, n);
+        CHECK(rel_err(a, ref, n) <= 1e-6, "softmax scalar vs float64 n=%d: %g", n, rel_err(a, ref, n));
+        CHECK(rel_err(b, ref, n) <= 1e-6, "softmax fast vs float64 n=%d: %g", n, rel_err(b, ref, n));
+        free(a), free(b), free(ref);
+    }
+}
+
+static void test_attention(struct lm_pool *pool) {
+    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    struct {
+        int n, pos0, nh, nkv, hd;
+    } cases[] = {{1, 0, 4, 2, 16}, {3, 5, 4, 2, 16}, {17, 0, 6, 3, 37}, {1, 200, 16, 8, 128},
+                 {40, 30, 8, 2, 64}, {5, 2, 2, 2, 9}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int n = cases[c].n, pos0 = cases[c].pos0, nh = cases[c].nh, nkv = cases[c].nkv,
+            hd = cases[c].hd, len = pos0 + n, stride = nkv * hd;
+        float *q = malloc(sizeof(float) * n * nh * hd), *k = malloc(sizeof(float) * len * stride),
+              *v = malloc(sizeof(float) * len * stride);
+        float *o1 = malloc(sizeof(float) * n * nh * hd), *o2 = malloc(sizeof(float) * n * nh * hd);
+        float *scr = malloc(sizeof(float) * len * lm_pool_size(pool));
+        fill(q, (long)n * nh * hd, 2), fill(k, (long)len * stride, 2), fill(v, (long)len * stride, 1);
+        float scale = 1.0f / sqrtf((float)hd);
+        s->attention(NULL, o1, q, k, v, n, pos0, nh, nkv, hd, stride, scale, scr);
+        f->attention(pool, o2, q, k, v, n, pos0, nh, nkv, hd, stride, scale, scr);
+        CHECK(rel_err(o2, o1, (long)n * nh * hd) <= 1e-5, "attention case %zu: %g", c,
+              rel_err(o2, o1, (long)n * nh * hd));
+        /* float64 check of the last query of the last head. */
+        int i = n - 1, h = nh - 1, g = h / (nh / nkv);
+        double sc[1024], z = 0, mx = -1e30;
+        for (int t = 0; t <= pos0 + i; t++) {
+            double d = 0;
+            for (int j = 0; j < hd; j++) d += (double)q[(i * nh + h) * hd + j] * k[t * stride + g * hd + j];
+            sc[t] = d * scale;
+            mx = fmax(mx, sc[t]);
+        }
+        for (int t = 0; t <= pos0 + i; t++) z += (sc[t] = exp(sc[t] - mx));
+        double e = 0;
+        for (int j = 0; j < hd; j++) {
+            double o = 0;
+            for (int t = 0; t <= pos0 + i; t++) o += sc[t] / z * v[t * stride + g * hd + j];
+            e = fmax(e, fabs(o - o1[(i * nh + h) * hd + j]));
+        }
+        CHECK(e < 1e-5, "scalar attention vs float64, case %zu: %g", c, e);
+        free(q), free(k), free(v), free(o1), free(o2), free(scr);
+    }
+}
+
+struct count_ctx {
+    atomic_int calls;
+    atomic_long sum;
+};
+static void count_fn(void *p, int ith, int nth) {
+    struct count_ctx *c = p;
+    atomic_fetch_add(&c->calls, 1);
+    long b, e;
+    lm_pool_split(1003, ith, nth, 4, &b, &e);
+    for (long i = b; i < e; i++) atomic_fetch_add(&c->sum, i);
+}
+
+static void test_pool(void) {
+    for (int nt = 1; nt <= 4; nt++) {
+        struct lm_pool *p;
+        CHECK(lm_pool_create(nt, &p) == LM_OK, "pool create");
+        CHECK(lm_pool_size(p) == nt, "pool size");
+        for (int rep = 0; rep < 200; rep++) {
+            struct count_ctx c = {0};
+            lm_pool_run(p, count_fn, &c);
+            if (atomic_load(&c.calls) != nt || atomic_load(&c.sum) != 1003L * 1002 / 2) {
+                CHECK(0, "pool of %d: %d calls, sum %ld", nt, atomic_load(&c.calls), atomic_load(&c.sum));
+                break;
+            }
+        }
+        lm_pool_destroy(p);
+    }
+    long b, e;
+    lm_pool_split(10, 2, 3, 4, &b, &e);
+    CHECK(b == 8 && e == 10, "split tail [%ld, %ld)", b, e);
+    lm_pool_split(2, 1, 3, 4, &b, &e);
+    CHECK(b == 2 && e == 2, "split empty share [%ld, %ld)", b, e);
+}
+
+int main(void) {
+    test_conversions();
+    test_pool();
+    for (int nt = 1; nt <= 3; nt++) {
+        struct lm_pool *pool;
+        lm_pool_create(nt, &pool);
+        test_matmul(pool);
+        test_rmsnorm(pool);
+        test_rope(pool);
+        test_swiglu_softmax(pool);
+        test_attention(pool);
+        lm_pool_destroy(pool);
+    }
+    return check_exit("test_kernels");
+}

@@ -1,0 +1,282 @@
+/* test_profile.c: `lumen profile` end to end against `lumen serve` on the tiny model.
+ *
+ * Starts the server on a free port, replays 3 MT-Bench conversations (1 warmup request) with
+ * --output, and checks the JSONL against the corpus and against itself: 6 profiling records and
+ * 1 warmup record; each turn-2 request carried MT-Bench's turn-1 question, the turn-1 answer
+ * the server actually streamed for that conversation id, and MT-Bench's turn-2 question; every
+ * request has TTFT <= latency and output tokens > 0; turn 2's prompt is longer than turn 1's;
+ * the summary on stdout names every metric. The server is killed at the end (and dies with this
+ * process if the test crashes).
+ * LM_LABEL: server */
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static pid_t g_server = -1;
+
+static void stop_server(void) {
+    if (g_server <= 0) return;
+    kill(g_server, SIGTERM);
+    for (int i = 0; i < 100; i++) { /* up to 10 s for a clean exit */
+        if (waitpid(g_server, NULL, WNOHANG) == g_server) {
+            g_server = -1;
+            return;
+        }
+        usleep(100000);
+    }
+    kill(g_server, SIGKILL);
+    waitpid(g_server, NULL, 0);
+    g_server = -1;
+}
+
+static void on_signal(int sig) {
+    if (g_server > 0) kill(g_server, SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len))
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static size_t discard(char *p, size_t s, size_t n, void *ud) { return s * n; }
+
+static long http_get_status(const char *url) {
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 2000L);
+    long status = 0;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(h);
+    return status;
+}
+
+static void print_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stderr);
+    fclose(f);
+}
+
+/* Starts `lumen serve` and waits up to 120 s for /health; false (with the log shown) if not. */
+static bool start_server(int port, const char *log) {
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    g_server = fork();
+    if (g_server == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(127);
+        execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", port_s,
+              (char *)NULL);
+        _exit(127);
+    }
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/health", port);
+    for (int i = 0; i < 1200; i++) {
+        if (http_get_status(url) == 200) return true;
+        int status;
+        if (waitpid(g_server, &status, WNOHANG) == g_server) {
+            g_server = -1;
+            fprintf(stderr, "lumen serve exited (status %d) before /health answered; its log:\n",
+                    status);
+            print_file(log);
+            return false;
+        }
+        usleep(100000);
+    }
+    fprintf(stderr, "lumen serve did not answer /health within 120 s; its log:\n");
+    print_file(log);
+    return false;
+}
+
+static const char *str(json_t *o, const char *key) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+/* messages[i].content of a record, and its role in *role. */
+static const char *msg(json_t *rec, size_t i, const char **role) {
+    json_t *m = json_array_get(json_object_get(rec, "messages"), i);
+    *role = str(m, "role");
+    return str(m, "content");
+}
+
+int main(void) {
+    signal(SIGSEGV, on_signal);
+    signal(SIGABRT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    /* MT-Bench, read here independently of src/bench: question_id -> turns */
+    json_t *mt = json_object();
+    FILE *qf = fopen(LM_SOURCE_DIR "/data/mt_bench/question.jsonl", "r");
+    CHECK(qf != NULL, "data/mt_bench/question.jsonl");
+    char line[65536];
+    while (qf && fgets(line, sizeof line, qf)) {
+        json_t *q = json_loads(line, 0, NULL);
+        if (!q) continue;
+        char id[32];
+        snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(q, "question_id")));
+        json_object_set(mt, id, json_object_get(q, "turns"));
+        json_decref(q);
+    }
+    if (qf) fclose(qf);
+    CHECK(json_object_size(mt) == 80, "MT-Bench has %zu questions", json_object_size(mt));
+
+    char dir[] = "/tmp/lm_test_profile_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char log[256], out_jsonl[256], out_txt[256];
+    snprintf(log, sizeof log, "%s/server.log", dir);
+    snprintf(out_jsonl, sizeof out_jsonl, "%s/profile.jsonl", dir);
+    snprintf(out_txt, sizeof out_txt, "%s/summary.txt", dir);
+
+    int port = free_port();
+    CHECK(port > 0, "free port");
+    if (port <= 0 || !start_server(port, log)) {
+        CHECK(false, "lumen serve did not come up");
+        stop_server();
+        return check_exit("test_profile");
+    }
+
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%s' profile --url http://127.0.0.1:%d --dataset mt_bench --dataset-path "
+             "'%s/data/mt_bench/question.jsonl' --conversations 3 --concurrency 2 "
+             "--warmup-requests 1 --max-tokens 12 --think-time-ms 20 --output '%s' > '%s'",
+             LM_LUMEN_BIN, port, LM_SOURCE_DIR, out_jsonl, out_txt);
+    int rc = system(cmd);
+    CHECK(rc == 0, "lumen profile exited with %d", rc);
+    stop_server();
+
+    /* the summary */
+    FILE *f = fopen(out_txt, "r");
+    char summary[16384] = {0};
+    if (f) {
+        summary[fread(summary, 1, sizeof summary - 1, f)] = 0;
+        fclose(f);
+    }
+    const char *names[] = {"Time to First Token (ms)", "Inter Token Latency (ms)",
+                           "Request Latency (ms)", "Output Sequence Length (tokens)",
+                           "Input Sequence Length (tokens)", "Request Throughput (requests/s)",
+                           "Output Token Throughput (tokens/s)", "p50", "p99", "turn 1", "turn 2"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        CHECK(strstr(summary, names[i]), "summary lacks '%s':\n%s", names[i], summary);
+    CHECK(strstr(summary, "6 ok, 0 failed"), "summary counts:\n%s", summary);
+
+    /* the records */
+    json_t *recs = json_array();
+    f = fopen(out_jsonl, "r");
+    CHECK(f != NULL, "%s", out_jsonl);
+    while (f && fgets(line, sizeof line, f)) {
+        json_error_t e;
+        json_t *r = json_loads(line, 0, &e);
+        CHECK(r != NULL, "JSONL line: %s", e.text);
+        if (r) json_array_append_new(recs, r);
+    }
+    if (f) fclose(f);
+    size_t n_warm = 0, n_prof = 0, i;
+    json_t *r, *turn1 = json_object(), *ids = json_object();
+    json_array_foreach(recs, i, r) {
+        const char *rid = str(r, "request_id");
+        CHECK(*rid && !json_object_get(ids, rid), "request id '%s' unique", rid);
+        json_object_set_new(ids, rid, json_true());
+        double ttft = json_number_value(json_object_get(r, "ttft_ms"));
+        double lat = json_number_value(json_object_get(r, "request_latency_ms"));
+        json_int_t out = json_integer_value(json_object_get(r, "output_tokens"));
+        CHECK(json_is_null(json_object_get(r, "error_type")) &&
+                  json_integer_value(json_object_get(r, "http_status")) == 200,
+              "%s: error %s", rid, str(r, "error_message"));
+        CHECK(json_is_number(json_object_get(r, "ttft_ms")) && ttft > 0 && ttft <= lat,
+              "%s: ttft %g latency %g", rid, ttft, lat);
+        CHECK(out > 0 && out <= 12, "%s: output_tokens %lld", rid, (long long)out);
+        CHECK(json_real_value(json_object_get(r, "start_time")) > 1.6e9, "%s: start_time", rid);
+        if (!strcmp(str(r, "phase"), "warmup")) {
+            n_warm++;
+            CHECK(json_integer_value(json_object_get(r, "turn")) == 1, "warmup is a turn-1 request");
+            CHECK(!strcmp(str(r, "dataset_id"), "160"), "warmup from the end of the dataset: %s",
+                  str(r, "dataset_id"));
+            continue;
+        }
+        CHECK(!strcmp(str(r, "phase"), "profiling"), "%s: phase %s", rid, str(r, "phase"));
+        n_prof++;
+        if (json_integer_value(json_object_get(r, "turn")) == 1)
+            json_object_set(turn1, str(r, "conversation_id"), r);
+    }
+    CHECK(n_warm == 1 && n_prof == 6, "%zu warmup and %zu profiling records", n_warm, n_prof);
+    CHECK(json_object_size(turn1) == 3, "%zu turn-1 records", json_object_size(turn1));
+
+    size_t n_turn2 = 0;
+    json_array_foreach(recs, i, r) {
+        if (strcmp(str(r, "phase"), "profiling") || json_integer_value(json_object_get(r, "turn")) != 2)
+            continue;
+        n_turn2++;
+        const char *cid = str(r, "conversation_id"), *rid = str(r, "request_id"), *role;
+        json_t *t1 = json_object_get(turn1, cid);
+        json_t *q = json_object_get(mt, str(r, "dataset_id"));
+        CHECK(t1 && q, "%s: turn 1 of %s / question %s", rid, cid, str(r, "dataset_id"));
+        if (!t1 || !q) continue;
+        CHECK(json_array_size(json_object_get(r, "messages")) == 3, "%s: 3 messages", rid);
+        const char *m0 = msg(r, 0, &role);
+        CHECK(!strcmp(role, "user") && !strcmp(m0, json_string_value(json_array_get(q, 0))),
+              "%s: messages[0] is MT-Bench turn 1", rid);
+        const char *m1 = msg(r, 1, &role);
+        CHECK(!strcmp(role, "assistant") && *m1 && !strcmp(m1, str(t1, "response_text")),
+              "%s: messages[1] '%s' is the turn-1 answer received '%s'", rid, m1,
+              str(t1, "response_text"));
+        const char *m2 = msg(r, 2, &role);
+        CHECK(!strcmp(role, "user") && !strcmp(m2, json_string_value(json_array_get(q, 1))),
+              "%s: messages[2] is MT-Bench turn 2", rid);
+        const char *t1m0 = msg(t1, 0, &role);
+        CHECK(json_array_size(json_object_get(t1, "messages")) == 1 && !strcmp(t1m0, m0),
+              "%s: turn 1 sent only the first question", rid);
+        CHECK(json_integer_value(json_object_get(r, "input_tokens")) >
+                  json_integer_value(json_object_get(t1, "input_tokens")) +
+                      json_integer_value(json_object_get(t1, "output_tokens")),
+              "%s: turn 2's prompt holds turn 1's prompt and answer", rid);
+    }
+    CHECK(n_turn2 == 3, "%zu turn-2 records", n_turn2);
+    /* file order: the profiled conversations are MT-Bench 81, 82, 83 */
+    const char *want[] = {"81", "82", "83"};
+    for (int k = 0; k < 3; k++) {
+        bool found = false;
+        json_array_foreach(recs, i, r) found |= !strcmp(str(r, "dataset_id"), want[k]);
+        CHECK(found, "question %s profiled", want[k]);
+    }
+
+    json_decref(recs);
+    json_decref(turn1);
+    json_decref(ids);
+    json_decref(mt);
+    if (!g_check_failures) { /* keep the files for a look when something failed */
+        unlink(log);
+        unlink(out_jsonl);
+        unlink(out_txt);
+        rmdir(dir);
+    } else {
+        fprintf(stderr, "files kept in %s\n", dir);
+    }
+    curl_global_cleanup();
+    return check_exit("test_profile");
+}
