@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's main command: builds lumen, serves the embedded tiny Qwen3 model on a free local
-# port, and profiles it with `lumen profile` on 8 two-turn MT-Bench conversations (2 in flight).
-# Per-request records go to build/profile.jsonl. The server is always stopped on exit.
+# port (writing its request records to build/demo-records.jsonl), and profiles it with
+# `lumen profile` on 8 two-turn MT-Bench conversations (2 in flight), verifying every request
+# against the server's records. The run folder (report.html, summary.json, ...) goes under runs/;
+# per-request records also to build/profile.jsonl. The server is always stopped on exit.
 # Usage: scripts/demo.sh [lumen profile options...]   (build output and progress go to stderr,
 # the summary to stdout)
 set -euo pipefail
@@ -38,7 +40,9 @@ trap stop_server EXIT
 trap 'exit 130' INT TERM
 
 echo "demo: starting lumen serve on $url (log: $log)" >&2
-build/lumen serve --model models/tiny-qwen3 --port "$port" >"$log" 2>&1 &
+records=build/demo-records.jsonl
+rm -f "$records"
+build/lumen serve --model models/tiny-qwen3 --port "$port" --records "$records" >"$log" 2>&1 &
 server_pid=$!
 
 # GET /health answers 200 (curl when installed, else bash's /dev/tcp).
@@ -69,4 +73,5 @@ if ! health_ok; then
 fi
 
 build/lumen profile --url "$url" --dataset mt_bench --conversations 8 --concurrency 2 \
-  --max-tokens 64 --think-time-ms 100 --output build/profile.jsonl "$@"
+  --max-tokens 64 --think-time-ms 100 --output build/profile.jsonl \
+  --tokenizer models/tiny-qwen3 --server-records "$records" "$@"

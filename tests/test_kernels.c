@@ -86,7 +86,7 @@ static void test_conversions(void) {
 static void test_matmul(struct lm_pool *pool) {
     const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
     const int ks[] = {37, 8, 16, 64, 130, 1000}, ms[] = {129, 5, 64, 300};
-    const int ns[] = {1, 3, 17, 2};
+    const int ns[] = {1, 3, 17, 2, 4, 100};
     double worst = 0;
     for (int dt = 0; dt < 3; dt++)
         for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)

@@ -5,8 +5,12 @@
  * 1 warmup record; each turn-2 request carried MT-Bench's turn-1 question, the turn-1 answer
  * the server actually streamed for that conversation id, and MT-Bench's turn-2 question; every
  * request has TTFT <= latency and output tokens > 0; turn 2's prompt is longer than turn 1's;
- * the summary on stdout names every metric. The server is killed at the end (and dies with this
- * process if the test crashes).
+ * the summary on stdout names every metric, and verification against the server's own request
+ * records (lumen serve --records) passes with the prompt_ids check. Then the two other corpora: the
+ * qwen3-conversations preset (6 selected ShareGPT conversations, 2 turns each) and a Spec-Bench
+ * subset (category qa), each checked through its run folder (summary.json, selection.jsonl,
+ * report.html). The server is killed at the end (and dies with this process if the test
+ * crashes).
  * LM_LABEL: server */
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -80,6 +84,8 @@ static void print_file(const char *path) {
 }
 
 /* Starts `lumen serve` and waits up to 120 s for /health; false (with the log shown) if not. */
+static char g_records[256];
+
 static bool start_server(int port, const char *log) {
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
@@ -88,7 +94,7 @@ static bool start_server(int port, const char *log) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(127);
         execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", port_s,
-              (char *)NULL);
+              "--records", g_records, (char *)NULL);
         _exit(127);
     }
     char url[64];
@@ -151,6 +157,7 @@ int main(void) {
     snprintf(log, sizeof log, "%s/server.log", dir);
     snprintf(out_jsonl, sizeof out_jsonl, "%s/profile.jsonl", dir);
     snprintf(out_txt, sizeof out_txt, "%s/summary.txt", dir);
+    snprintf(g_records, sizeof g_records, "%s/server_records.jsonl", dir);
 
     int port = free_port();
     CHECK(port > 0, "free port");
@@ -164,11 +171,65 @@ int main(void) {
     snprintf(cmd, sizeof cmd,
              "'%s' profile --url http://127.0.0.1:%d --dataset mt_bench --dataset-path "
              "'%s/data/mt_bench/question.jsonl' --conversations 3 --concurrency 2 "
-             "--warmup-requests 1 --max-tokens 12 --think-time-ms 20 --output '%s' > '%s'",
-             LM_LUMEN_BIN, port, LM_SOURCE_DIR, out_jsonl, out_txt);
+             "--warmup-requests 1 --max-tokens 12 --think-time-ms 20 --output '%s' "
+             "--tokenizer '%s' --server-records '%s' --artifact-dir '%s/mt_bench' > '%s'",
+             LM_LUMEN_BIN, port, LM_SOURCE_DIR, out_jsonl, TINY_MODEL, g_records, dir, out_txt);
     int rc = system(cmd);
     CHECK(rc == 0, "lumen profile exited with %d", rc);
+
+    /* ShareGPT through the preset, and a Spec-Bench subset */
+    char sg_dir[256], sb_dir[256];
+    snprintf(sg_dir, sizeof sg_dir, "%s/sharegpt", dir);
+    snprintf(sb_dir, sizeof sb_dir, "%s/spec_bench", dir);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' profile --url http://127.0.0.1:%d --preset qwen3-conversations "
+             "--artifact-dir '%s' --quiet > '%s/sharegpt.txt'",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sg_dir, dir);
+    rc = system(cmd);
+    CHECK(rc == 0, "lumen profile --preset qwen3-conversations exited with %d", rc);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' profile --url http://127.0.0.1:%d --dataset spec_bench --category qa "
+             "--conversations 3 --max-tokens 8 --artifact-dir '%s' --quiet > '%s/spec_bench.txt'",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sb_dir, dir);
+    rc = system(cmd);
+    CHECK(rc == 0, "lumen profile --dataset spec_bench exited with %d", rc);
     stop_server();
+    char path[512];
+    snprintf(path, sizeof path, "%s/summary.json", sg_dir);
+    json_t *sg = json_load_file(path, 0, NULL);
+    json_t *sgt = json_object_get(sg, "per_turn");
+    CHECK(json_integer_value(json_object_get(sg, "request_count")) == 12 &&
+              json_integer_value(json_object_get(sg, "warmup_requests")) == 2 && json_array_size(sgt) == 2 &&
+              json_integer_value(json_object_get(json_array_get(sgt, 1), "request_count")) == 6,
+          "preset: 6 conversations x 2 turns, 2 warmup requests");
+    json_t *set = json_object_get(sg, "settings");
+    CHECK(json_integer_value(json_object_get(set, "max_tokens")) == 16 &&
+              json_real_value(json_object_get(set, "think_time_mean_ms")) == 50 &&
+              json_integer_value(json_object_get(set, "concurrency")) == 1,
+          "preset settings");
+    CHECK(json_number_value(json_object_get(json_object_get(json_object_get(sg, "metrics"),
+                                                            "think_time_measured"), "min")) >= 50,
+          "measured think gaps >= 50 ms");
+    CHECK(json_integer_value(json_object_get(json_object_get(sg, "dataset"), "considered")) == 1000,
+          "sharegpt ledger covers 1000 conversations");
+    json_decref(sg);
+    snprintf(path, sizeof path, "%s/selection.jsonl", sg_dir);
+    FILE *lf = fopen(path, "r");
+    int ledger_lines = 0;
+    while (lf && fgets(line, sizeof line, lf)) ledger_lines++;
+    if (lf) fclose(lf);
+    CHECK(ledger_lines == 1000, "selection ledger: %d lines", ledger_lines);
+    snprintf(path, sizeof path, "%s/summary.json", sb_dir);
+    json_t *sb = json_load_file(path, 0, NULL);
+    CHECK(json_integer_value(json_object_get(sb, "request_count")) == 3 &&
+              json_integer_value(json_object_get(json_object_get(sb, "dataset"), "selected")) == 80,
+          "spec_bench qa: 3 single-turn requests of 80 selected");
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(sb, "speculative"), "acceptance_rate")),
+                  "unavailable"),
+          "spec_bench run: acceptance unavailable (ordinary generation)");
+    json_decref(sb);
+    snprintf(path, sizeof path, "%s/report.html", sb_dir);
+    CHECK(access(path, R_OK) == 0, "%s", path);
 
     /* the summary */
     FILE *f = fopen(out_txt, "r");
@@ -184,6 +245,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         CHECK(strstr(summary, names[i]), "summary lacks '%s':\n%s", names[i], summary);
     CHECK(strstr(summary, "6 ok, 0 failed"), "summary counts:\n%s", summary);
+    /* verification against lumen serve's own request records (docs/RECORDS.md) */
+    CHECK(strstr(summary, "Verification against") && strstr(summary, "PASSED") &&
+              strstr(summary, "Input tokens: usage vs rendered prompt       6 equal"),
+          "verification against the server's records:\n%s", summary);
 
     /* the records */
     json_t *recs = json_array();
@@ -270,10 +335,8 @@ int main(void) {
     json_decref(ids);
     json_decref(mt);
     if (!g_check_failures) { /* keep the files for a look when something failed */
-        unlink(log);
-        unlink(out_jsonl);
-        unlink(out_txt);
-        rmdir(dir);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
     } else {
         fprintf(stderr, "files kept in %s\n", dir);
     }

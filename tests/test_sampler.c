@@ -1,5 +1,7 @@
 /* test_sampler.c: RNG reference values, greedy, seeded reproducibility, the softmax
- * distribution of draws, top_k and top_p nucleus membership against a naive full sort.
+ * distribution of draws, top_k and top_p nucleus membership against a naive full sort; the
+ * penalties against a hand computation of vLLM's formulas, min_p's distribution, and logprobs
+ * against a double-precision log-softmax and a full sort.
  * LM_LINK: lm_engine lm_base */
 #include <math.h>
 #include <stdlib.h>
@@ -239,7 +241,144 @@ static void test_nucleus_large(void) {
     free(l2);
 }
 
+/* Penalties: the penalised logits (s.work) against the formulas written out here. */
+static void test_penalties(void) {
+    enum { V = 40 };
+    float logits[V];
+    struct lm_rng r;
+    lm_rng_seed(&r, 11);
+    for (int i = 0; i < V; i++) logits[i] = fmaxf(-4.0f, fminf(4.0f, randn(&r) * 2));
+    logits[7] = 5.0f;  /* the raw argmax, repeated in the output: penalties should move it */
+    logits[3] = -1.5f; /* negative and in the prompt */
+    logits[20] = 4.9f; /* the runner-up, never seen */
+    const int32_t prompt[] = {3, 3, 10, 7, 39};
+    const int32_t output[] = {7, 7, 12, 7, 3};
+    struct lm_token_history h = {prompt, 5, output, 5};
+    struct lm_sampling_params p = {.temperature = 0, .top_p = 1, .repetition_penalty = 1.3f,
+                                   .frequency_penalty = 0.5f, .presence_penalty = 0.25f};
+    struct lm_sampler s;
+    lm_sampler_init(&s, V);
+    CHECK(lm_sampling_needs_history(&p), "penalties need the history");
+    int32_t id = lm_sample_next(&s, logits, &p, &h, &r, NULL);
+    float want[V];
+    int count[V] = {0};
+    bool seen[V] = {false};
+    for (int i = 0; i < 5; i++) seen[prompt[i]] = seen[output[i]] = true, count[output[i]]++;
+    int best = 0;
+    double err = 0;
+    for (int i = 0; i < V; i++) {
+        float w = logits[i];
+        if (seen[i]) w = w > 0 ? w / 1.3f : w * 1.3f;
+        if (count[i]) {
+            w -= 0.5f * (float)count[i];
+            w -= 0.25f;
+        }
+        want[i] = w;
+        if (want[i] > want[best]) best = i;
+        double e = fabs((double)s.work[i] - (double)want[i]);
+        if (e > err) err = e;
+    }
+    CHECK(err == 0, "penalised logits differ from the formulas by %g", err);
+    CHECK(want[7] < want[20] && id == best && best == 20, "greedy takes the penalised argmax: %d (want %d)", id, best);
+    CHECK(fabsf(want[3] - (-1.5f * 1.3f - 0.5f - 0.25f)) < 1e-6f, "a negative logit is multiplied: %g", want[3]);
+    CHECK(fabsf(want[7] - (5.0f / 1.3f - 1.5f - 0.25f)) < 1e-6f, "a positive logit is divided: %g", want[7]);
+    CHECK(fabsf(want[10] - logits[10] / 1.3f) < 1e-6f || fabsf(want[10] - logits[10] * 1.3f) < 1e-6f,
+          "prompt-only tokens get only the repetition penalty");
+    /* the scratch is clean for the next call: same call, same result */
+    float first[V];
+    memcpy(first, s.work, sizeof first);
+    lm_sample_next(&s, logits, &p, &h, &r, NULL);
+    CHECK(!memcmp(first, s.work, sizeof first), "second call gives the same penalised logits");
+    /* frequency/presence only on the output: a prompt-only history changes nothing */
+    struct lm_sampling_params fp = {.temperature = 0, .top_p = 1, .frequency_penalty = 2, .presence_penalty = 2};
+    struct lm_token_history ph = {prompt, 5, NULL, 0};
+    lm_sample_next(&s, logits, &fp, &ph, &r, NULL);
+    CHECK(!memcmp(s.work, logits, sizeof logits), "frequency/presence ignore the prompt");
+    /* no penalty: exactly lm_sample's draws */
+    struct lm_sampling_params q = {.temperature = 0.9f, .top_p = 0.9f, .top_k = 20};
+    struct lm_rng r1, r2;
+    lm_rng_seed(&r1, 5);
+    lm_rng_seed(&r2, 5);
+    int same = 0;
+    for (int t = 0; t < 200; t++) same += lm_sample_next(&s, logits, &q, &h, &r1, NULL) == lm_sample(&s, logits, &q, &r2);
+    CHECK(same == 200, "without penalties lm_sample_next draws as lm_sample (%d/200)", same);
+    lm_sampler_free(&s);
+}
+
+static void test_min_p(void) {
+    enum { V = 6, N = 400000 };
+    const float logits[V] = {2.0f, 1.5f, 0.1f, -0.4f, 1.0f, -3.0f};
+    const double T = 0.8, min_p = 0.25;
+    bool keep[V];
+    for (int i = 0; i < V; i++) keep[i] = exp((logits[i] - 2.0) / T) >= min_p;
+    CHECK(keep[0] && keep[1] && keep[4] && !keep[2] && !keep[3] && !keep[5], "the hand-picked min_p set");
+    double want[V];
+    softmax_over(logits, V, T, keep, want);
+    struct lm_sampling_params p = {.temperature = (float)T, .top_p = 1, .min_p = (float)min_p};
+    double err = max_freq_err(logits, V, &p, want, N, 99);
+    CHECK(err < 0.004, "min_p draw frequencies off by %g", err);
+}
+
+static int g_cmp_lp_n;
+static const float *g_cmp_lp;
+static int cmp_lp(const void *a, const void *b) {
+    int ia = *(const int *)a, ib = *(const int *)b;
+    if (g_cmp_lp[ia] != g_cmp_lp[ib]) return g_cmp_lp[ia] > g_cmp_lp[ib] ? -1 : 1;
+    return ia - ib;
+}
+
+static void test_logprobs(void) {
+    enum { V = 3000 };
+    float *logits = malloc(V * sizeof *logits);
+    int *order = malloc(V * sizeof *order);
+    struct lm_rng r;
+    lm_rng_seed(&r, 21);
+    for (int i = 0; i < V; i++) logits[i] = randn(&r) * 3;
+    logits[5] = -INFINITY;
+    logits[100] = logits[200] = logits[300] = 12; /* a three-way tie at the top */
+    double max = 12, sum = 0;
+    for (int i = 0; i < V; i++)
+        if (logits[i] > -INFINITY) sum += exp(logits[i] - max);
+    double lse = max + log(sum);
+    for (int i = 0; i < V; i++) order[i] = i;
+    g_cmp_lp = logits;
+    g_cmp_lp_n = V;
+    qsort(order, V, sizeof *order, cmp_lp);
+    struct lm_token_logprob lp;
+    lm_logprobs_of(logits, V, 42, 20, &lp);
+    CHECK(lp.id == 42 && fabs(lp.logprob - (logits[42] - lse)) < 1e-5, "logprob of id 42: %g want %g", lp.logprob,
+          logits[42] - lse);
+    CHECK(lp.n_top == 20, "20 alternatives");
+    int bad = 0;
+    for (int k = 0; k < lp.n_top; k++)
+        bad += lp.top_id[k] != order[k] || fabs(lp.top_logprob[k] - (logits[order[k]] - lse)) > 1e-5;
+    CHECK(bad == 0 && lp.top_id[0] == 100 && lp.top_id[1] == 200 && lp.top_id[2] == 300,
+          "top 20 = a full sort (ties by lower id): %d differ", bad);
+    lm_logprobs_of(logits, V, 5, 0, &lp);
+    CHECK(lp.n_top == 0 && isinf(lp.logprob) && lp.logprob < 0, "masked token: -inf, no alternatives");
+    /* through lm_sample_next: the chosen id's logprob of the raw logits, penalties or not */
+    struct lm_sampler s;
+    lm_sampler_init(&s, V);
+    struct lm_sampling_params p = {.temperature = 0, .top_p = 1, .logprobs = true, .top_logprobs = 3,
+                                   .repetition_penalty = 2.0f};
+    const int32_t hist[] = {100, 200};
+    struct lm_token_history h = {hist, 2, NULL, 0};
+    int32_t id = lm_sample_next(&s, logits, &p, &h, &r, &lp);
+    CHECK(id == 300 && lp.id == 300 && fabs(lp.logprob - (12 - lse)) < 1e-5 && lp.n_top == 3 && lp.top_id[0] == 100,
+          "logprobs are of the raw logits (id %d, lp %g, top0 %d)", id, lp.logprob, lp.top_id[0]);
+    lm_sampler_free(&s);
+    struct lm_logprob_list l = {0};
+    for (int i = 0; i < 40; i++) lm_logprob_list_push(&l, &lp);
+    CHECK(l.n == 40 && l.v[39].id == 300, "logprob list");
+    lm_logprob_list_free(&l);
+    free(order);
+    free(logits);
+}
+
 int main(void) {
+    test_penalties();
+    test_min_p();
+    test_logprobs();
     test_rng();
     test_greedy();
     test_seeded();

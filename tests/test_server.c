@@ -6,11 +6,20 @@
  * talks to it with libcurl. Expected values come from the fixtures (the chat template's token ids
  * from transformers, greedy ids from the float64 reference) or from an independent second path
  * (the tokenizer + lm_qwen3_render_chat in this process; a streamed answer vs the same answer
- * non-streamed; concurrent vs sequential). */
+ * non-streamed; concurrent vs sequential).
+ *
+ * Part 3 (issue 3's OpenAI surface), against the tiny model opened in this process: completions
+ * against the float64 greedy reference; logprobs against the reference's logits row and the
+ * log-softmax of lm_seq_forward's logits; penalties against greedy decoding with the formulas
+ * written out here; n choices against the same seeds alone; stop strings across a token
+ * boundary, streamed = non-streamed; the reasoning split against the raw completion of the same
+ * rendered prompt split here; /tokenize and /detokenize against the tokenizer; request records
+ * (hashes recomputed here) and /metrics deltas (promtool when installed); error cases. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,6 +35,7 @@
 #include "check.h"
 #include "family/qwen3/chat_template.h"
 #include "server/openai.h"
+#include "server/records.h"
 #include "text/tokenizer.h"
 
 static const char *nz(const char *s) { return s ? s : ""; }
@@ -66,7 +76,7 @@ static void test_parse(void) {
         CHECK(r.chat.enable_thinking == 0 && r.chat.add_generation_prompt, "chat opts");
         CHECK(!strcmp(r.model, "x"), "model");
         struct lm_gen_defaults d = {.temperature = 0.7f, .top_p = 0.8f, .top_k = 20};
-        struct lm_sampling_params p = lm_chat_request_sampling(&r, &d);
+        struct lm_sampling_params p = lm_chat_request_sampling(&r, &d, 0);
         CHECK(p.temperature == 0.5f && p.top_k == 0 && p.seeded, "request values win");
     }
     lm_chat_request_free(&r);
@@ -77,10 +87,10 @@ static void test_parse(void) {
               r.chat.enable_thinking == -1 && r.n_stop == 1 && !strcmp(r.stop[0], "END"),
           "defaults");
     struct lm_gen_defaults d = {.temperature = 0.6f, .top_p = 0.95f, .top_k = 20};
-    struct lm_sampling_params p = lm_chat_request_sampling(&r, &d);
+    struct lm_sampling_params p = lm_chat_request_sampling(&r, &d, 0);
     CHECK(p.temperature == 0.6f && p.top_p == 0.95f && p.top_k == 20 && !p.seeded, "model defaults");
     struct lm_gen_defaults unset = {.temperature = -1, .top_p = -1, .top_k = -1};
-    p = lm_chat_request_sampling(&r, &unset);
+    p = lm_chat_request_sampling(&r, &unset, 0);
     CHECK(p.temperature == 0 && p.top_p == 1 && p.top_k == 0, "greedy fallback");
     lm_chat_request_free(&r);
 
@@ -92,8 +102,9 @@ static void test_parse(void) {
     CHECK(r.root == NULL && r.messages == NULL, "failed parse leaves nothing to free");
 
     /* response builders */
-    struct lm_openai_meta meta = {"chatcmpl-1", 1700000000, "m"};
-    char *s = lm_openai_chat_completion(&meta, "a\xff" "b", 3, "length", 3, 4);
+    struct lm_openai_meta meta = {"chatcmpl-1", 1700000000, "m", LM_API_CHAT, NULL};
+    struct lm_openai_choice one = {.text = "a\xff" "b", .len = 3, .finish_reason = "length"};
+    char *s = lm_openai_response(&meta, &one, 1, &(struct lm_openai_usage){3, 4, -1});
     json_t *j = json_loads(s, 0, NULL);
     CHECK(j && !strcmp(json_string_value(json_object_get(j, "object")), "chat.completion"), "object");
     json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
@@ -105,7 +116,7 @@ static void test_parse(void) {
     free(s);
 
     struct lm_buf b = {0};
-    lm_openai_chunk(&b, &meta, "assistant", "", 0, NULL, true);
+    lm_openai_chunk(&b, &meta, &(struct lm_openai_delta){.role = "assistant", .content = ""}, true);
     CHECK(!strncmp(b.p, "data: {", 7) && !strcmp(b.p + b.len - 2, "\n\n"), "sse framing");
     j = json_loads(b.p + 6, JSON_DISABLE_EOF_CHECK, NULL);
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
@@ -114,7 +125,7 @@ static void test_parse(void) {
           "role chunk");
     json_decref(j);
     lm_buf_reset(&b);
-    lm_openai_usage_chunk(&b, &meta, 2, 5);
+    lm_openai_usage_chunk(&b, &meta, &(struct lm_openai_usage){2, 5, 0});
     j = json_loads(b.p + 6, JSON_DISABLE_EOF_CHECK, NULL);
     CHECK(j && json_array_size(json_object_get(j, "choices")) == 0 &&
               json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 5,
@@ -616,7 +627,7 @@ static void test_errors(int ctx) {
          "max_tokens"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":-3}", 400, "max_completion_tokens",
          "max_completion_tokens"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "only n = 1", "n"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":9}", 400, "at most 8", "n"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "at most 4",
          "stop"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":7}", 400, "stop must be a string", "stop"},
@@ -630,9 +641,14 @@ static void test_errors(int ctx) {
          "ignore_eos"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":1.5}", 400, "seed must be an integer", "seed"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":5}", 400, "model must be a string", "model"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 400, "logprobs", "logprobs"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":0.5}", 400, "presence_penalty",
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":\"yes\"}", 400, "logprobs must be a boolean", "logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs needs logprobs",
+         "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":2.5}", 400, "presence_penalty",
          "presence_penalty"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":-1}", 400, "repetition_penalty",
+         "repetition_penalty"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":2}", 400, "min_p", "min_p"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400,
          "response_format", "response_format"},
         {big.p, 400, ctx_msg, "messages"},
@@ -720,6 +736,915 @@ static CURL *start_stream(CURLM *m, const char *base, const char *body, struct c
     return c;
 }
 
+/* ---- part 3: the OpenAI surface of issue 3 ------------------------------------------------ */
+
+static struct lm_model *g_model; /* the tiny model in this process: the independent path */
+
+/* One request with any number of extra headers. */
+static long request_h(const char *base, const char *method, const char *path, const char *body,
+                      const char *const *hdrs, struct resp *r) {
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    for (int i = 0; hdrs && hdrs[i]; i++) h = curl_slist_append(h, hdrs[i]);
+    CURL *c = easy(base, method, path, body, h, r);
+    CURLcode rc = curl_easy_perform(c);
+    r->status = 0;
+    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    return r->status;
+}
+
+/* POST `body` to `path`; returns the parsed JSON body (NULL if none) and the status. */
+static json_t *post_json(const char *path, const char *body, const char *const *hdrs, long *status) {
+    struct resp r = {0};
+    *status = request_h(g_base, "POST", path, body, hdrs, &r);
+    json_t *j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+    if (*status != 200) fprintf(stderr, "%s -> %ld: %.300s\n", path, *status, r.body.p ? r.body.p : "");
+    resp_free(&r);
+    return j;
+}
+
+/* POST a streaming request; returns its parsed SSE (chunks array, framing flags). */
+static struct sse post_sse(const char *path, const char *body, long *status) {
+    struct resp r = {0};
+    *status = request_h(g_base, "POST", path, body, NULL, &r);
+    struct sse s = parse_sse(r.body.p);
+    CHECK(s.well_formed && s.done, "%s stream framing: %.200s", path, r.body.p ? r.body.p : "");
+    resp_free(&r);
+    return s;
+}
+
+static char *dumps(json_t *o) { /* steals o */
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+static json_t *ids_json(const int32_t *v, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+static struct lm_ids ids_of(json_t *a) {
+    struct lm_ids ids = {0};
+    for (size_t i = 0; i < json_array_size(a); i++) lm_ids_push(&ids, (int32_t)json_integer_value(json_array_get(a, i)));
+    return ids;
+}
+
+static const char *choice_text(json_t *j, size_t i) {
+    json_t *c = json_array_get(json_object_get(j, "choices"), i);
+    json_t *t = json_object_get(c, "text");
+    if (!t) t = json_object_get(json_object_get(c, "message"), "content");
+    return jstr(t);
+}
+
+/* Per-choice concatenations of a stream: text (content or completions text), reasoning,
+ * logprobs entries; counts of finish chunks and role chunks; usage chunks and their position. */
+struct streamed {
+    struct lm_buf text[LM_OPENAI_MAX_N], reasoning[LM_OPENAI_MAX_N];
+    json_t *logprobs[LM_OPENAI_MAX_N]; /* chat: content entries; completions: token_logprobs */
+    int n_finish[LM_OPENAI_MAX_N], n_role[LM_OPENAI_MAX_N];
+    char finish[LM_OPENAI_MAX_N][16];
+    int n_usage, usage_index, n_chunks;
+    json_int_t prompt_tokens, completion_tokens, cached_tokens;
+    bool has_usage_key; /* some chunk carried "usage" (null or not) */
+};
+
+static void streamed_of(const struct sse *s, struct streamed *m) {
+    memset(m, 0, sizeof *m);
+    m->usage_index = -1;
+    for (int i = 0; i < LM_OPENAI_MAX_N; i++) m->logprobs[i] = json_array();
+    size_t k;
+    json_t *c;
+    json_array_foreach(s->chunks, k, c) {
+        m->n_chunks++;
+        json_t *usage = json_object_get(c, "usage");
+        if (usage) m->has_usage_key = true;
+        json_t *choices = json_object_get(c, "choices");
+        if (json_array_size(choices) == 0 && json_is_object(usage)) {
+            m->n_usage++;
+            m->usage_index = (int)k;
+            m->prompt_tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
+            m->completion_tokens = json_integer_value(json_object_get(usage, "completion_tokens"));
+            m->cached_tokens = json_integer_value(
+                json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens"));
+            continue;
+        }
+        json_t *ch = json_array_get(choices, 0);
+        int i = (int)json_integer_value(json_object_get(ch, "index"));
+        if (i < 0 || i >= LM_OPENAI_MAX_N) continue;
+        json_t *delta = json_object_get(ch, "delta");
+        json_t *t = delta ? json_object_get(delta, "content") : json_object_get(ch, "text");
+        if (json_is_string(t)) lm_buf_append(&m->text[i], json_string_value(t), json_string_length(t));
+        json_t *rc = json_object_get(delta, "reasoning_content");
+        if (json_is_string(rc)) lm_buf_append(&m->reasoning[i], json_string_value(rc), json_string_length(rc));
+        if (json_is_string(json_object_get(delta, "role"))) m->n_role[i]++;
+        json_t *lp = json_object_get(ch, "logprobs");
+        json_t *entries = json_object_get(lp, "content");
+        if (!entries) entries = json_object_get(lp, "token_logprobs");
+        if (json_is_array(entries)) json_array_extend(m->logprobs[i], entries);
+        json_t *fr = json_object_get(ch, "finish_reason");
+        if (json_is_string(fr)) {
+            m->n_finish[i]++;
+            snprintf(m->finish[i], sizeof m->finish[i], "%s", json_string_value(fr));
+        }
+    }
+    for (int i = 0; i < LM_OPENAI_MAX_N; i++) {
+        if (!m->text[i].p) lm_buf_puts(&m->text[i], "");
+        if (!m->reasoning[i].p) lm_buf_puts(&m->reasoning[i], "");
+    }
+}
+
+static void streamed_free(struct streamed *m) {
+    for (int i = 0; i < LM_OPENAI_MAX_N; i++) {
+        lm_buf_free(&m->text[i]);
+        lm_buf_free(&m->reasoning[i]);
+        json_decref(m->logprobs[i]);
+    }
+}
+
+/* In-process greedy decoding with the formulas of the penalties written out here (vLLM's
+ * apply_penalties; rep 1 / freq 0 / pres 0 for plain greedy). Fills ids and, per step, the
+ * log-softmax of the raw logits (double) in lsm[step * vocab + id] when lsm is non-NULL. */
+static void greedy_ref(const struct lm_ids *prompt, int n, float rep, float freq, float pres, bool stop_at_eos,
+                       struct lm_ids *out, double *lsm) {
+    const int V = lm_model_config(g_model)->vocab_size;
+    struct lm_seq *seq = NULL;
+    CHECK(lm_seq_create(g_model, (int)prompt->n + n + 1, &seq) == LM_OK, "seq");
+    if (!seq) return;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int *count = calloc((size_t)V, sizeof *count);
+    char *seen = calloc((size_t)V, 1);
+    for (size_t i = 0; i < prompt->n; i++) seen[prompt->v[i]] = 1;
+    lm_status st = lm_seq_forward(seq, prompt->v, (int)prompt->n, logits, false);
+    for (int step = 0; step < n && st == LM_OK; step++) {
+        if (lsm) {
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+            for (int i = 0; i < V; i++) sum += exp(logits[i] - mx);
+            for (int i = 0; i < V; i++) lsm[(size_t)step * V + i] = logits[i] - mx - log(sum);
+        }
+        int best = 0;
+        float bv = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float w = logits[i];
+            if (seen[i] && rep != 1) w = w > 0 ? w / rep : w * rep;
+            if (count[i]) {
+                w -= freq * (float)count[i];
+                w -= pres;
+            }
+            if (w > bv) bv = w, best = i;
+        }
+        if (stop_at_eos && (best == 151645 || best == 151643)) break;
+        lm_ids_push(out, best);
+        seen[best] = 1;
+        count[best]++;
+        st = lm_seq_forward(seq, &best, 1, logits, false);
+    }
+    free(seen);
+    free(count);
+    free(logits);
+    lm_seq_destroy(seq);
+}
+
+static char *decode(const struct lm_ids *ids) {
+    struct lm_buf b = {0};
+    lm_tokenizer_decode(lm_model_tokenizer(g_model), ids->v, ids->n, true, &b);
+    if (!b.p) lm_buf_puts(&b, "");
+    return lm_buf_take(&b);
+}
+
+static char *token_str(int32_t id) {
+    struct lm_buf b = {0};
+    lm_tokenizer_decode(lm_model_tokenizer(g_model), &id, 1, false, &b);
+    if (!b.p) lm_buf_puts(&b, "");
+    return lm_buf_take(&b);
+}
+
+static void test_completions_api(json_t *refs) {
+    const char *names[2] = {"pub_raw_short", "single_user"};
+    for (int k = 0; k < 2; k++) {
+        json_t *rc = find_case(refs, names[k]);
+        int n_ids;
+        bool eos;
+        char *want = reference_text(lm_model_tokenizer(g_model), rc, &n_ids, &eos);
+        char *body = dumps(json_pack("{s:O, s:i, s:f}", "prompt", json_object_get(rc, "prompt_ids"), "max_tokens", 24,
+                                     "temperature", 0.0));
+        long st;
+        json_t *j = post_json("/v1/completions", body, NULL, &st);
+        json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *u = json_object_get(j, "usage");
+        CHECK(st == 200 && !strcmp(jstr(json_object_get(j, "object")), "text_completion") &&
+                  !strncmp(jstr(json_object_get(j, "id")), "cmpl-", 5) && !strcmp(choice_text(j, 0), want) &&
+                  json_integer_value(json_object_get(u, "completion_tokens")) == n_ids &&
+                  json_integer_value(json_object_get(u, "prompt_tokens")) ==
+                      (json_int_t)json_array_size(json_object_get(rc, "prompt_ids")) &&
+                  !strcmp(jstr(json_object_get(c0, "finish_reason")), eos ? "stop" : "length"),
+              "completions %s: '%s' want '%s'", names[k], choice_text(j, 0), want);
+        json_decref(j);
+        free(body);
+        /* streamed, with include_usage: same text; one usage chunk, last, with the same totals */
+        body = dumps(json_pack("{s:O, s:i, s:f, s:b, s:{s:b}}", "prompt", json_object_get(rc, "prompt_ids"), "max_tokens",
+                               24, "temperature", 0.0, "stream", 1, "stream_options", "include_usage", 1));
+        struct sse s = post_sse("/v1/completions", body, &st);
+        struct streamed m;
+        streamed_of(&s, &m);
+        CHECK(st == 200 && !strcmp(m.text[0].p, want) && m.n_finish[0] == 1 && m.n_usage == 1 &&
+                  m.usage_index == m.n_chunks - 1 && m.completion_tokens == n_ids && m.n_role[0] == 0,
+              "completions stream %s: '%s' finish %d usage %d at %d of %d", names[k], m.text[0].p, m.n_finish[0],
+              m.n_usage, m.usage_index, m.n_chunks);
+        streamed_free(&m);
+        json_decref(s.chunks);
+        free(body);
+        free(want);
+    }
+    /* a string prompt is tokenized as the tokenizer does; the same ids give the same text */
+    const char *text = "The quick brown fox";
+    struct lm_ids ids = {0};
+    lm_tokenizer_encode(lm_model_tokenizer(g_model), text, strlen(text), 0, &ids);
+    long st;
+    char *b1 = dumps(json_pack("{s:s, s:i, s:f}", "prompt", text, "max_tokens", 10, "temperature", 0.0));
+    char *b2 = dumps(json_pack("{s:o, s:i, s:f}", "prompt", ids_json(ids.v, ids.n), "max_tokens", 10, "temperature", 0.0));
+    json_t *j1 = post_json("/v1/completions", b1, NULL, &st), *j2 = post_json("/v1/completions", b2, NULL, &st);
+    CHECK(json_integer_value(json_object_get(json_object_get(j1, "usage"), "prompt_tokens")) == (json_int_t)ids.n &&
+              !strcmp(choice_text(j1, 0), choice_text(j2, 0)),
+          "string prompt = its ids: '%s' vs '%s'", choice_text(j1, 0), choice_text(j2, 0));
+    json_decref(j1);
+    json_decref(j2);
+    free(b1);
+    free(b2);
+    /* the default max_tokens is 16 */
+    b1 = dumps(json_pack("{s:s, s:b}", "prompt", text, "ignore_eos", 1));
+    j1 = post_json("/v1/completions", b1, NULL, &st);
+    CHECK(st == 200 && json_integer_value(json_object_get(json_object_get(j1, "usage"), "completion_tokens")) == 16,
+          "default max_tokens 16");
+    json_decref(j1);
+    free(b1);
+    lm_ids_free(&ids);
+}
+
+/* logprobs: the first token's against the float64 reference's full logits row; every token's
+ * against the log-softmax of lm_seq_forward's logits computed here. */
+static void test_logprobs_api(json_t *refs) {
+    json_t *rc = find_case(refs, "single_user");
+    struct lm_ids prompt = ids_of(json_object_get(rc, "prompt_ids"));
+    const int V = lm_model_config(g_model)->vocab_size, N = 6;
+    double *lsm = malloc((size_t)N * V * sizeof *lsm);
+    struct lm_ids gen = {0};
+    greedy_ref(&prompt, N, 1, 0, 0, false, &gen, lsm);
+    /* the reference row */
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", TEST_DATA("fixtures/tiny_qwen3_reference"),
+             jstr(json_object_get(rc, "last_logits_file")));
+    float *row = malloc((size_t)V * sizeof *row);
+    FILE *f = fopen(path, "rb");
+    bool have_row = f && fread(row, sizeof *row, (size_t)V, f) == (size_t)V;
+    if (f) fclose(f);
+    CHECK(have_row, "read %s", path);
+    double ref_lse = 0, mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+    for (int i = 0; i < V; i++) ref_lse += exp(row[i] - mx);
+    ref_lse = mx + log(ref_lse);
+
+    long st;
+    char *body = dumps(json_pack("{s:o, s:i, s:f, s:i, s:b}", "prompt", ids_json(prompt.v, prompt.n), "max_tokens", N,
+                                 "temperature", 0.0, "logprobs", 5, "ignore_eos", 1));
+    json_t *j = post_json("/v1/completions", body, NULL, &st);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tokens = json_object_get(lp, "tokens"), *vals = json_object_get(lp, "token_logprobs"),
+           *tops = json_object_get(lp, "top_logprobs");
+    CHECK(st == 200 && json_array_size(vals) == (size_t)N && json_array_size(tops) == (size_t)N && gen.n == (size_t)N,
+          "completions logprobs: %zu entries", json_array_size(vals));
+    int bad = 0;
+    for (int k = 0; k < N && k < (int)json_array_size(vals) && k < (int)gen.n; k++) {
+        int32_t id = gen.v[k];
+        char *t = token_str(id);
+        double got = json_number_value(json_array_get(vals, k));
+        if (strcmp(jstr(json_array_get(tokens, k)), t) || fabs(got - lsm[(size_t)k * V + id]) > 2e-4) bad++;
+        if (k == 0 && have_row) CHECK(fabs(got - (row[id] - ref_lse)) < 2e-4, "first token logprob %g vs float64 %g", got,
+                                      row[id] - ref_lse);
+        json_t *top = json_array_get(tops, k);
+        /* rank all ids once: the 5 largest by value, ties by id */
+        int top5[5] = {-1, -1, -1, -1, -1};
+        for (int i = 0; i < V; i++) {
+            double v = lsm[(size_t)k * V + i];
+            for (int r = 0; r < 5; r++)
+                if (top5[r] < 0 || v > lsm[(size_t)k * V + top5[r]]) {
+                    for (int q = 4; q > r; q--) top5[q] = top5[q - 1];
+                    top5[r] = i;
+                    break;
+                }
+        }
+        for (int r = 0; r < 5; r++) {
+            char *tr = token_str(top5[r]);
+            json_t *v = json_object_get(top, tr);
+            if (!v || fabs(json_number_value(v) - lsm[(size_t)k * V + top5[r]]) > 2e-4) bad++;
+            free(tr);
+        }
+        if (json_object_size(top) < 5 || json_object_size(top) > 6) bad++;
+        free(t);
+    }
+    CHECK(bad == 0, "completions logprobs vs lm_seq_forward's log-softmax: %d mismatches", bad);
+    json_decref(j);
+    free(body);
+
+    /* chat: logprobs true, top_logprobs 3; streamed entries equal the non-streamed ones */
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Hello there");
+    struct lm_ids cprompt = {0};
+    {
+        struct lm_chat_msg m1 = {LM_ROLE_USER, "Hello there", NULL, false};
+        struct lm_chat_opts o = {.add_generation_prompt = true, .enable_thinking = -1};
+        struct lm_buf text = {0};
+        lm_qwen3_render_chat(&m1, 1, &o, &text);
+        lm_tokenizer_encode(lm_model_tokenizer(g_model), text.p, text.len, 0, &cprompt);
+        lm_buf_free(&text);
+    }
+    lm_ids_free(&gen);
+    greedy_ref(&cprompt, 5, 1, 0, 0, false, &gen, lsm);
+    body = chat_body(msgs, "{\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3,\"ignore_eos\":true}");
+    j = post_json("/v1/chat/completions", body, NULL, &st);
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                      "content");
+    bad = 0;
+    for (size_t k = 0; k < json_array_size(content) && k < gen.n; k++) {
+        json_t *e = json_array_get(content, k);
+        char *t = token_str(gen.v[k]);
+        if (strcmp(jstr(json_object_get(e, "token")), t) ||
+            fabs(json_number_value(json_object_get(e, "logprob")) - lsm[k * V + gen.v[k]]) > 2e-4 ||
+            json_array_size(json_object_get(e, "top_logprobs")) != 3 ||
+            json_array_size(json_object_get(e, "bytes")) != strlen(t))
+            bad++;
+        free(t);
+    }
+    CHECK(st == 200 && json_array_size(content) == 5 && bad == 0, "chat logprobs: %zu entries, %d mismatches",
+          json_array_size(content), bad);
+    char *sbody = chat_body(msgs, "{\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3,"
+                                  "\"ignore_eos\":true,\"stream\":true}");
+    struct sse s = post_sse("/v1/chat/completions", sbody, &st);
+    struct streamed m;
+    streamed_of(&s, &m);
+    CHECK(json_equal(m.logprobs[0], content), "streamed logprobs equal the non-streamed ones");
+    streamed_free(&m);
+    json_decref(s.chunks);
+    free(sbody);
+    json_decref(j);
+    free(body);
+    json_decref(msgs);
+    lm_ids_free(&cprompt);
+    lm_ids_free(&gen);
+    lm_ids_free(&prompt);
+    free(row);
+    free(lsm);
+}
+
+static void test_penalties_api(json_t *refs) {
+    json_t *rc = find_case(refs, "single_user");
+    struct lm_ids prompt = ids_of(json_object_get(rc, "prompt_ids"));
+    const int N = 16;
+    struct lm_ids plain = {0}, pen = {0};
+    greedy_ref(&prompt, N, 1, 0, 0, false, &plain, NULL);
+    greedy_ref(&prompt, N, 1.8f, 0.7f, 0.4f, false, &pen, NULL);
+    CHECK(plain.n == pen.n && memcmp(plain.v, pen.v, plain.n * sizeof *plain.v),
+          "the penalties change the greedy ids (else this test could not fail)");
+    char *want = decode(&pen);
+    long st;
+    char *body = dumps(json_pack("{s:o, s:i, s:f, s:f, s:f, s:f, s:b}", "prompt", ids_json(prompt.v, prompt.n),
+                                 "max_tokens", N, "temperature", 0.0, "repetition_penalty", 1.8, "frequency_penalty",
+                                 0.7, "presence_penalty", 0.4, "ignore_eos", 1));
+    json_t *j = post_json("/v1/completions", body, NULL, &st);
+    CHECK(st == 200 && !strcmp(choice_text(j, 0), want), "penalised greedy: '%s' want '%s'", choice_text(j, 0), want);
+    json_decref(j);
+    free(body);
+    free(want);
+    /* min_p 1 keeps only the most likely token: any temperature and seed give greedy */
+    want = decode(&plain);
+    body = dumps(json_pack("{s:o, s:i, s:f, s:f, s:b}", "prompt", ids_json(prompt.v, prompt.n), "max_tokens", N,
+                           "temperature", 1.5, "min_p", 1.0, "ignore_eos", 1));
+    j = post_json("/v1/completions", body, NULL, &st);
+    CHECK(st == 200 && !strcmp(choice_text(j, 0), want), "min_p 1 = greedy: '%s' want '%s'", choice_text(j, 0), want);
+    json_decref(j);
+    free(body);
+    free(want);
+    lm_ids_free(&plain);
+    lm_ids_free(&pen);
+    lm_ids_free(&prompt);
+}
+
+/* n choices: choice i is the request alone with seed + i; streamed equals non-streamed. */
+static void test_n_api(void) {
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Write a word.");
+    long st;
+    char *body = chat_body(msgs, "{\"n\":3,\"max_tokens\":12,\"temperature\":1.0,\"seed\":42}");
+    json_t *j = post_json("/v1/chat/completions", body, NULL, &st);
+    CHECK(st == 200 && json_array_size(json_object_get(j, "choices")) == 3, "n=3 gives 3 choices");
+    json_int_t total = 0;
+    int distinct = 0;
+    for (int i = 0; i < 3; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "{\"max_tokens\":12,\"temperature\":1.0,\"seed\":%d}", 42 + i);
+        char *b1 = chat_body(msgs, extra);
+        json_t *one = post_json("/v1/chat/completions", b1, NULL, &st);
+        json_t *ci = json_array_get(json_object_get(j, "choices"), (size_t)i);
+        CHECK(json_integer_value(json_object_get(ci, "index")) == i && !strcmp(choice_text(j, (size_t)i), choice_text(one, 0)),
+              "choice %d = seed %d alone: '%s' vs '%s'", i, 42 + i, choice_text(j, (size_t)i), choice_text(one, 0));
+        total += json_integer_value(json_object_get(json_object_get(one, "usage"), "completion_tokens"));
+        if (i > 0 && strcmp(choice_text(j, (size_t)i), choice_text(j, 0))) distinct++;
+        json_decref(one);
+        free(b1);
+    }
+    CHECK(distinct > 0, "seeded choices differ");
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == total,
+          "usage sums the choices");
+    char *sb = chat_body(msgs, "{\"n\":3,\"max_tokens\":12,\"temperature\":1.0,\"seed\":42,\"stream\":true,"
+                               "\"stream_options\":{\"include_usage\":true}}");
+    struct sse s = post_sse("/v1/chat/completions", sb, &st);
+    struct streamed m;
+    streamed_of(&s, &m);
+    for (int i = 0; i < 3; i++)
+        CHECK(!strcmp(m.text[i].p, choice_text(j, (size_t)i)) && m.n_finish[i] == 1 && m.n_role[i] == 1,
+              "streamed choice %d: '%s' vs '%s', %d finish, %d role chunks", i, m.text[i].p, choice_text(j, (size_t)i),
+              m.n_finish[i], m.n_role[i]);
+    CHECK(m.n_usage == 1 && m.usage_index == m.n_chunks - 1 && m.completion_tokens == total, "n=3 usage chunk");
+    streamed_free(&m);
+    json_decref(s.chunks);
+    free(sb);
+    json_decref(j);
+    free(body);
+    json_decref(msgs);
+}
+
+/* Stop strings across a token boundary: the non-streamed and streamed texts end right before
+ * the stop string; a near miss releases everything. */
+static void test_stop_boundary(json_t *tmpl, json_t *refs) {
+    json_t *tc = find_case(tmpl, "single_user"), *rc = find_case(refs, "single_user");
+    struct lm_ids g = ids_of(json_object_get(rc, "greedy_ids"));
+    int n_ids;
+    bool eos;
+    char *full = reference_text(lm_model_tokenizer(g_model), rc, &n_ids, &eos);
+    /* a boundary between two tokens whose texts are non-empty ASCII-ending/starting */
+    char stop[64] = "";
+    for (int k = 3; k + 1 < n_ids && !stop[0]; k++) {
+        char *a = token_str(g.v[k]), *b = token_str(g.v[k + 1]);
+        size_t la = strlen(a);
+        if (la >= 1 && strlen(b) >= 1 && (unsigned char)a[la - 1] < 0x80 && (unsigned char)b[0] < 0x80)
+            snprintf(stop, sizeof stop, "%c%c", a[la - 1], b[0]);
+        free(a);
+        free(b);
+    }
+    CHECK(stop[0] != 0, "a stop string across a token boundary");
+    const char *hit = stop[0] ? strstr(full, stop) : NULL;
+    size_t want_len = hit ? (size_t)(hit - full) : strlen(full);
+    for (int variant = 0; variant < 2 && stop[0]; variant++) {
+        char s2[80];
+        snprintf(s2, sizeof s2, variant == 0 ? "%s" : "%s\x01never", stop); /* variant 1: a near miss */
+        json_t *o = json_pack("{s:O, s:i, s:f, s:[s]}", "messages", json_object_get(tc, "messages"), "max_tokens", 24,
+                              "temperature", 0.0, "stop", s2);
+        char *body = json_dumps(o, JSON_COMPACT);
+        json_object_set_new(o, "stream", json_true());
+        char *sbody = json_dumps(o, JSON_COMPACT);
+        long st;
+        json_t *j = post_json("/v1/chat/completions", body, NULL, &st);
+        struct sse s = post_sse("/v1/chat/completions", sbody, &st);
+        struct streamed m;
+        streamed_of(&s, &m);
+        const char *got = choice_text(j, 0);
+        size_t wl = variant == 0 ? want_len : strlen(full);
+        CHECK(strlen(got) == wl && !strncmp(got, full, wl), "stop '%s' (variant %d): '%s' want %zu bytes of '%s'", stop,
+              variant, got, wl, full);
+        CHECK(!strcmp(m.text[0].p, got), "stop variant %d: streamed '%s' != non-streamed '%s'", variant, m.text[0].p, got);
+        CHECK(!strcmp(m.finish[0], jstr(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"))),
+              "stop variant %d: same finish_reason", variant);
+        if (variant == 0) CHECK(!strcmp(m.finish[0], "stop"), "finish_reason stop");
+        streamed_free(&m);
+        json_decref(s.chunks);
+        json_decref(j);
+        free(body);
+        free(sbody);
+        json_decref(o);
+    }
+    free(full);
+    lm_ids_free(&g);
+}
+
+/* The reference split (test_reasoning.c's rules) of a raw completion, prompt ending in mode 0. */
+static void split_ref(const char *text, struct lm_buf *reasoning, struct lm_buf *content) {
+    if (strncmp(text, "<think>", 7)) {
+        lm_buf_puts(content, text);
+        return;
+    }
+    const char *start = text + 7, *end = strstr(start, "</think>");
+    const char *r0 = start, *r1 = end ? end : start + strlen(start);
+    while (r0 < r1 && *r0 == '\n') r0++;
+    while (r1 > r0 && r1[-1] == '\n') r1--;
+    lm_buf_append(reasoning, r0, (size_t)(r1 - r0));
+    if (end) {
+        const char *c = end + 8;
+        while (*c == '\n') c++;
+        lm_buf_puts(content, c);
+    }
+}
+
+/* Chat output against the raw completion of the same rendered prompt, split here. */
+static void test_reasoning_api(void) {
+    static const char *const users[] = {"Think about cats.", "Why is the sky blue?", "<think>"};
+    for (int et = 0; et < 2; et++)
+        for (size_t u = 0; u < sizeof users / sizeof users[0]; u++) {
+            struct lm_chat_msg m1 = {LM_ROLE_USER, users[u], NULL, false};
+            struct lm_chat_opts o = {.add_generation_prompt = true, .enable_thinking = et ? -1 : 0};
+            struct lm_buf rendered = {0};
+            lm_qwen3_render_chat(&m1, 1, &o, &rendered);
+            long st;
+            char *cb = dumps(json_pack("{s:s, s:i, s:f, s:b}", "prompt", rendered.p, "max_tokens", 30, "temperature", 0.0,
+                                       "ignore_eos", 1));
+            json_t *raw = post_json("/v1/completions", cb, NULL, &st);
+            struct lm_buf wr = {0}, wc = {0};
+            if (et) split_ref(choice_text(raw, 0), &wr, &wc);
+            else lm_buf_puts(&wc, choice_text(raw, 0));
+            if (!wr.p) lm_buf_puts(&wr, "");
+            if (!wc.p) lm_buf_puts(&wc, "");
+            json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", users[u]);
+            char extra[160];
+            snprintf(extra, sizeof extra, "{\"max_tokens\":30,\"temperature\":0,\"ignore_eos\":true%s}",
+                     et ? "" : ",\"chat_template_kwargs\":{\"enable_thinking\":false}");
+            char *body = chat_body(msgs, extra);
+            json_t *j = post_json("/v1/chat/completions", body, NULL, &st);
+            json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+            json_t *rcj = json_object_get(msg, "reasoning_content");
+            CHECK(st == 200 && json_object_get(msg, "reasoning_content") != NULL, "reasoning_content key present");
+            CHECK(!strcmp(jstr(json_object_get(msg, "content")), wc.p) &&
+                      (wr.len ? !strcmp(jstr(rcj), wr.p) : json_is_null(rcj)),
+                  "thinking %d, '%s': content '%s' reasoning '%s'; want '%s' | '%s'", et, users[u],
+                  jstr(json_object_get(msg, "content")), jstr(rcj), wc.p, wr.p);
+            snprintf(extra, sizeof extra, "{\"max_tokens\":30,\"temperature\":0,\"ignore_eos\":true,\"stream\":true%s}",
+                     et ? "" : ",\"chat_template_kwargs\":{\"enable_thinking\":false}");
+            char *sbody = chat_body(msgs, extra);
+            struct sse s = post_sse("/v1/chat/completions", sbody, &st);
+            struct streamed m;
+            streamed_of(&s, &m);
+            CHECK(!strcmp(m.text[0].p, wc.p) && !strcmp(m.reasoning[0].p, wr.p), "streamed split: '%s' | '%s'",
+                  m.reasoning[0].p, m.text[0].p);
+            streamed_free(&m);
+            json_decref(s.chunks);
+            free(sbody);
+            json_decref(j);
+            free(body);
+            json_decref(msgs);
+            json_decref(raw);
+            free(cb);
+            lm_buf_free(&wr);
+            lm_buf_free(&wc);
+            lm_buf_free(&rendered);
+        }
+}
+
+static void test_tokenize_api(void) {
+    long st;
+    const char *text = "Tokenize <|im_end|> this, please.";
+    char *body = dumps(json_pack("{s:s}", "prompt", text));
+    json_t *j = post_json("/tokenize", body, NULL, &st);
+    struct lm_ids want = {0};
+    lm_tokenizer_encode(lm_model_tokenizer(g_model), text, strlen(text), 0, &want);
+    struct lm_ids got = ids_of(json_object_get(j, "tokens"));
+    CHECK(st == 200 && got.n == want.n && !memcmp(got.v, want.v, want.n * sizeof *want.v) &&
+              json_integer_value(json_object_get(j, "count")) == (json_int_t)want.n &&
+              json_integer_value(json_object_get(j, "max_model_len")) == 4096,
+          "POST /tokenize");
+    char *db = dumps(json_pack("{s:O}", "tokens", json_object_get(j, "tokens")));
+    json_t *d = post_json("/detokenize", db, NULL, &st);
+    CHECK(st == 200 && !strcmp(jstr(json_object_get(d, "prompt")), text), "POST /detokenize round trip: '%s'",
+          jstr(json_object_get(d, "prompt")));
+    json_decref(d);
+    free(db);
+    json_decref(j);
+    free(body);
+    lm_ids_free(&want);
+    lm_ids_free(&got);
+    /* messages: the same count as usage.prompt_tokens of the chat request */
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content", "S", "role", "user", "content", "U");
+    body = dumps(json_pack("{s:O}", "messages", msgs));
+    j = post_json("/tokenize", body, NULL, &st);
+    char *cb = chat_body(msgs, "{\"max_tokens\":1}");
+    json_t *c = post_json("/v1/chat/completions", cb, NULL, &st);
+    CHECK(json_integer_value(json_object_get(j, "count")) ==
+              json_integer_value(json_object_get(json_object_get(c, "usage"), "prompt_tokens")),
+          "/tokenize messages counts the chat prompt");
+    json_decref(c);
+    free(cb);
+    json_decref(j);
+    free(body);
+    json_decref(msgs);
+}
+
+/* Error cases of the new routes: each is a 4xx and the server answers the next request. */
+static void test_api_errors(void) {
+    static const struct {
+        const char *method, *path, *body;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"POST", "/v1/completions", "{}", 400, "prompt is required"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
+        {"POST", "/v1/completions", "{\"prompt\":[1,151936]}", 400, "vocabulary"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":5000}", 400, "context holds"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":30}", 400, "logprobs"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":20}", 400, "n"},
+        {"POST", "/tokenize", "{\"prompt\":1}", 400, "prompt must be a string"},
+        {"POST", "/tokenize", "{nope", 400, "not valid JSON"},
+        {"POST", "/detokenize", "{\"tokens\":[-5]}", 400, "tokens[0]"},
+        {"GET", "/tokenize", NULL, 405, "use POST"},
+        {"GET", "/v1/completions", NULL, 405, "use POST"},
+        {"POST", "/metrics", "{}", 405, "use GET"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct resp r = {0};
+        long st = request_h(g_base, cases[i].method, cases[i].path, cases[i].body, NULL, &r);
+        check_error(st, &r, &(struct err_case){cases[i].body ? cases[i].body : cases[i].path, cases[i].status,
+                                                cases[i].needle, NULL});
+        resp_free(&r);
+        st = request_h(g_base, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", NULL, &r);
+        CHECK(st == 200, "valid request after error case %zu: %ld", i, st);
+        resp_free(&r);
+    }
+}
+
+/* ---- records and metrics ------------------------------------------------------------------ */
+
+static char g_records[64];
+
+/* The record whose x_request_id is `rid`, waiting up to 10 s for it to be written. */
+static json_t *find_record(const char *rid) {
+    for (int t = 0; t < 500; t++) {
+        json_t *all = load_jsonl(g_records);
+        size_t i;
+        json_t *r;
+        json_array_foreach(all, i, r) if (!strcmp(jstr(json_object_get(r, "x_request_id")), rid)) {
+            json_incref(r);
+            json_decref(all);
+            return r;
+        }
+        json_decref(all);
+        usleep(20 * 1000);
+    }
+    return NULL;
+}
+
+static void sha_hex(const void *p, size_t n, char hex[65]) { lm_sha256_hex(p, n, hex); }
+
+static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+static void check_times(json_t *rec, double client_ms) {
+    double a = num(rec, "t_arrival_ms"), s = num(rec, "t_scheduled_ms"), f = num(rec, "t_first_token_ms"),
+           e = num(rec, "t_finish_ms");
+    CHECK(a > 0 && a <= s && s <= f && f <= e, "times ordered: %f %f %f %f", a, s, f, e);
+    CHECK(fabs(num(rec, "queue_ms") - (s - a)) < 1e-6 && fabs(num(rec, "prefill_ms") - (f - s)) < 1e-6 &&
+              fabs(num(rec, "decode_ms") - (e - f)) < 1e-6 && fabs(num(rec, "total_ms") - (e - a)) < 1e-6,
+          "durations consistent");
+    CHECK(num(rec, "total_ms") <= client_ms + 1, "total_ms %f not above the client's %f", num(rec, "total_ms"), client_ms);
+}
+
+static void test_records_api(void) {
+    /* a chat turn with the profiler's headers */
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "system", "content",
+                             "You are terse.", "role", "user", "content", "zebra-unique-text one", "role", "assistant",
+                             "content", "Fine.", "role", "user", "content", "And \xc3\xa9 two?");
+    const char *hdrs[] = {"X-Request-Id: ab12cd34-c3-t2", "X-Conversation-Id: ab12cd34-c3", "X-Lumen-Phase: profiling",
+                          "X-Lumen-Turn: 1", NULL};
+    char *body = chat_body(msgs, "{\"max_tokens\":8,\"temperature\":0}");
+    struct resp r = {0};
+    double t0 = now_s();
+    long st = request_h(g_base, "POST", "/v1/chat/completions", body, hdrs, &r);
+    double client_ms = (now_s() - t0) * 1e3;
+    json_t *j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+    resp_free(&r);
+    CHECK(st == 200 && j, "records chat request");
+    json_t *rec = find_record("ab12cd34-c3-t2");
+    CHECK(rec != NULL, "the chat request has a record");
+    if (rec && j) {
+        json_t *u = json_object_get(j, "usage");
+        json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+        CHECK(!strcmp(jstr(json_object_get(rec, "id")), jstr(json_object_get(j, "id"))) &&
+                  !strcmp(jstr(json_object_get(rec, "conversation_id")), "ab12cd34-c3") &&
+                  !strcmp(jstr(json_object_get(rec, "phase")), "profiling") &&
+                  json_integer_value(json_object_get(rec, "turn")) == 1 &&
+                  !strcmp(jstr(json_object_get(rec, "model")), "tiny-qwen3") &&
+                  !strcmp(jstr(json_object_get(rec, "endpoint")), "/v1/chat/completions") &&
+                  json_integer_value(json_object_get(rec, "http_status")) == 200,
+              "record identity");
+        CHECK(json_integer_value(json_object_get(rec, "prompt_tokens")) ==
+                      json_integer_value(json_object_get(u, "prompt_tokens")) &&
+                  json_integer_value(json_object_get(rec, "completion_tokens")) ==
+                      json_integer_value(json_object_get(u, "completion_tokens")) &&
+                  json_integer_value(json_object_get(rec, "cached_tokens")) >= 0 &&
+                  !strcmp(jstr(json_object_get(rec, "finish_reason")),
+                          jstr(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"))),
+              "record counts");
+        json_t *roles = json_object_get(rec, "roles"), *hashes = json_object_get(rec, "content_sha256");
+        bool ok = json_array_size(roles) == 4 && json_array_size(hashes) == 4;
+        for (size_t i = 0; ok && i < 4; i++) {
+            json_t *mi = json_array_get(msgs, i);
+            char hex[65];
+            sha_hex(jstr(json_object_get(mi, "content")), strlen(jstr(json_object_get(mi, "content"))), hex);
+            ok = !strcmp(jstr(json_array_get(roles, i)), jstr(json_object_get(mi, "role"))) &&
+                 !strcmp(jstr(json_array_get(hashes, i)), hex);
+        }
+        CHECK(ok, "roles and content hashes");
+        /* prompt ids: render + encode here; completion ids: greedy decoding here */
+        struct lm_chat_msg cm[4];
+        for (size_t i = 0; i < 4; i++) {
+            json_t *mi = json_array_get(msgs, i);
+            lm_chat_role_parse(jstr(json_object_get(mi, "role")), &cm[i].role);
+            cm[i].content = jstr(json_object_get(mi, "content"));
+            cm[i].reasoning_content = NULL;
+            cm[i].has_tool_calls = false;
+        }
+        struct lm_chat_opts o = {.add_generation_prompt = true, .enable_thinking = -1};
+        struct lm_buf text = {0};
+        struct lm_ids prompt = {0}, gen = {0};
+        lm_qwen3_render_chat(cm, 4, &o, &text);
+        lm_tokenizer_encode(lm_model_tokenizer(g_model), text.p, text.len, 0, &prompt);
+        greedy_ref(&prompt, 8, 1, 0, 0, true, &gen, NULL);
+        char hex[65];
+        lm_sha256_ids_hex(prompt.v, prompt.n, hex);
+        CHECK(!strcmp(jstr(json_object_get(rec, "prompt_ids_sha256")), hex), "prompt_ids_sha256");
+        lm_sha256_ids_hex(gen.v, gen.n, hex);
+        CHECK(!strcmp(jstr(json_object_get(rec, "completion_ids_sha256")), hex), "completion_ids_sha256");
+        struct lm_buf sent = {0};
+        lm_buf_puts(&sent, json_is_string(json_object_get(msg, "reasoning_content"))
+                               ? jstr(json_object_get(msg, "reasoning_content"))
+                               : "");
+        lm_buf_puts(&sent, jstr(json_object_get(msg, "content")));
+        sha_hex(sent.p, sent.len, hex);
+        CHECK(!strcmp(jstr(json_object_get(rec, "completion_text_sha256")), hex), "completion_text_sha256");
+        check_times(rec, client_ms);
+        lm_buf_free(&sent);
+        lm_buf_free(&text);
+        lm_ids_free(&prompt);
+        lm_ids_free(&gen);
+    }
+    json_decref(rec);
+    json_decref(j);
+    free(body);
+
+    /* a streamed request: the text hash is of what was streamed */
+    const char *sh[] = {"X-Request-Id: ab12cd34-c4-t1", NULL};
+    body = chat_body(msgs, "{\"max_tokens\":8,\"temperature\":0,\"stream\":true}");
+    st = request_h(g_base, "POST", "/v1/chat/completions", body, sh, &r);
+    struct sse s = parse_sse(r.body.p);
+    resp_free(&r);
+    struct streamed m;
+    streamed_of(&s, &m);
+    rec = find_record("ab12cd34-c4-t1");
+    char hex[65];
+    struct lm_buf sent = {0};
+    lm_buf_append(&sent, m.reasoning[0].p, m.reasoning[0].len);
+    lm_buf_append(&sent, m.text[0].p, m.text[0].len);
+    sha_hex(sent.p ? sent.p : "", sent.len, hex);
+    CHECK(rec && !strcmp(jstr(json_object_get(rec, "completion_text_sha256")), hex) &&
+              !strcmp(jstr(json_object_get(rec, "id")), jstr(json_object_get(json_array_get(s.chunks, 0), "id"))) &&
+              json_is_null(json_object_get(rec, "conversation_id")) && json_is_null(json_object_get(rec, "turn")),
+          "streamed record");
+    lm_buf_free(&sent);
+    streamed_free(&m);
+    json_decref(s.chunks);
+    json_decref(rec);
+    free(body);
+
+    /* an error has a record with its status; a completions request has no roles */
+    const char *eh[] = {"X-Request-Id: ab12cd34-c5-t1", NULL};
+    st = request_h(g_base, "POST", "/v1/chat/completions", "{\"messages\":[],\"max_tokens\":1}", eh, &r);
+    resp_free(&r);
+    rec = find_record("ab12cd34-c5-t1");
+    CHECK(st == 400 && rec && json_integer_value(json_object_get(rec, "http_status")) == 400 &&
+              json_is_null(json_object_get(rec, "completion_text_sha256")) &&
+              json_is_null(json_object_get(rec, "t_first_token_ms")),
+          "error record");
+    json_decref(rec);
+    const char *ch[] = {"X-Request-Id: ab12cd34-c6-t1", NULL};
+    st = request_h(g_base, "POST", "/v1/completions", "{\"prompt\":\"zebra-unique-text\",\"max_tokens\":3}", ch, &r);
+    resp_free(&r);
+    rec = find_record("ab12cd34-c6-t1");
+    CHECK(st == 200 && rec && !strcmp(jstr(json_object_get(rec, "endpoint")), "/v1/completions") &&
+              json_is_null(json_object_get(rec, "roles")) && json_is_string(json_object_get(rec, "prompt_ids_sha256")) &&
+              !strncmp(jstr(json_object_get(rec, "id")), "cmpl-", 5),
+          "completions record");
+    json_decref(rec);
+    /* never raw text */
+    FILE *f = fopen(g_records, "r");
+    char line[65536];
+    bool raw = false;
+    while (f && fgets(line, sizeof line, f)) raw |= strstr(line, "zebra") != NULL || strstr(line, "terse") != NULL;
+    if (f) fclose(f);
+    CHECK(!raw, "no raw text in the records file");
+    json_decref(msgs);
+}
+
+static double scrape(const char *text, const char *series) {
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p;) {
+        if (!strncmp(p, series, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    return 0;
+}
+
+static void test_metrics_api(void) {
+    struct resp r0 = {0}, r1 = {0};
+    long st = request_h(g_base, "GET", "/metrics", NULL, NULL, &r0);
+    char ct[96] = "";
+    header(&r0, "Content-Type", ct, sizeof ct);
+    CHECK(st == 200 && strstr(ct, "text/plain") && strstr(ct, "version=0.0.4"), "/metrics content type '%s'", ct);
+    /* two chat requests (one streamed) and one error, each waited for through its record */
+    json_int_t prompt = 0, completion = 0;
+    const char *ids[3] = {"metrics-1", "metrics-2", "metrics-3"};
+    for (int i = 0; i < 3; i++) {
+        char h[64];
+        snprintf(h, sizeof h, "X-Request-Id: %s", ids[i]);
+        const char *hdrs[] = {h, NULL};
+        struct resp r = {0};
+        const char *body = i == 2 ? "{\"messages\":7}"
+                           : i == 1 ? "{\"messages\":[{\"role\":\"user\",\"content\":\"m\"}],\"max_tokens\":5,\"stream\":true,"
+                                      "\"stream_options\":{\"include_usage\":true}}"
+                                    : "{\"messages\":[{\"role\":\"user\",\"content\":\"m\"}],\"max_tokens\":5}";
+        request_h(g_base, "POST", "/v1/chat/completions", body, hdrs, &r);
+        json_t *rec = find_record(ids[i]);
+        if (i < 2 && rec) {
+            prompt += json_integer_value(json_object_get(rec, "prompt_tokens"));
+            completion += json_integer_value(json_object_get(rec, "completion_tokens"));
+        }
+        json_decref(rec);
+        resp_free(&r);
+    }
+    st = request_h(g_base, "GET", "/metrics", NULL, NULL, &r1);
+    const char *a = r0.body.p ? r0.body.p : "", *b = r1.body.p ? r1.body.p : "";
+#define DELTA(series) (scrape(b, series) - scrape(a, series))
+    CHECK(DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}") == 2 &&
+              DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}") == 1,
+          "requests by status");
+    CHECK(DELTA("lumen_prompt_tokens_total") == (double)prompt && DELTA("lumen_generation_tokens_total") == (double)completion,
+          "token counters: %g/%lld %g/%lld", DELTA("lumen_prompt_tokens_total"), (long long)prompt,
+          DELTA("lumen_generation_tokens_total"), (long long)completion);
+    CHECK(DELTA("lumen_time_to_first_token_seconds_count") == 2 && DELTA("lumen_request_latency_seconds_count") == 2 &&
+              DELTA("lumen_inter_token_latency_seconds_count") == (double)(completion - 2),
+          "histogram counts");
+    CHECK(strstr(b, "lumen_num_requests_running 0") && strstr(b, "lumen_num_requests_waiting 0"), "idle gauges");
+#undef DELTA
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        char path[] = "/tmp/lm_test_scrape_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0 && write(fd, b, strlen(b)) == (ssize_t)strlen(b), "write scrape");
+        close(fd);
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s > %s.out 2>&1", path, path);
+        int rc = system(cmd);
+        char out[160];
+        snprintf(out, sizeof out, "%s.out", path);
+        FILE *f = fopen(out, "r");
+        char msg[2048] = "";
+        size_t got = f ? fread(msg, 1, sizeof msg - 1, f) : 0;
+        msg[got] = 0;
+        if (f) fclose(f);
+        CHECK(rc == 0 && got == 0, "promtool check metrics on /metrics: %d %s", rc, msg);
+        unlink(path);
+        unlink(out);
+    } else {
+        fprintf(stderr, "test_server: promtool not installed; `promtool check metrics` skipped\n");
+    }
+    resp_free(&r0);
+    resp_free(&r1);
+}
+
+static void test_issue3_api(json_t *tmpl, json_t *refs) {
+    struct lm_model_open_params p = lm_model_default_open_params();
+    p.n_threads = 1;
+    lm_status st = lm_model_open(TINY_MODEL, &p, &g_model);
+    CHECK(st == LM_OK, "open the tiny model in the test: %s", lm_error_message());
+    if (st) return;
+    /* /v1/models lists the capabilities */
+    struct resp r = {0};
+    request_h(g_base, "GET", "/v1/models", NULL, NULL, &r);
+    json_t *j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+    json_t *caps = json_object_get(json_array_get(json_object_get(j, "data"), 0), "capabilities");
+    CHECK(json_array_size(caps) == 2 && !strcmp(jstr(json_array_get(caps, 0)), "text_generation") &&
+              !strcmp(jstr(json_array_get(caps, 1)), "text_conversation"),
+          "/v1/models capabilities: %s", nz(r.body.p));
+    json_decref(j);
+    resp_free(&r);
+    test_completions_api(refs);
+    test_logprobs_api(refs);
+    test_penalties_api(refs);
+    test_n_api();
+    test_stop_boundary(tmpl, refs);
+    test_reasoning_api();
+    test_tokenize_api();
+    test_api_errors();
+    test_records_api();
+    test_metrics_api();
+    lm_model_close(g_model);
+    g_model = NULL;
+}
+
 static const char *k_long =
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}],\"max_tokens\":%d,"
     "\"ignore_eos\":true,\"stream\":%s}";
@@ -736,7 +1661,10 @@ int main(void) {
     json_t *tmpl = load_jsonl(TEST_DATA("fixtures/chat_template/qwen3_cases.jsonl"));
     json_t *refs = load_jsonl(TEST_DATA("fixtures/tiny_qwen3_reference/cases.jsonl"));
 
-    bool up = tok && start_server(0, NULL, g_base, sizeof g_base);
+    snprintf(g_records, sizeof g_records, "/tmp/lm_test_records_%d.jsonl", (int)getpid());
+    unlink(g_records);
+    const char *main_extra[] = {"--records", g_records, NULL};
+    bool up = tok && start_server(0, main_extra, g_base, sizeof g_base);
     CHECK(up, "lumen serve did not come up (%s)", LM_LUMEN_BIN);
     if (!up) {
         lm_tokenizer_destroy(tok);
@@ -897,6 +1825,7 @@ int main(void) {
     }
 
     test_errors(ctx);
+    test_issue3_api(tmpl, refs);
 
     /* How long does an uncancelled long generation take? (Sets the scale of the timing checks.) */
     const int n_long = 3000;
@@ -950,9 +1879,10 @@ int main(void) {
         curl_multi_cleanup(m);
     }
 
-    /* A second server: --max-queue 0 (a request behind a running one gets 429), --ctx-size 256. */
+    /* A second server: --max-seqs 1 --max-queue 0 (a request behind a running one gets 429),
+     * --ctx-size 256, --no-reasoning. */
     char base2[64];
-    const char *extra[] = {"--max-queue", "0", "--ctx-size", "256", "--quiet", NULL};
+    const char *extra[] = {"--max-queue", "0", "--max-seqs", "1", "--ctx-size", "256", "--quiet", "--no-reasoning", NULL};
     bool up2 = start_server(1, extra, base2, sizeof base2);
     CHECK(up2, "second server");
     if (up2) {
@@ -966,6 +1896,13 @@ int main(void) {
                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":300}", NULL, 0, &r);
         check_error(st, &r, &(struct err_case){"max_tokens 300 in ctx 256", 400, "and max_tokens is 300; the context holds 256",
                                                 "messages"});
+        resp_free(&r);
+        /* --no-reasoning: no reasoning_content, the whole output is content */
+        st = request(base2, "POST", "/v1/chat/completions", k_valid, NULL, 0, &r);
+        j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+        json_t *msg2 = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+        CHECK(st == 200 && msg2 && !json_object_get(msg2, "reasoning_content"), "--no-reasoning: %s", nz(r.body.p));
+        json_decref(j);
         resp_free(&r);
 
         char long2[256];
@@ -1013,6 +1950,7 @@ int main(void) {
 
     CHECK(stop_server(0, 20), "SIGTERM: clean exit of the main server");
     kill_children();
+    unlink(g_records);
     json_decref(tmpl);
     json_decref(refs);
     lm_tokenizer_destroy(tok);

@@ -15,11 +15,24 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: lumen serve --model DIR [options]\n\n"
             "Serves one model over an OpenAI-compatible HTTP API:\n"
-            "  POST /v1/chat/completions   chat completions, streaming (SSE) or not\n"
-            "  GET  /v1/models             the served model and its context length\n"
+            "  POST /v1/chat/completions   chat completions, streaming (SSE) or not (needs the\n"
+            "                              model's text_conversation task)\n"
+            "  POST /v1/completions        completions of a prompt string or token ids (needs\n"
+            "                              the text_generation task)\n"
+            "  POST /tokenize              {\"prompt\": str} or {\"messages\": [...]} -> token ids\n"
+            "  POST /detokenize            {\"tokens\": [...]} -> {\"prompt\": text}\n"
+            "  GET  /v1/models             the served model, its context length and capabilities\n"
+            "  GET  /metrics               Prometheus metrics (requests, tokens, TTFT, ITL, latency)\n"
             "  GET  /health                200 {\"status\":\"ok\"} once the model is loaded\n"
-            "Requests run one at a time; others wait in a queue. Stop with Ctrl-C (SIGINT) or\n"
-            "SIGTERM: queued and running requests are cancelled and the server exits cleanly.\n\n"
+            "Supported request fields include n (up to 8), logprobs/top_logprobs, presence_penalty,\n"
+            "frequency_penalty, repetition_penalty, min_p, top_k, seed, stop, max_completion_tokens,\n"
+            "stream_options.include_usage and chat_template_kwargs.enable_thinking. Chat output is\n"
+            "split into reasoning_content and content by the model family's reasoning parser.\n"
+            "Requests run together (continuous batching: every running request decodes one token\n"
+            "in each batched forward step, long prompts are prefilled in chunks between them) and\n"
+            "reuse the KV cache of any earlier prompt or conversation turn they start with. Stop\n"
+            "with Ctrl-C (SIGINT) or SIGTERM: the server stops accepting, lets in-flight requests\n"
+            "finish for up to --shutdown-timeout-s, cancels the rest and exits 0.\n\n"
             "options:\n"
             "  --model DIR      Hugging Face model folder (config.json, model.safetensors,\n"
             "                   generation_config.json, tokenizer files). Required.\n"
@@ -28,11 +41,26 @@ static void help(FILE *f) {
             "  --host ADDR      address to listen on (default 127.0.0.1; 0.0.0.0 for all)\n"
             "  --port N         TCP port (default 8000; 0 picks a free port, printed at startup)\n"
             "  --threads N      CPU threads for the forward pass (default 0: all online cores)\n"
-            "  --ctx-size N     KV-cache capacity in tokens of the one sequence the engine holds;\n"
-            "                   prompt + max_tokens must fit in it (default: the smaller of the\n"
-            "                   model's max_position_embeddings and 4096)\n"
-            "  --max-queue N    requests that may wait behind the running one; more get HTTP 429\n"
-            "                   (default 64)\n"
+            "  --ctx-size N     context of one request in tokens: prompt + max_tokens must fit in\n"
+            "                   it (default: the smaller of the model's max_position_embeddings\n"
+            "                   and 4096)\n"
+            "  --max-seqs N     requests running at once in the batch (default 16)\n"
+            "  --max-queue N    requests that may wait beyond the --max-seqs running ones; more get\n"
+            "                   HTTP 429 (default 64)\n"
+            "  --max-batch-tokens N  tokens per forward step: one per decoding request plus prefill\n"
+            "                   chunks (default 512; at least --max-seqs)\n"
+            "  --kv-size SIZE   KV cache (shared by all requests, blocks of 16 tokens): MiB, or with\n"
+            "                   a suffix: 512M, 2G, or 32768t for tokens (default: --ctx-size x\n"
+            "                   --max-seqs tokens, capped at a quarter of the available memory; at\n"
+            "                   least one --ctx-size)\n"
+            "  --shutdown-timeout-s S  on SIGTERM/SIGINT, how long in-flight requests may run on\n"
+            "                   before they are cancelled (default 10; 0 cancels at once)\n"
+            "  --records FILE   append one JSON line per generation request to FILE: ids, headers\n"
+            "                   (X-Request-Id, X-Conversation-Id, X-Lumen-Phase, X-Lumen-Turn),\n"
+            "                   engine times, token counts and SHA-256 digests of the contents,\n"
+            "                   never raw text (the contract is docs/RECORDS.md)\n"
+            "  --no-reasoning   do not split chat output into reasoning_content and content:\n"
+            "                   everything the model writes, <think> block included, is content\n"
             "  --quiet          do not log one line per request to stderr\n"
             "  -h, --help       show this help\n");
 }
@@ -51,11 +79,15 @@ int lm_cmd_serve(int argc, char **argv) {
         {"host", required_argument, 0, 'H'},    {"port", required_argument, 0, 'p'},
         {"threads", required_argument, 0, 't'}, {"ctx-size", required_argument, 0, 'c'},
         {"max-queue", required_argument, 0, 'q'}, {"quiet", no_argument, 0, 'Q'},
+        {"records", required_argument, 0, 'R'}, {"no-reasoning", no_argument, 0, 'N'},
+        {"max-seqs", required_argument, 0, 'S'}, {"max-batch-tokens", required_argument, 0, 'B'},
+        {"kv-size", required_argument, 0, 'K'}, {"shutdown-timeout-s", required_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *tok_dir = NULL;
     struct lm_server_params sp = lm_server_default_params();
     int threads = 0, ctx = 0;
+    const char *kv_size = NULL;
     optind = 1;
     opterr = 0; /* we print our own "lumen serve: ..." messages */
     int o;
@@ -65,6 +97,8 @@ int lm_cmd_serve(int argc, char **argv) {
         case 'T': tok_dir = optarg; break;
         case 'H': sp.host = optarg; break;
         case 'Q': sp.log_requests = false; break;
+        case 'R': sp.records_path = optarg; break;
+        case 'N': sp.reasoning = false; break;
         case 'p':
             if (!parse_int(optarg, 0, 65535, &sp.port)) {
                 fprintf(stderr, "lumen serve: --port must be 0..65535, not '%s'\n", optarg);
@@ -89,6 +123,29 @@ int lm_cmd_serve(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 'S':
+            if (!parse_int(optarg, 1, 4096, &sp.max_seqs)) {
+                fprintf(stderr, "lumen serve: --max-seqs must be 1..4096, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'B':
+            if (!parse_int(optarg, 1, 1 << 20, &sp.max_batch_tokens)) {
+                fprintf(stderr, "lumen serve: --max-batch-tokens must be 1..1048576, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'K': kv_size = optarg; break;
+        case 'D': {
+            char *end;
+            sp.shutdown_timeout_s = strtod(optarg, &end);
+            if (!*optarg || *end || !(sp.shutdown_timeout_s >= 0 && sp.shutdown_timeout_s <= 86400)) {
+                fprintf(stderr, "lumen serve: --shutdown-timeout-s must be 0..86400 seconds, not '%s'\n", optarg);
+                return 2;
+            }
+            if (sp.shutdown_timeout_s == 0) sp.shutdown_timeout_s = -1; /* 0 in the params: default */
+            break;
+        }
         case 'h': help(stdout); return 0;
         case ':':
             fprintf(stderr, "lumen serve: %s needs a value (see lumen serve --help)\n", argv[optind - 1]);
@@ -122,8 +179,8 @@ int lm_cmd_serve(int argc, char **argv) {
     struct lm_model *m = NULL;
     if (lm_model_open(model_dir, &mp, &m)) return lm_cmd_fail("serve", NULL);
     const struct lm_model_config *cfg = lm_model_config(m);
-    if (!(lm_model_tasks(m) & LM_TASK_TEXT_CONVERSATION)) {
-        fprintf(stderr, "lumen serve: %s: this model family does not do chat conversations\n", model_dir);
+    if (!(lm_model_tasks(m) & (LM_TASK_TEXT_CONVERSATION | LM_TASK_TEXT_GENERATION))) {
+        fprintf(stderr, "lumen serve: %s: this model family declares no task lumen serves\n", model_dir);
         lm_model_close(m);
         return 1;
     }
@@ -136,6 +193,28 @@ int lm_cmd_serve(int argc, char **argv) {
         return 2;
     }
     sp.ctx_size = ctx;
+    if (kv_size) { /* MiB by default; M, G (MiB, GiB) or t (tokens) suffixes */
+        char *end;
+        double v = strtod(kv_size, &end);
+        double per = (double)lm_model_kv_bytes_per_token(m);
+        double tokens = !strcmp(end, "t") || !strcmp(end, "tokens") ? v
+                        : !*end || !strcmp(end, "M") || !strcmp(end, "MiB") ? v * 1048576.0 / per
+                        : !strcmp(end, "G") || !strcmp(end, "GiB") ? v * 1073741824.0 / per
+                                                                   : -1;
+        if (!(tokens >= 1) || tokens > 1e12) {
+            fprintf(stderr, "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or "
+                            "65536t, not '%s'\n", kv_size);
+            lm_model_close(m);
+            return 2;
+        }
+        sp.kv_tokens = (long)tokens;
+        if (sp.kv_tokens < ctx) {
+            fprintf(stderr, "lumen serve: --kv-size %s holds %ld tokens, less than one request of "
+                            "--ctx-size %d\n", kv_size, sp.kv_tokens, ctx);
+            lm_model_close(m);
+            return 2;
+        }
+    }
 
     struct lm_server *srv = NULL;
     if (lm_server_start(m, &sp, &srv)) {
@@ -145,9 +224,10 @@ int lm_cmd_serve(int argc, char **argv) {
     }
     bool v6 = strchr(sp.host, ':') != NULL;
     printf("lumen serve: model %s (%s, %d layers) at http://%s%s%s:%d  ctx-size %d  max-queue %d  "
-           "threads %d\n",
+           "threads %d%s%s\n",
            lm_model_name(m), cfg->model_type, cfg->num_hidden_layers, v6 ? "[" : "", sp.host,
-           v6 ? "]" : "", lm_server_port(srv), ctx, sp.max_queue, threads);
+           v6 ? "]" : "", lm_server_port(srv), ctx, sp.max_queue, threads,
+           sp.records_path ? "  records " : "", sp.records_path ? sp.records_path : "");
     fflush(stdout);
 
     int sig = 0;

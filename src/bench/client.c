@@ -82,6 +82,30 @@ static size_t collect_body(char *p, size_t size, size_t n, void *ud) {
     return size * n;
 }
 
+lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struct lm_buf *body,
+                              long *status) {
+    struct lm_buf url = {0};
+    set_common(c, path, &url);
+    struct curl_slist *hdr = NULL;
+    if (c->api_key) {
+        struct lm_buf b = {0};
+        lm_buf_printf(&b, "Bearer %s", c->api_key);
+        hdr = add_header(hdr, "Authorization", b.p);
+        lm_buf_free(&b);
+    }
+    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, collect_body);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, body);
+    CURLcode rc = curl_easy_perform(c->curl);
+    *status = 0;
+    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, status);
+    curl_slist_free_all(hdr);
+    lm_status st = LM_OK;
+    if (rc != CURLE_OK) st = lm_errorf(LM_ERR_IO, "GET %s: %s", url.p, curl_easy_strerror(rc));
+    lm_buf_free(&url);
+    return st;
+}
+
 lm_status lm_bench_client_first_model(struct lm_bench_client *c, char **id) {
     *id = NULL;
     struct lm_buf url = {0}, body = {0};
@@ -130,6 +154,7 @@ enum body_kind { BODY_UNKNOWN, BODY_SSE, BODY_JSON, BODY_ERROR };
 
 struct chat_ctx {
     CURL *curl;
+    char *echoed_id; /* X-Request-Id of the response; owned */
     struct lm_bench_record *rec;
     struct lm_bench_stream stream;
     enum body_kind kind;
@@ -157,6 +182,21 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
         lm_bench_stream_feed(&x->stream, p, len, t_ms);
     } else if (x->kind == BODY_JSON || x->body.len < ERROR_BODY_MAX) {
         lm_buf_append(&x->body, p, len);
+    }
+    return len;
+}
+
+/* Response headers: keeps X-Request-Id. */
+static size_t on_header(char *p, size_t size, size_t n, void *ud) {
+    struct chat_ctx *x = ud;
+    size_t len = size * n;
+    static const char name[] = "x-request-id:";
+    if (len > sizeof name - 1 && !strncasecmp(p, name, sizeof name - 1)) {
+        const char *v = p + sizeof name - 1, *e = p + len;
+        while (v < e && (*v == ' ' || *v == '\t')) v++;
+        while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' ')) e--;
+        free(x->echoed_id);
+        x->echoed_id = strndup(v, (size_t)(e - v));
     }
     return len;
 }
@@ -190,6 +230,10 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm
     hdr = add_header(hdr, "Accept", "text/event-stream");
     hdr = add_header(hdr, "X-Request-Id", rec->request_id);
     hdr = add_header(hdr, "X-Conversation-Id", rec->conversation_id);
+    hdr = add_header(hdr, "X-Lumen-Phase", rec->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling");
+    char turn[24];
+    snprintf(turn, sizeof turn, "%d", rec->turn - 1);
+    hdr = add_header(hdr, "X-Lumen-Turn", turn);
     if (c->api_key) {
         struct lm_buf b = {0};
         lm_buf_printf(&b, "Bearer %s", c->api_key);
@@ -204,6 +248,8 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm
     curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &x);
+    curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, &x);
 
     rec->sent = true;
     rec->start_unix = lm_bench_unix_now();
@@ -222,6 +268,8 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm
     }
     lm_bench_stream_finish(&x.stream, t_ms);
     if (!isfinite(rec->latency_ms)) rec->latency_ms = t_ms;
+    free(rec->echoed_request_id);
+    rec->echoed_request_id = x.echoed_id;
     lm_bench_stream_free(&x.stream);
     lm_buf_free(&x.body);
     lm_buf_free(&url);

@@ -7,6 +7,7 @@
 #ifndef LM_BENCH_CLIENT_H
 #define LM_BENCH_CLIENT_H
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "bench/record.h"
 
@@ -32,9 +33,17 @@ void lm_bench_client_free(struct lm_bench_client *c);
  * body is not a model list; LM_ERR_MISSING when the list is empty. */
 lm_status lm_bench_client_first_model(struct lm_bench_client *c, char **id);
 
-/* POSTs `body` (a chat.completions request, JSON) to /v1/chat/completions with headers
- * X-Request-Id: rec->request_id and X-Conversation-Id: rec->conversation_id, and fills rec's
- * timing, response and error fields. Never fails as a call: every failure is recorded in rec
+/* GET `path` ("/v1/models", "/metrics"); the body is appended to `body`, the HTTP status set in
+ * *status (0 when no answer). LM_ERR_IO naming the url when the server cannot be reached (an
+ * HTTP error status is not a failure here). */
+lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struct lm_buf *body,
+                              long *status);
+
+/* POSTs `body` (a chat.completions request, JSON) to /v1/chat/completions with the identity
+ * headers of docs/RECORDS.md: X-Request-Id (rec->request_id), X-Conversation-Id
+ * (rec->conversation_id), X-Lumen-Phase ("warmup" or "profiling") and X-Lumen-Turn (rec->turn
+ * - 1, 0-based); fills rec's timing, response and error fields, and echoed_request_id from the
+ * response's X-Request-Id header. Never fails as a call: every failure is recorded in rec
  * (rec->error, rec->error_message), so that the run goes on and the report counts it. */
 void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm_bench_record *rec);
 

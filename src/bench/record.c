@@ -6,6 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/digest.h"
+#include "bench/prompt.h"
+#include "bench/stats.h"
+#include "text/tokenizer.h"
+
 const char *lm_bench_error_name(enum lm_bench_error e) {
     switch (e) {
     case LM_BENCH_ERR_NONE: return "none";
@@ -21,8 +26,22 @@ const char *lm_bench_error_name(enum lm_bench_error e) {
     return "?";
 }
 
+const char *lm_bench_skip_name(enum lm_bench_skip s) {
+    switch (s) {
+    case LM_BENCH_SKIP_NONE: return "none";
+    case LM_BENCH_SKIP_AFTER_FAILURE: return "after_failure";
+    case LM_BENCH_SKIP_LIMIT: return "limit";
+    }
+    return "?";
+}
+
 void lm_bench_record_free(struct lm_bench_record *r) {
     if (!r) return;
+    free(r->category);
+    free(r->server_id);
+    free(r->echoed_request_id);
+    json_decref(r->server_record);
+    json_decref(r->issues);
     free(r->conversation_id);
     free(r->dataset_id);
     free(r->request_id);
@@ -47,8 +66,154 @@ void lm_bench_record_fail(struct lm_bench_record *r, enum lm_bench_error e, cons
 }
 
 double lm_bench_record_itl_ms(const struct lm_bench_record *r) {
-    if (r->error || !isfinite(r->ttft_ms) || r->output_tokens < 2) return NAN;
-    return (r->latency_ms - r->ttft_ms) / (double)(r->output_tokens - 1);
+    long out = r->output_tokens >= 0 ? r->output_tokens
+               : r->tokens_counted   ? r->own_output_tokens
+                                     : -1;
+    if (r->error || !isfinite(r->ttft_ms) || out < 2) return NAN;
+    return (r->latency_ms - r->ttft_ms) / (double)(out - 1);
+}
+
+/* The tokens credited to each chunk (k[0..n_chunks)): lumen's counts, or 1 per chunk when not
+ * counted; when lumen's total disagrees with the server's usage (beyond the stop token), the
+ * usage total spread over the chunks in proportion to lumen's counts (largest remainder). */
+static void chunk_weights(const struct lm_bench_record *r, int *k) {
+    if (!r->tokens_counted) {
+        for (size_t i = 0; i < r->n_chunks; i++) k[i] = 1;
+        return;
+    }
+    long own = r->own_output_tokens, use = r->output_tokens;
+    bool stop = r->finish_reason && !strcmp(r->finish_reason, "stop");
+    for (size_t i = 0; i < r->n_chunks; i++) k[i] = r->chunks[i].tokens;
+    if (use < 0 || own <= 0 || own == use || (stop && own + 1 == use)) return;
+    double *frac = malloc(r->n_chunks * sizeof *frac);
+    if (!frac) abort();
+    long given = 0;
+    for (size_t i = 0; i < r->n_chunks; i++) {
+        double exact = (double)r->chunks[i].tokens * (double)use / (double)own;
+        k[i] = (int)floor(exact);
+        frac[i] = exact - k[i];
+        given += k[i];
+    }
+    for (; given < use; given++) { /* the largest remainders get one more */
+        size_t best = 0;
+        for (size_t i = 1; i < r->n_chunks; i++)
+            if (frac[i] > frac[best]) best = i;
+        if (frac[best] <= 0) break;
+        k[best]++;
+        frac[best] = -1;
+    }
+    free(frac);
+}
+
+void lm_bench_record_itl_samples(const struct lm_bench_record *r, struct lm_bench_samples *out) {
+    if (r->error || r->n_chunks < 2) return;
+    int *k = malloc(r->n_chunks * sizeof *k);
+    if (!k) abort();
+    chunk_weights(r, k);
+    double prev = r->chunks[0].t_ms;
+    for (size_t i = 1; i < r->n_chunks; i++) {
+        if (k[i] <= 0) continue; /* no token ends here: its time belongs to the next chunk's gap */
+        double per = (r->chunks[i].t_ms - prev) / k[i];
+        for (int j = 0; j < k[i]; j++) lm_bench_samples_push(out, per);
+        prev = r->chunks[i].t_ms;
+    }
+    free(k);
+}
+
+double lm_bench_record_ttst_ms(const struct lm_bench_record *r) {
+    if (r->error || r->n_chunks == 0) return NAN;
+    int *k = malloc(r->n_chunks * sizeof *k);
+    if (!k) abort();
+    chunk_weights(r, k);
+    double t = NAN;
+    if (k[0] >= 2) t = r->chunks[0].t_ms;
+    for (size_t i = 1; i < r->n_chunks && isnan(t); i++)
+        if (k[i] > 0) t = r->chunks[i].t_ms;
+    free(k);
+    return t;
+}
+
+/* Sets chunks[].tokens for one text (content or reasoning): the ids of the whole text, streamed
+ * through the detokenizer; a token belongs to the chunk holding its text's last byte. Returns
+ * the token count, or -1 when the decoded text differs from the original (the caller then
+ * counts chunk by chunk). */
+static long count_stream(struct lm_bench_record *r, const struct lm_bench_prompt *p, bool reasoning) {
+    const struct lm_buf *text = reasoning ? &r->reasoning : &r->content;
+    if (!text->len) return 0;
+    struct lm_ids ids = {0};
+    lm_tokenizer_encode(p->tok, text->p, text->len, LM_ENCODE_SPECIAL_AS_TEXT, &ids);
+    struct lm_detok d;
+    lm_detok_init(&d, p->tok, false);
+    struct lm_buf out = {0};
+    size_t *end = malloc((ids.n ? ids.n : 1) * sizeof *end);
+    if (!end) abort();
+    for (size_t i = 0; i < ids.n; i++) {
+        lm_detok_push(&d, ids.v[i], &out);
+        end[i] = out.len;
+    }
+    lm_detok_flush(&d, &out);
+    long n = (long)ids.n;
+    if (out.len != text->len || memcmp(out.p, text->p, text->len)) {
+        n = -1;
+    } else {
+        size_t c = 0;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t last = end[i] ? end[i] - 1 : 0; /* the token's last byte */
+            for (;;) {
+                struct lm_bench_chunk *ch = &r->chunks[c];
+                size_t off = reasoning ? ch->reasoning_off : ch->content_off;
+                size_t len = reasoning ? ch->reasoning_len : ch->content_len;
+                if ((len && last < off + len) || c + 1 == r->n_chunks) break;
+                c++;
+            }
+            r->chunks[c].tokens++;
+        }
+    }
+    free(end);
+    lm_buf_free(&out);
+    lm_ids_free(&ids);
+    return n;
+}
+
+void lm_bench_record_count_tokens(struct lm_bench_record *r, const struct lm_bench_prompt *p) {
+    if (!p || !p->tok) return;
+    for (size_t i = 0; i < r->n_chunks; i++) r->chunks[i].tokens = 0;
+    long a = count_stream(r, p, true), b = a < 0 ? -1 : count_stream(r, p, false);
+    if (a < 0 || b < 0) { /* fall back: each slice on its own */
+        a = lm_bench_prompt_count(p, r->reasoning.p ? r->reasoning.p : "", r->reasoning.len);
+        b = lm_bench_prompt_count(p, r->content.p ? r->content.p : "", r->content.len);
+        for (size_t i = 0; i < r->n_chunks; i++) {
+            struct lm_bench_chunk *c = &r->chunks[i];
+            c->tokens = (int)(lm_bench_prompt_count(p, r->reasoning.p + c->reasoning_off,
+                                                    c->reasoning_len) +
+                              lm_bench_prompt_count(p, r->content.p + c->content_off, c->content_len));
+        }
+    }
+    r->own_output_tokens = a + b;
+    r->tokens_counted = true;
+}
+
+lm_status lm_bench_record_render_prompt(struct lm_bench_record *r, const struct lm_bench_prompt *p,
+                                        int enable_thinking) {
+    struct lm_ids ids = {0};
+    lm_status st = lm_bench_prompt_render_ids(p, r->messages, enable_thinking, &ids);
+    if (!st) {
+        r->own_input_tokens = (long)ids.n;
+        lm_bench_sha256_ids(ids.v, ids.n, r->prompt_ids_sha256);
+    }
+    lm_ids_free(&ids);
+    return st;
+}
+
+void lm_bench_record_issue(struct lm_bench_record *r, const char *check, const char *fmt, ...) {
+    struct lm_buf b = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    lm_buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    if (!r->issues) r->issues = json_array();
+    json_array_append_new(r->issues, json_pack("{s:s,s:s}", "check", check, "detail", b.p ? b.p : ""));
+    lm_buf_free(&b);
 }
 
 double lm_bench_record_chunk_gap_ms(const struct lm_bench_record *r, size_t i) {
@@ -80,6 +245,36 @@ static void take_usage(struct lm_bench_record *r, json_t *usage) {
     json_t *pt = json_object_get(usage, "prompt_tokens");
     if (json_is_integer(ct)) r->output_tokens = (long)json_integer_value(ct);
     if (json_is_integer(pt)) r->input_tokens = (long)json_integer_value(pt);
+    json_t *cached = json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
+    if (json_is_integer(cached)) r->cached_tokens = (long)json_integer_value(cached);
+    json_t *cd = json_object_get(usage, "completion_tokens_details");
+    json_t *rt = json_object_get(cd, "reasoning_tokens");
+    if (json_is_integer(rt)) r->reasoning_tokens = (long)json_integer_value(rt);
+    json_t *acc = json_object_get(cd, "accepted_prediction_tokens");
+    json_t *rej = json_object_get(cd, "rejected_prediction_tokens");
+    if (json_is_integer(acc) && json_is_integer(rej) &&
+        json_integer_value(acc) + json_integer_value(rej) > 0) {
+        r->accepted_tokens = (long)json_integer_value(acc);
+        r->draft_tokens = (long)(json_integer_value(acc) + json_integer_value(rej));
+    }
+}
+
+/* llama.cpp's server reports speculative decoding in "timings": draft_n, draft_n_accepted. */
+static void take_timings(struct lm_bench_record *r, json_t *timings) {
+    json_t *dn = json_object_get(timings, "draft_n");
+    json_t *da = json_object_get(timings, "draft_n_accepted");
+    if (json_is_integer(dn) && json_is_integer(da) && json_integer_value(dn) > 0) {
+        r->draft_tokens = (long)json_integer_value(dn);
+        r->accepted_tokens = (long)json_integer_value(da);
+    }
+}
+
+static void take_id(struct lm_bench_record *r, json_t *o) {
+    const char *id = json_string_value(json_object_get(o, "id"));
+    if (id && !r->server_id) {
+        r->server_id = strdup(id);
+        if (!r->server_id) abort();
+    }
 }
 
 static void take_finish_reason(struct lm_bench_record *r, json_t *choice) {
@@ -154,7 +349,9 @@ void lm_bench_record_event(struct lm_bench_record *r, const char *data, size_t l
         if (clen || rlen) push_chunk(r, t_ms, content, clen, reasoning, rlen);
         take_finish_reason(r, choice);
     }
+    take_id(r, o);
     take_usage(r, json_object_get(o, "usage"));
+    take_timings(r, json_object_get(o, "timings"));
     json_decref(o);
 }
 
@@ -183,7 +380,9 @@ void lm_bench_record_full_response(struct lm_bench_record *r, const char *body, 
     const char *reasoning = string_or_empty(msg, "reasoning_content", &rlen);
     if (clen || rlen) push_chunk(r, t_ms, content, clen, reasoning, rlen);
     take_finish_reason(r, choice);
+    take_id(r, o);
     take_usage(r, json_object_get(o, "usage"));
+    take_timings(r, json_object_get(o, "timings"));
     r->done = true;
     json_decref(o);
 }
@@ -199,10 +398,15 @@ void lm_bench_stream_init(struct lm_bench_stream *s, struct lm_bench_record *rec
     s->rec = rec;
     s->t_ms = 0;
     rec->ttft_ms = NAN;
+    rec->ttfo_ms = NAN;
     rec->latency_ms = NAN;
     rec->t_last_event_ms = NAN;
     rec->output_tokens = -1;
     rec->input_tokens = -1;
+    rec->cached_tokens = -1;
+    rec->reasoning_tokens = -1;
+    rec->draft_tokens = -1;
+    rec->accepted_tokens = -1;
 }
 
 void lm_bench_stream_feed(struct lm_bench_stream *s, const char *bytes, size_t n, double t_ms) {
@@ -220,6 +424,12 @@ void lm_bench_stream_finish(struct lm_bench_stream *s, double t_ms) {
                              "data: [DONE]",
                              r->n_events);
     r->ttft_ms = r->n_chunks ? r->chunks[0].t_ms : NAN;
+    r->ttfo_ms = NAN;
+    for (size_t i = 0; i < r->n_chunks; i++)
+        if (r->chunks[i].content_len) {
+            r->ttfo_ms = r->chunks[i].t_ms;
+            break;
+        }
     r->latency_ms = isfinite(r->t_last_event_ms) ? r->t_last_event_ms : t_ms;
 }
 

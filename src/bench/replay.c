@@ -11,7 +11,8 @@
 
 #include "base/buf.h"
 #include "bench/client.h"
-#include "text/tokenizer.h"
+#include "bench/prompt.h"
+#include "bench/rng.h"
 
 struct lm_bench_params lm_bench_default_params(void) {
     return (struct lm_bench_params){
@@ -24,16 +25,6 @@ struct lm_bench_params lm_bench_default_params(void) {
     };
 }
 
-/* splitmix64 (Steele, Lea, Flood 2014): a small, well-mixed generator for seeding and draws. */
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * 0x1.0p-53; }
-
 void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t *out) {
     size_t *perm = malloc((ds_n ? ds_n : 1) * sizeof *perm);
     if (!perm) abort();
@@ -41,7 +32,7 @@ void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t 
     if (shuffle) { /* Fisher-Yates */
         uint64_t s = seed;
         for (size_t i = ds_n; i > 1; i--) {
-            size_t j = (size_t)(splitmix64(&s) % i);
+            size_t j = (size_t)(lm_bench_rng_next(&s) % i);
             size_t t = perm[i - 1];
             perm[i - 1] = perm[j];
             perm[j] = t;
@@ -53,59 +44,185 @@ void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t 
 
 static void sleep_ms(double ms) {
     if (!(ms > 0)) return;
-    struct timespec ts = {.tv_sec = (time_t)(ms / 1e3),
-                          .tv_nsec = (long)(fmod(ms, 1e3) * 1e6)};
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1e3), .tv_nsec = (long)(fmod(ms, 1e3) * 1e6)};
     while (nanosleep(&ts, &ts) && errno == EINTR) {
     }
 }
 
-/* One phase (warmup or profiling): the conversations it runs and the threads' shared state. */
+/* A conversation in flight: its records, its history, where it is. */
+struct conv {
+    size_t k;        /* index within the phase */
+    const struct lm_bench_conversation *c;
+    struct lm_bench_record *recs; /* [n_turns] owned until the run takes them */
+    size_t n_turns;
+    json_t *history;
+    size_t next;     /* the next turn to send */
+    double ready_at; /* rate mode: when the next turn may go (CLOCK_MONOTONIC s) */
+    bool busy, done;
+    uint64_t rng;    /* think-time draws */
+};
+
 struct phase {
     const struct lm_bench_dataset *ds;
     const struct lm_bench_params *p;
     struct lm_bench_run *run;
-    const char *label;        /* "warmup" / "profiling" */
-    size_t n_convs;
-    const size_t *ds_index;   /* [n_convs] dataset conversation of each */
-    size_t *first_record;     /* [n_convs] index of its turn-1 record in run->records */
-    size_t *n_turns;          /* [n_convs] turns to run */
-    json_t *extra;            /* params.extra_body parsed; borrowed */
+    json_t *extra;         /* params.extra_body parsed; borrowed */
+    const char *label;     /* "warmup" / "profiling" */
+    enum lm_bench_phase phase;
+    char tag;              /* 'w' / 'c' in ids */
+    const size_t *order;   /* dataset indices, cycled */
+    size_t n_order;
+    size_t max_convs;      /* 0: no cap */
+    size_t turns_cap;      /* 0: all turns */
+    size_t request_cap;    /* 0: no cap */
+    double deadline;       /* CLOCK_MONOTONIC s; INFINITY for none */
+    int workers;
+    bool rate;             /* request-rate mode */
     pthread_mutex_t mu;
-    size_t next;              /* next conversation to start */
-    size_t done, total;       /* requests finished / planned (progress) */
+    pthread_cond_t cv;
+    struct conv **convs;
+    size_t n_convs, cap_convs;
+    size_t sent, finished, failed;
+    bool stop;
+    const char *limit;
+    /* rate mode */
+    struct conv **queue;
+    size_t q_head, q_len;
+    bool closing;
+    int in_flight;
+    /* progress */
+    size_t planned;        /* requests planned; 0 when unknown */
+    double t_start, last_print;
     int last_decile;
-    size_t printed;           /* done count of the last line printed */
     bool tty;
 };
+
+static double now_s(void) { return lm_bench_now(); }
+
+/* ---- progress: a bar on a terminal, plain lines otherwise ---- */
 
 static void progress(struct phase *ph, bool final) {
     FILE *f = ph->p->progress;
     if (!f) return;
+    double t = now_s(), el = t - ph->t_start;
+    double frac = ph->planned ? (double)ph->finished / (double)ph->planned
+                  : isfinite(ph->deadline) ? el / (ph->deadline - ph->t_start)
+                                           : NAN;
+    if (frac > 1) frac = 1;
+    double rate = el > 0 ? (double)ph->finished / el : 0;
     if (ph->tty) {
-        fprintf(f, "\r%s: %zu/%zu requests%s", ph->label, ph->done, ph->total, final ? "\n" : "");
-    } else { /* a log file: one line per tenth, and the last */
-        int decile = ph->total ? (int)(ph->done * 10 / ph->total) : 10;
-        if (final ? ph->printed == ph->done : decile == ph->last_decile) return;
-        ph->last_decile = decile;
-        ph->printed = ph->done;
-        fprintf(f, "%s: %zu/%zu requests\n", ph->label, ph->done, ph->total);
+        if (!final && t - ph->last_print < 0.1) return;
+        ph->last_print = t;
+        char bar[31];
+        int fill = isfinite(frac) ? (int)(frac * 30 + 0.5) : 0;
+        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        bar[30] = 0;
+        fprintf(f, "\r%-9s [%s] %zu", ph->label, bar, ph->finished);
+        if (ph->planned) fprintf(f, "/%zu", ph->planned);
+        fprintf(f, " requests, %zu failed, %.2f req/s, %.0f s  %s", ph->failed, rate, el,
+                final ? "\n" : "");
+    } else { /* a log: one line per tenth (or per 10 s when the total is unknown), and the last */
+        int decile = isfinite(frac) ? (int)(frac * 10) : (int)(el / 10);
+        if (!final && decile == ph->last_decile) return;
+        if (final && ph->last_decile == 1000) return;
+        ph->last_decile = final ? 1000 : decile;
+        fprintf(f, "%s: %zu", ph->label, ph->finished);
+        if (ph->planned) fprintf(f, "/%zu", ph->planned);
+        fprintf(f, " requests, %zu failed, %.2f req/s, %.1f s%s\n", ph->failed, rate, el,
+                final ? " (done)" : "");
     }
     fflush(f);
 }
+
+/* ---- conversations ---- */
 
 static json_t *message(const char *role, const char *content) {
     return json_pack("{s:s, s:s}", "role", role, "content", content);
 }
 
+/* Whether a request may be released now; counts it. Lock held. */
+static bool may_send(struct phase *ph) {
+    if (ph->stop) return false;
+    if (ph->request_cap && ph->sent >= ph->request_cap) {
+        ph->stop = true;
+        ph->limit = "request_count";
+        return false;
+    }
+    if (now_s() >= ph->deadline) {
+        ph->stop = true;
+        ph->limit = "duration";
+        return false;
+    }
+    ph->sent++;
+    return true;
+}
+
+/* Starts the next conversation and reserves its first request; NULL when a limit says no.
+ * Lock held. */
+static struct conv *start_conv(struct phase *ph) {
+    if (ph->stop || (ph->max_convs && ph->n_convs >= ph->max_convs)) return NULL;
+    if (!may_send(ph)) return NULL;
+    struct lm_bench_run *run = ph->run;
+    struct conv *cv = calloc(1, sizeof *cv);
+    if (!cv) abort();
+    cv->k = ph->n_convs;
+    cv->c = &ph->ds->convs[ph->order[cv->k % ph->n_order]];
+    cv->n_turns = cv->c->n_turns;
+    if (ph->turns_cap && cv->n_turns > ph->turns_cap) cv->n_turns = ph->turns_cap;
+    cv->recs = calloc(cv->n_turns, sizeof *cv->recs);
+    if (!cv->recs) abort();
+    cv->history = json_array();
+    if (cv->c->system) json_array_append_new(cv->history, message("system", cv->c->system));
+    cv->rng = ph->p->seed ^ (0x5851f42d4c957f2dull * (uint64_t)(cv->k + 1)) ^
+              (ph->phase == LM_BENCH_PHASE_WARMUP ? 0xabcdull : 0);
+    for (size_t t = 0; t < cv->n_turns; t++) {
+        struct lm_bench_record *rec = &cv->recs[t];
+        struct lm_buf b = {0};
+        rec->phase = ph->phase;
+        rec->conversation = cv->k;
+        rec->turn = (int)t + 1;
+        rec->n_turns = (int)cv->n_turns;
+        rec->ttft_ms = rec->ttfo_ms = rec->latency_ms = rec->t_last_event_ms = rec->think_ms = NAN;
+        rec->output_tokens = rec->input_tokens = rec->cached_tokens = rec->reasoning_tokens = -1;
+        rec->draft_tokens = rec->accepted_tokens = rec->own_output_tokens = -1;
+        rec->own_input_tokens = -1;
+        rec->max_tokens = cv->c->max_tokens > 0 ? cv->c->max_tokens : ph->p->max_tokens;
+        lm_buf_printf(&b, "%s-%c%zu", run->run_id, ph->tag, cv->k);
+        rec->conversation_id = lm_buf_take(&b);
+        lm_buf_printf(&b, "%s-%c%zu-t%zu", run->run_id, ph->tag, cv->k, t + 1);
+        rec->request_id = lm_buf_take(&b);
+        rec->dataset_id = strdup(cv->c->id);
+        if (!rec->dataset_id) abort();
+        if (cv->c->category && !(rec->category = strdup(cv->c->category))) abort();
+    }
+    if (ph->n_convs == ph->cap_convs) {
+        ph->cap_convs = ph->cap_convs ? ph->cap_convs * 2 : 64;
+        ph->convs = realloc(ph->convs, ph->cap_convs * sizeof *ph->convs);
+        if (!ph->convs) abort();
+    }
+    ph->convs[ph->n_convs++] = cv;
+    return cv;
+}
+
+static void mark_rest(struct conv *cv, size_t from, enum lm_bench_skip why) {
+    for (size_t t = from; t < cv->n_turns; t++)
+        if (!cv->recs[t].sent && !cv->recs[t].skip) cv->recs[t].skip = why;
+}
+
+static double draw_think(const struct lm_bench_params *p, uint64_t *rng) {
+    double ms = lm_bench_rng_normal(rng, p->think_time_mean_ms, p->think_time_std_ms);
+    return ms > 0 ? ms : 0;
+}
+
 /* The request body for `messages` (borrowed; the body takes a new reference). */
-static char *request_body(const struct phase *ph, json_t *messages) {
+static char *request_body(const struct phase *ph, json_t *messages, int max_tokens) {
     const struct lm_bench_params *p = ph->p;
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(ph->run->model));
     json_object_set(o, "messages", messages);
     json_object_set_new(o, "stream", json_true());
     json_object_set_new(o, "stream_options", json_pack("{s:b}", "include_usage", 1));
-    json_object_set_new(o, "max_tokens", json_integer(p->max_tokens));
+    json_object_set_new(o, "max_tokens", json_integer(max_tokens));
     json_object_set_new(o, "temperature", json_real(p->temperature));
     if (p->ignore_eos) json_object_set_new(o, "ignore_eos", json_true());
     if (ph->extra) json_object_update(o, ph->extra);
@@ -115,69 +232,56 @@ static char *request_body(const struct phase *ph, json_t *messages) {
     return s;
 }
 
-/* With --tokenizer: tokens of each chunk's text (content and reasoning), and the output token
- * count when the server sent no usage. */
-static void count_tokens(const struct lm_tokenizer *tok, struct lm_bench_record *r) {
-    struct lm_ids ids = {0};
-    long total = 0;
-    for (size_t i = 0; i < r->n_chunks; i++) {
-        struct lm_bench_chunk *c = &r->chunks[i];
-        ids.n = 0;
-        if (c->reasoning_len)
-            lm_tokenizer_encode(tok, r->reasoning.p + c->reasoning_off, c->reasoning_len, 0, &ids);
-        if (c->content_len)
-            lm_tokenizer_encode(tok, r->content.p + c->content_off, c->content_len, 0, &ids);
-        c->tokens = (int)ids.n;
-        total += (long)ids.n;
-    }
-    if (r->output_tokens < 0 && !r->error) r->output_tokens = total;
-    lm_ids_free(&ids);
+/* Sends turn t of a conversation (no lock held). Returns false when it failed. */
+static bool send_turn(struct phase *ph, struct lm_bench_client *client, struct conv *cv, size_t t) {
+    const struct lm_bench_params *p = ph->p;
+    struct lm_bench_record *rec = &cv->recs[t];
+    json_array_append_new(cv->history, message("user", cv->c->turns[t]));
+    rec->messages = json_deep_copy(cv->history);
+    char *body = request_body(ph, rec->messages, rec->max_tokens);
+    lm_bench_client_chat(client, body, rec);
+    free(body);
+    if (t > 0 && cv->recs[t - 1].sent) rec->think_ms = (rec->t_send - cv->recs[t - 1].t_end) * 1e3;
+    if (p->prompt) lm_bench_record_count_tokens(rec, p->prompt);
+    if (p->render) lm_bench_record_render_prompt(rec, p->render, ph->run->enable_thinking);
+    if (rec->error) return false;
+    json_array_append_new(cv->history, message("assistant", rec->content.p ? rec->content.p : ""));
+    return true;
 }
 
-static void run_conversation(struct phase *ph, struct lm_bench_client *client, size_t ci) {
-    const struct lm_bench_params *p = ph->p;
-    struct lm_bench_run *run = ph->run;
-    const struct lm_bench_conversation *conv = &ph->ds->convs[ph->ds_index[ci]];
-    bool warm = run->records[ph->first_record[ci]].phase == LM_BENCH_PHASE_WARMUP;
-    uint64_t rng = p->seed ^ (0x5851f42d4c957f2dull * (uint64_t)(ci + 1)) ^ (warm ? 0xabcdull : 0);
-    json_t *history = json_array();
-    if (conv->system) json_array_append_new(history, message("system", conv->system));
-    bool failed = false;
-    for (size_t t = 0; t < ph->n_turns[ci]; t++) {
-        struct lm_bench_record *rec = &run->records[ph->first_record[ci] + t];
-        if (failed) continue; /* skipped: sent stays false */
-        json_array_append_new(history, message("user", conv->turns[t]));
-        rec->messages = json_deep_copy(history);
-        char *body = request_body(ph, rec->messages);
-        lm_bench_client_chat(client, body, rec);
-        free(body);
-        if (p->tokenizer) count_tokens(p->tokenizer, rec);
-        pthread_mutex_lock(&ph->mu);
-        ph->done++;
-        progress(ph, false);
-        pthread_mutex_unlock(&ph->mu);
-        if (rec->error) {
-            failed = true;
-            continue;
-        }
-        json_array_append_new(history, message("assistant", rec->content.p ? rec->content.p : ""));
-        if (t + 1 < ph->n_turns[ci]) {
-            double ms = p->think_time_mean_ms;
-            if (p->think_time_std_ms > 0) { /* Box-Muller */
-                double u1 = uniform01(&rng), u2 = uniform01(&rng);
-                if (u1 < 1e-300) u1 = 1e-300;
-                ms += p->think_time_std_ms * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+static void finished_one(struct phase *ph, const struct lm_bench_record *rec) {
+    ph->finished++;
+    if (rec->error) ph->failed++;
+    progress(ph, false);
+}
+
+/* ---- concurrency mode: one conversation per thread at a time ---- */
+
+static void run_conversation(struct phase *ph, struct lm_bench_client *client, struct conv *cv) {
+    for (size_t t = 0; t < cv->n_turns; t++) {
+        struct lm_bench_record *rec = &cv->recs[t];
+        if (t > 0) {
+            rec->think_planned_ms = draw_think(ph->p, &cv->rng);
+            sleep_ms(rec->think_planned_ms);
+            pthread_mutex_lock(&ph->mu);
+            bool ok = may_send(ph);
+            pthread_mutex_unlock(&ph->mu);
+            if (!ok) {
+                mark_rest(cv, t, LM_BENCH_SKIP_LIMIT);
+                break;
             }
-            sleep_ms(ms);
+        }
+        rec->t_scheduled = now_s();
+        bool ok = send_turn(ph, client, cv, t);
+        pthread_mutex_lock(&ph->mu);
+        finished_one(ph, rec);
+        pthread_mutex_unlock(&ph->mu);
+        if (!ok) {
+            mark_rest(cv, t + 1, LM_BENCH_SKIP_AFTER_FAILURE);
+            break;
         }
     }
-    if (failed) {
-        pthread_mutex_lock(&ph->mu);
-        for (size_t t = 0; t < ph->n_turns[ci]; t++)
-            if (!run->records[ph->first_record[ci] + t].sent) ph->done++;
-        pthread_mutex_unlock(&ph->mu);
-    }
-    json_decref(history);
+    cv->done = true;
 }
 
 struct worker {
@@ -186,67 +290,183 @@ struct worker {
     lm_status st;
 };
 
-static void *worker_main(void *arg) {
+static void *conc_worker(void *arg) {
     struct worker *w = arg;
     struct phase *ph = w->ph;
     struct lm_bench_client client;
     w->st = lm_bench_client_init(&client, ph->p->url, ph->p->api_key, ph->p->timeout_s);
-    if (w->st) {
-        lm_bench_client_free(&client);
-        return NULL;
-    }
     for (;;) {
         pthread_mutex_lock(&ph->mu);
-        size_t ci = ph->next < ph->n_convs ? ph->next++ : ph->n_convs;
+        struct conv *cv = w->st ? NULL : start_conv(ph);
         pthread_mutex_unlock(&ph->mu);
-        if (ci == ph->n_convs) break;
-        run_conversation(ph, &client, ci);
+        if (!cv) break;
+        run_conversation(ph, &client, cv);
     }
     lm_bench_client_free(&client);
     return NULL;
 }
 
-/* Sets up the records of a phase's conversations starting at run->records[first]. */
-static void init_records(struct phase *ph, enum lm_bench_phase phase, size_t first, char tag) {
-    struct lm_bench_run *run = ph->run;
-    size_t r = first;
-    for (size_t ci = 0; ci < ph->n_convs; ci++) {
-        ph->first_record[ci] = r;
-        const struct lm_bench_conversation *conv = &ph->ds->convs[ph->ds_index[ci]];
-        for (size_t t = 0; t < ph->n_turns[ci]; t++, r++) {
-            struct lm_bench_record *rec = &run->records[r];
-            struct lm_buf b = {0};
-            rec->phase = phase;
-            rec->conversation = ci;
-            rec->turn = (int)t + 1;
-            rec->ttft_ms = rec->latency_ms = rec->t_last_event_ms = NAN;
-            rec->output_tokens = rec->input_tokens = -1;
-            lm_buf_printf(&b, "%s-%c%zu", run->run_id, tag, ci);
-            rec->conversation_id = lm_buf_take(&b);
-            lm_buf_printf(&b, "%s-%c%zu-t%zu", run->run_id, tag, ci, t + 1);
-            rec->request_id = lm_buf_take(&b);
-            rec->dataset_id = strdup(conv->id);
-            if (!rec->dataset_id) abort();
+/* ---- request-rate mode: a dispatcher releases requests to a pool ---- */
+
+static void *rate_worker(void *arg) {
+    struct worker *w = arg;
+    struct phase *ph = w->ph;
+    struct lm_bench_client client;
+    w->st = lm_bench_client_init(&client, ph->p->url, ph->p->api_key, ph->p->timeout_s);
+    pthread_mutex_lock(&ph->mu);
+    for (;;) {
+        while (!ph->q_len && !ph->closing) pthread_cond_wait(&ph->cv, &ph->mu);
+        if (!ph->q_len) break;
+        struct conv *cv = ph->queue[ph->q_head];
+        ph->q_head = (ph->q_head + 1) % (size_t)ph->workers;
+        ph->q_len--;
+        pthread_mutex_unlock(&ph->mu);
+        size_t t = cv->next;
+        bool ok = send_turn(ph, &client, cv, t);
+        pthread_mutex_lock(&ph->mu);
+        finished_one(ph, &cv->recs[t]);
+        ph->in_flight--;
+        cv->busy = false;
+        cv->next++;
+        if (!ok) {
+            mark_rest(cv, cv->next, LM_BENCH_SKIP_AFTER_FAILURE);
+            cv->done = true;
+        } else if (cv->next == cv->n_turns) {
+            cv->done = true;
+        } else {
+            double ms = draw_think(ph->p, &cv->rng);
+            cv->recs[cv->next].think_planned_ms = ms;
+            cv->ready_at = now_s() + ms / 1e3;
         }
+        pthread_cond_broadcast(&ph->cv);
     }
-    ph->total = r - first;
+    pthread_mutex_unlock(&ph->mu);
+    lm_bench_client_free(&client);
+    return NULL;
 }
 
-static lm_status run_phase(struct phase *ph, int concurrency) {
-    if (ph->n_convs == 0) return LM_OK;
-    if ((size_t)concurrency > ph->n_convs) concurrency = (int)ph->n_convs;
-    pthread_mutex_init(&ph->mu, NULL);
-    ph->last_decile = -1;
-    ph->printed = (size_t)-1;
-    ph->tty = ph->p->progress && isatty(fileno(ph->p->progress));
-    struct worker *w = calloc((size_t)concurrency, sizeof *w);
+static void wait_until(struct phase *ph, double t) {
+    if (!isfinite(t)) {
+        pthread_cond_wait(&ph->cv, &ph->mu);
+        return;
+    }
+    /* the condition variable runs on CLOCK_REALTIME: convert */
+    double rel = t - now_s();
+    if (rel <= 0) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double abs_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + rel;
+    ts.tv_sec = (time_t)abs_s;
+    ts.tv_nsec = (long)((abs_s - (double)ts.tv_sec) * 1e9);
+    pthread_cond_timedwait(&ph->cv, &ph->mu, &ts);
+}
+
+/* Lock held. The next request to release at `t`, or NULL with *wait_for set to when to look
+ * again (INFINITY: on a signal), or NULL with *wait_for NAN when nothing is left. */
+static struct conv *pick(struct phase *ph, double *wait_for) {
+    struct conv *best = NULL;
+    double earliest = INFINITY;
+    bool pending = false;
+    double t = now_s();
+    for (size_t i = 0; i < ph->n_convs; i++) {
+        struct conv *cv = ph->convs[i];
+        if (cv->done) continue;
+        pending = true;
+        if (cv->busy) continue;
+        if (cv->ready_at <= t && (!best || cv->ready_at < best->ready_at)) best = cv;
+        if (cv->ready_at > t && cv->ready_at < earliest) earliest = cv->ready_at;
+    }
+    if (ph->in_flight >= ph->workers) {
+        *wait_for = INFINITY;
+        return NULL;
+    }
+    if (best) {
+        if (!may_send(ph)) best = NULL;
+        *wait_for = NAN;
+        return best;
+    }
+    struct conv *cv = start_conv(ph);
+    if (cv) return cv;
+    if (ph->stop || !pending) {
+        *wait_for = NAN;
+        return NULL;
+    }
+    *wait_for = earliest < ph->deadline ? earliest : ph->deadline;
+    return NULL;
+}
+
+static lm_status run_rate(struct phase *ph) {
+    struct worker *w = calloc((size_t)ph->workers, sizeof *w);
+    ph->queue = calloc((size_t)ph->workers, sizeof *ph->queue);
+    if (!w || !ph->queue) abort();
+    lm_status st = LM_OK;
+    int started = 0;
+    for (int i = 0; i < ph->workers; i++) {
+        w[i].ph = ph;
+        if (pthread_create(&w[i].thread, NULL, rate_worker, &w[i])) {
+            st = lm_errorf(LM_ERR_NOMEM, "cannot start load thread %d of %d", i + 1, ph->workers);
+            break;
+        }
+        started++;
+    }
+    if (started < ph->workers) ph->workers = started;
+    uint64_t rng = ph->p->seed ^ 0x706f6973736f6eull;
+    double mean_gap = 1.0 / ph->p->request_rate;
+    double next = now_s();
+    pthread_mutex_lock(&ph->mu);
+    while (!st && started) {
+        double d = (next < ph->deadline ? next : ph->deadline) - now_s();
+        if (d > 0) {
+            pthread_mutex_unlock(&ph->mu);
+            sleep_ms(d * 1e3);
+            pthread_mutex_lock(&ph->mu);
+        }
+        struct conv *cv = NULL;
+        bool waited = false;
+        for (;;) {
+            double wait_for;
+            cv = pick(ph, &wait_for);
+            if (cv || isnan(wait_for)) break;
+            waited = true;
+            wait_until(ph, wait_for);
+        }
+        if (!cv) break;
+        if (waited) {
+            double lag = (now_s() - next) * 1e3;
+            ph->run->n_deferred++;
+            if (lag > ph->run->max_lag_ms) ph->run->max_lag_ms = lag;
+        }
+        cv->recs[cv->next].t_scheduled = next;
+        cv->busy = true;
+        ph->in_flight++;
+        ph->queue[(ph->q_head + ph->q_len) % (size_t)ph->workers] = cv;
+        ph->q_len++;
+        pthread_cond_broadcast(&ph->cv);
+        next += ph->p->arrival == LM_BENCH_ARRIVAL_POISSON ? lm_bench_rng_exponential(&rng, mean_gap)
+                                                           : mean_gap;
+    }
+    ph->closing = true;
+    pthread_cond_broadcast(&ph->cv);
+    pthread_mutex_unlock(&ph->mu);
+    for (int i = 0; i < started; i++) {
+        pthread_join(w[i].thread, NULL);
+        if (w[i].st && !st) st = lm_errorf(w[i].st, "load thread %d: cannot start a client", i);
+    }
+    free(w);
+    free(ph->queue);
+    ph->queue = NULL;
+    return st;
+}
+
+static lm_status run_conc(struct phase *ph) {
+    struct worker *w = calloc((size_t)ph->workers, sizeof *w);
     if (!w) abort();
     int started = 0;
     lm_status st = LM_OK;
-    for (int i = 0; i < concurrency; i++) {
+    for (int i = 0; i < ph->workers; i++) {
         w[i].ph = ph;
-        if (pthread_create(&w[i].thread, NULL, worker_main, &w[i])) {
-            st = lm_errorf(LM_ERR_NOMEM, "cannot start load thread %d of %d", i + 1, concurrency);
+        if (pthread_create(&w[i].thread, NULL, conc_worker, &w[i])) {
+            st = lm_errorf(LM_ERR_NOMEM, "cannot start load thread %d of %d", i + 1, ph->workers);
             break;
         }
         started++;
@@ -255,26 +475,69 @@ static lm_status run_phase(struct phase *ph, int concurrency) {
         pthread_join(w[i].thread, NULL);
         if (w[i].st && !st) st = lm_errorf(w[i].st, "load thread %d: cannot start a client", i);
     }
-    progress(ph, true);
     free(w);
+    return st;
+}
+
+/* Runs a phase; its conversations' records are appended to *recs (grown). */
+static lm_status run_phase(struct phase *ph, struct lm_bench_record **recs, size_t *n_recs) {
+    pthread_mutex_init(&ph->mu, NULL);
+    pthread_cond_init(&ph->cv, NULL);
+    ph->last_decile = -1;
+    ph->tty = ph->p->progress && isatty(fileno(ph->p->progress));
+    ph->t_start = now_s();
+    if (ph->planned == 0 && ph->max_convs) {
+        for (size_t k = 0; k < ph->max_convs; k++) {
+            size_t nt = ph->ds->convs[ph->order[k % ph->n_order]].n_turns;
+            ph->planned += ph->turns_cap && nt > ph->turns_cap ? ph->turns_cap : nt;
+        }
+        if (ph->request_cap && ph->planned > ph->request_cap) ph->planned = ph->request_cap;
+    } else if (!ph->planned) {
+        ph->planned = ph->request_cap;
+    }
+    lm_status st = ph->rate ? run_rate(ph) : run_conc(ph);
+    pthread_mutex_lock(&ph->mu);
+    progress(ph, true);
+    pthread_mutex_unlock(&ph->mu);
+    size_t total = *n_recs;
+    for (size_t i = 0; i < ph->n_convs; i++) total += ph->convs[i]->n_turns;
+    *recs = realloc(*recs, (total ? total : 1) * sizeof **recs);
+    if (!*recs) abort();
+    for (size_t i = 0; i < ph->n_convs; i++) {
+        struct conv *cv = ph->convs[i];
+        mark_rest(cv, cv->next, LM_BENCH_SKIP_LIMIT); /* rate mode: turns never released */
+        memcpy(*recs + *n_recs, cv->recs, cv->n_turns * sizeof *cv->recs);
+        *n_recs += cv->n_turns;
+        free(cv->recs);
+        json_decref(cv->history);
+        free(cv);
+    }
+    free(ph->convs);
+    ph->convs = NULL;
+    pthread_cond_destroy(&ph->cv);
     pthread_mutex_destroy(&ph->mu);
     return st;
 }
 
 static void make_run_id(char *out, size_t n) {
     uint64_t s = (uint64_t)(lm_bench_unix_now() * 1e9) ^ ((uint64_t)getpid() << 32);
-    snprintf(out, n, "%08x", (unsigned)(splitmix64(&s) >> 32));
+    snprintf(out, n, "%08x", (unsigned)(lm_bench_rng_next(&s) >> 32));
 }
 
 lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_params *params,
                        struct lm_bench_run *run) {
     memset(run, 0, sizeof *run);
     run->params = *params;
+    run->enable_thinking = -1;
     const struct lm_bench_params *p = &run->params;
     if (!p->url) return lm_errorf(LM_ERR_INVALID, "no server url");
-    if (ds->n == 0) return lm_errorf(LM_ERR_INVALID, "%s: no conversations", ds->path);
-    if (p->conversations == 0) return lm_errorf(LM_ERR_INVALID, "--conversations must be >= 1");
-    if (p->concurrency < 1) return lm_errorf(LM_ERR_INVALID, "--concurrency must be >= 1");
+    if (ds->n == 0) return lm_errorf(LM_ERR_INVALID, "%s: no conversations", ds->path ? ds->path : ds->name);
+    if (!p->conversations && !p->request_count && !(p->duration_s > 0))
+        return lm_errorf(LM_ERR_INVALID, "set --conversations, --request-count or --benchmark-duration");
+    if (p->request_rate <= 0 && p->concurrency < 1)
+        return lm_errorf(LM_ERR_INVALID, "--concurrency must be >= 1");
+    if (p->request_rate < 0 || p->concurrency < 0)
+        return lm_errorf(LM_ERR_INVALID, "--request-rate and --concurrency must be >= 0");
     if (p->max_tokens < 1) return lm_errorf(LM_ERR_INVALID, "--max-tokens must be >= 1");
     if (p->think_time_mean_ms < 0 || p->think_time_std_ms < 0)
         return lm_errorf(LM_ERR_INVALID, "think times must be >= 0 ms");
@@ -287,63 +550,80 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
             return lm_errorf(LM_ERR_INVALID, "--extra-body: expected a JSON object (%s)",
                              extra ? "not an object" : e.text);
         }
+        json_t *et = json_object_get(json_object_get(extra, "chat_template_kwargs"), "enable_thinking");
+        if (json_is_boolean(et)) run->enable_thinking = json_is_true(et);
     }
     lm_bench_client_global_init();
     make_run_id(run->run_id, sizeof run->run_id);
     run->url = strdup(p->url);
-    lm_status st = LM_OK;
-    if (p->model) {
+    struct lm_bench_client c;
+    lm_status st = lm_bench_client_init(&c, p->url, p->api_key, p->timeout_s > 0 ? p->timeout_s : 30);
+    if (!st && p->model) {
         run->model = strdup(p->model);
-    } else {
-        struct lm_bench_client c;
-        st = lm_bench_client_init(&c, p->url, p->api_key, p->timeout_s > 0 ? p->timeout_s : 30);
-        if (!st) st = lm_bench_client_first_model(&c, &run->model);
-        lm_bench_client_free(&c);
-        if (st) {
-            json_decref(extra);
-            return lm_error_prefix(st, "finding the model (give --model to skip)");
-        }
+    } else if (!st) {
+        st = lm_bench_client_first_model(&c, &run->model);
+        if (st) st = lm_error_prefix(st, "finding the model (give --model to skip)");
+    }
+    lm_bench_client_free(&c);
+    if (st) {
+        json_decref(extra);
+        return st;
     }
 
-    /* Which conversations: measured ones first, then warmup ones from the end of the dataset. */
-    size_t nc = p->conversations, nw = p->warmup_requests;
-    size_t *meas = calloc(nc, sizeof *meas), *warm = calloc(nw ? nw : 1, sizeof *warm);
+    /* Which conversations: measured ones in file or seeded order; warmup ones from the end of the
+     * dataset, skipping the measured ones while others remain. */
+    size_t *order = calloc(ds->n, sizeof *order), *warm = calloc(ds->n, sizeof *warm);
     bool *used = calloc(ds->n, sizeof *used);
-    if (!meas || !warm || !used) abort();
-    lm_bench_select(ds->n, nc, p->shuffle, p->seed, meas);
-    for (size_t i = 0; i < nc; i++) used[meas[i]] = true;
-    size_t k = 0;
-    for (size_t j = ds->n; j-- > 0 && k < nw;)
-        if (!used[j]) warm[k++] = j;
-    for (size_t j = 0; k < nw; j++) warm[k++] = ds->n - 1 - j % ds->n; /* too few: reuse */
+    if (!order || !warm || !used) abort();
+    lm_bench_select(ds->n, ds->n, p->shuffle, p->seed, order);
+    size_t n_used = p->conversations && p->conversations < ds->n ? p->conversations : ds->n;
+    for (size_t i = 0; i < n_used; i++) used[order[i]] = true;
+    size_t nw = 0;
+    for (size_t j = ds->n; j-- > 0;)
+        if (!used[j]) warm[nw++] = j;
+    if (nw == 0)
+        for (size_t j = ds->n; j-- > 0;) warm[nw++] = j;
 
-    size_t n_records = nw;
-    for (size_t i = 0; i < nc; i++) n_records += ds->convs[meas[i]].n_turns;
-    run->records = calloc(n_records, sizeof *run->records);
-    size_t *first = calloc(nc + nw + 1, sizeof *first), *turns = calloc(nc + nw + 1, sizeof *turns);
-    if (!run->records || !first || !turns) abort();
-    run->n_records = n_records;
-    run->n_warmup = nw;
-    run->n_conversations = nc;
-
-    struct phase wp = {.ds = ds, .p = p, .run = run, .label = "warmup", .n_convs = nw,
-                       .ds_index = warm, .first_record = first, .n_turns = turns, .extra = extra};
-    for (size_t i = 0; i < nw; i++) turns[i] = 1;
-    init_records(&wp, LM_BENCH_PHASE_WARMUP, 0, 'w');
-    struct phase pp = {.ds = ds, .p = p, .run = run, .label = "profiling", .n_convs = nc,
-                       .ds_index = meas, .first_record = first + nw, .n_turns = turns + nw,
-                       .extra = extra};
-    for (size_t i = 0; i < nc; i++) turns[nw + i] = ds->convs[meas[i]].n_turns;
-    init_records(&pp, LM_BENCH_PHASE_PROFILING, nw, 'c');
-
-    st = run_phase(&wp, p->warmup_concurrency > 0 ? p->warmup_concurrency : p->concurrency);
-    if (!st) st = run_phase(&pp, p->concurrency);
+    struct lm_bench_record *recs = NULL;
+    size_t n_recs = 0;
+    bool warm_on = p->warmup_duration_s > 0 || p->warmup_requests > 0;
+    struct phase wp = {
+        .ds = ds, .p = p, .run = run, .extra = extra, .label = "warmup",
+        .phase = LM_BENCH_PHASE_WARMUP, .tag = 'w', .order = warm, .n_order = nw,
+        .max_convs = p->warmup_duration_s > 0 ? 0 : p->warmup_requests, .turns_cap = 1,
+        .deadline = INFINITY,
+        .workers = p->warmup_concurrency > 0 ? p->warmup_concurrency
+                   : p->request_rate > 0     ? 1
+                                             : p->concurrency,
+    };
+    if (warm_on) {
+        if (p->warmup_duration_s > 0) wp.deadline = now_s() + p->warmup_duration_s;
+        run->warmup_t_begin = now_s();
+        st = run_phase(&wp, &recs, &n_recs);
+        run->warmup_t_end = now_s();
+    }
+    run->n_warmup = n_recs;
+    struct phase pp = {
+        .ds = ds, .p = p, .run = run, .extra = extra, .label = "profiling",
+        .phase = LM_BENCH_PHASE_PROFILING, .tag = 'c', .order = order, .n_order = ds->n,
+        .max_convs = p->conversations, .request_cap = p->request_count, .deadline = INFINITY,
+        .rate = p->request_rate > 0,
+        .workers = p->request_rate > 0 ? (p->concurrency > 0 ? p->concurrency : 256) : p->concurrency,
+    };
+    if (!st) {
+        if (p->duration_s > 0) pp.deadline = now_s() + p->duration_s;
+        st = run_phase(&pp, &recs, &n_recs);
+        run->n_conversations = pp.n_convs;
+        run->limit_hit = pp.limit;
+    }
+    run->records = recs;
+    run->n_records = n_recs;
 
     /* The profiling window: first measured request sent .. last measured response ended. */
     run->t_begin = INFINITY;
     run->t_end = -INFINITY;
-    for (size_t i = nw; i < n_records; i++) {
-        const struct lm_bench_record *r = &run->records[i];
+    for (size_t i = run->n_warmup; i < n_recs; i++) {
+        const struct lm_bench_record *r = &recs[i];
         if (!r->sent) continue;
         if (r->t_send < run->t_begin) {
             run->t_begin = r->t_send;
@@ -351,11 +631,9 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
         }
         if (r->t_end > run->t_end) run->t_end = r->t_end;
     }
-    free(meas);
+    free(order);
     free(warm);
     free(used);
-    free(first);
-    free(turns);
     json_decref(extra);
     return st;
 }

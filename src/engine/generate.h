@@ -13,6 +13,7 @@
 
 #include "base/buf.h"
 #include "base/status.h"
+#include "engine/emit.h"
 #include "engine/sampler.h"
 #include "family/model.h"
 
@@ -22,7 +23,8 @@ const char *lm_finish_name(enum lm_finish f); /* "stop", "length", "cancelled", 
 struct lm_gen_request {
     const int32_t *prompt; /* borrowed prompt ids */
     size_t n_prompt;
-    int max_tokens;        /* completion tokens at most (> 0) */
+    int max_tokens;        /* completion tokens at most (> 0; the scheduler also takes 0: prefill
+                              only, to fill the prefix cache) */
     struct lm_sampling_params sampling;
     const char *const *stop; /* borrowed stop strings (may be NULL) */
     size_t n_stop;
@@ -30,8 +32,16 @@ struct lm_gen_request {
     atomic_bool *cancel;       /* polled every step; NULL = never cancelled */
 };
 
-/* Called with each piece of newly released text (complete UTF-8). Return false to cancel. */
-typedef bool (*lm_gen_text_fn)(void *ctx, const char *text, size_t len);
+/* Moments in a request's life, CLOCK_MONOTONIC milliseconds (lm_now_ms); 0 = not reached. */
+struct lm_gen_times {
+    double arrival_ms;     /* submitted to the engine */
+    double scheduled_ms;   /* first admitted to run (its prefill starts) */
+    double first_token_ms; /* the first completion token was sampled (prefill done) */
+    double finish_ms;      /* finished, failed or cancelled */
+};
+
+/* CLOCK_MONOTONIC in milliseconds. */
+double lm_now_ms(void);
 
 struct lm_gen_result {
     struct lm_ids ids;    /* completion ids, EOS excluded; caller frees (lm_gen_result_free) */
@@ -39,8 +49,14 @@ struct lm_gen_result {
     enum lm_finish finish;
     int prompt_tokens;
     int completion_tokens;
-    double prefill_s;     /* wall seconds of the prefill forward */
-    double decode_s;      /* wall seconds of the decode steps */
+    int cached_tokens;    /* prompt tokens whose K/V came from the prefix cache, not computed
+                             (the scheduler; lm_generate reports 0) */
+    double prefill_s;     /* wall seconds from scheduled to the first token (prompt forward) */
+    double decode_s;      /* wall seconds from the first token to the finish */
+    struct lm_gen_times times;
+    int preemptions;      /* times the scheduler took its KV blocks back (recomputed later) */
+    struct lm_logprob_list logprobs; /* one per id of `ids` when sampling.logprobs is set
+                                        (sampler.h: raw-logit log-softmax); freed with the result */
 };
 void lm_gen_result_free(struct lm_gen_result *r);
 

@@ -1,5 +1,12 @@
 /* sampler.c: see sampler.h.
  *
+ * Penalties (lm_sample_next) follow vLLM's apply_penalties: on a copy of the raw logits, the
+ * repetition penalty once per distinct token of prompt + output (divide a positive logit,
+ * multiply a non-positive one), then logit -= frequency_penalty * count and logit -=
+ * presence_penalty for every distinct output token, in float32. min_p follows HF's
+ * MinPLogitsWarper after top_p: a token stays when its probability is >= min_p times the
+ * largest (a ratio, so the normalisation does not matter).
+ *
  * Sampling follows Hugging Face transformers' LogitsProcessor chain for do_sample=True:
  * TemperatureLogitsWarper (logits / T), TopKLogitsWarper (keep logits >= the k-th largest, so
  * ties at the boundary stay), TopPLogitsWarper (sort ascending, drop tokens whose cumulative
@@ -51,6 +58,7 @@ double lm_rng_uniform(struct lm_rng *r) { return (double)(lm_rng_next(r) >> 11) 
 
 void lm_sampler_init(struct lm_sampler *s, int vocab) {
     assert(vocab > 0);
+    memset(s, 0, sizeof *s);
     s->vocab = vocab;
     s->probs = malloc((size_t)vocab * sizeof *s->probs);
     s->index = malloc((size_t)vocab * sizeof *s->index);
@@ -61,6 +69,9 @@ void lm_sampler_free(struct lm_sampler *s) {
     if (!s) return;
     free(s->probs);
     free(s->index);
+    free(s->work);
+    free(s->count);
+    free(s->mark);
     memset(s, 0, sizeof *s);
 }
 
@@ -187,10 +198,174 @@ int32_t lm_sample(struct lm_sampler *s, const float *logits, const struct lm_sam
         sum = before;
     }
 
+    /* min_p: probs[] are exp((l - max) / T), so the most likely candidate (always kept) has 1
+     * and a token's probability relative to it is probs[j] itself. */
+    if (p->min_p > 0 && n > 1) {
+        int m = 0;
+        double kept = 0;
+        for (int j = 0; j < n; j++)
+            if (s->probs[j] >= p->min_p) {
+                s->index[m] = s->index[j];
+                kept += s->probs[m] = s->probs[j];
+                m++;
+            }
+        n = m;
+        sum = kept;
+    }
+
     double u = lm_rng_uniform(rng) * sum, acc = 0;
     for (int j = 0; j < n; j++) {
         acc += s->probs[j];
         if (u < acc) return s->index[j];
     }
     return s->index[n - 1]; /* u landed in the rounding gap at the very top */
+}
+
+/* ---- penalties and logprobs ------------------------------------------------------------- */
+
+bool lm_sampling_needs_history(const struct lm_sampling_params *p) {
+    return p->presence_penalty != 0 || p->frequency_penalty != 0 ||
+           (p->repetition_penalty > 0 && p->repetition_penalty != 1);
+}
+
+/* Writes the penalised logits into s->work (vLLM's apply_penalties). */
+static void apply_penalties(struct lm_sampler *s, const float *logits,
+                            const struct lm_sampling_params *p, const struct lm_token_history *h) {
+    const int V = s->vocab;
+    if (!s->work) {
+        s->work = malloc((size_t)V * sizeof *s->work);
+        s->count = calloc((size_t)V, sizeof *s->count);
+        s->mark = calloc((size_t)V, 1);
+        if (!s->work || !s->count || !s->mark) abort(); /* request-sized scratch, as lm_buf does */
+    }
+    memcpy(s->work, logits, (size_t)V * sizeof *s->work);
+    float *w = s->work;
+    const float rep = p->repetition_penalty;
+    if (rep > 0 && rep != 1) {
+        const int32_t *seqs[2] = {h->prompt, h->output};
+        const size_t ns[2] = {h->n_prompt, h->n_output};
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < ns[k]; i++) {
+                int32_t id = seqs[k][i];
+                if (id < 0 || id >= V || s->mark[id]) continue;
+                s->mark[id] = 1;
+                w[id] = w[id] > 0 ? w[id] / rep : w[id] * rep;
+            }
+        for (int k = 0; k < 2; k++) /* leave the marks zero for the next call */
+            for (size_t i = 0; i < ns[k]; i++) {
+                int32_t id = seqs[k][i];
+                if (id >= 0 && id < V) s->mark[id] = 0;
+            }
+    }
+    if (p->frequency_penalty != 0 || p->presence_penalty != 0) {
+        for (size_t i = 0; i < h->n_output; i++) {
+            int32_t id = h->output[i];
+            if (id >= 0 && id < V) s->count[id]++;
+        }
+        for (size_t i = 0; i < h->n_output; i++) {
+            int32_t id = h->output[i];
+            if (id < 0 || id >= V || s->count[id] == 0) continue;
+            w[id] -= p->frequency_penalty * (float)s->count[id];
+            w[id] -= p->presence_penalty;
+            s->count[id] = 0; /* once per distinct token; also leaves the counts zero */
+        }
+    }
+}
+
+/* Heap order for the top logprobs: a is worse than b (lower value, or equal and higher id). */
+static inline bool worse(float va, int32_t ia, float vb, int32_t ib) {
+    return va < vb || (va == vb && ia > ib);
+}
+
+void lm_logprobs_of(const float *logits, int vocab, int32_t id, int top, struct lm_token_logprob *lp) {
+    assert(vocab > 0 && id >= 0 && id < vocab);
+    if (top < 0) top = 0;
+    if (top > LM_MAX_TOP_LOGPROBS) top = LM_MAX_TOP_LOGPROBS;
+    if (top > vocab) top = vocab;
+    float max = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0;
+    if (max > -INFINITY)
+        for (int i = 0; i < vocab; i++)
+            if (logits[i] > -INFINITY) sum += exp((double)logits[i] - (double)max);
+    const double lse = max > -INFINITY ? (double)max + log(sum) : 0;
+
+    /* the `top` largest logits in a min-heap (root = the worst kept) */
+    float hv[LM_MAX_TOP_LOGPROBS];
+    int32_t hi[LM_MAX_TOP_LOGPROBS];
+    int h = 0;
+    for (int i = 0; i < vocab && top > 0; i++) {
+        float v = logits[i];
+        if (v != v) continue;
+        int j;
+        if (h < top) {
+            j = h++;
+            while (j > 0 && worse(v, i, hv[(j - 1) / 2], hi[(j - 1) / 2])) {
+                hv[j] = hv[(j - 1) / 2], hi[j] = hi[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+        } else if (worse(hv[0], hi[0], v, i)) {
+            j = 0;
+            for (;;) {
+                int c = 2 * j + 1;
+                if (c >= h) break;
+                if (c + 1 < h && worse(hv[c + 1], hi[c + 1], hv[c], hi[c])) c++;
+                if (!worse(hv[c], hi[c], v, i)) break;
+                hv[j] = hv[c], hi[j] = hi[c];
+                j = c;
+            }
+        } else {
+            continue;
+        }
+        hv[j] = v, hi[j] = i;
+    }
+    /* best first: insertion sort of at most LM_MAX_TOP_LOGPROBS entries */
+    for (int k = 1; k < h; k++) {
+        float v = hv[k];
+        int32_t i = hi[k];
+        int j = k;
+        while (j > 0 && worse(hv[j - 1], hi[j - 1], v, i)) {
+            hv[j] = hv[j - 1], hi[j] = hi[j - 1];
+            j--;
+        }
+        hv[j] = v, hi[j] = i;
+    }
+    lp->n_top = h;
+    for (int k = 0; k < h; k++) {
+        lp->top_id[k] = hi[k];
+        lp->top_logprob[k] = hv[k] > -INFINITY ? (float)((double)hv[k] - lse) : -INFINITY;
+    }
+    lp->id = id;
+    lp->logprob = logits[id] > -INFINITY ? (float)((double)logits[id] - lse) : -INFINITY;
+}
+
+int32_t lm_sample_next(struct lm_sampler *s, const float *logits, const struct lm_sampling_params *p,
+                       const struct lm_token_history *h, struct lm_rng *rng,
+                       struct lm_token_logprob *lp) {
+    const float *l = logits;
+    if (h && (h->n_prompt || h->n_output) && lm_sampling_needs_history(p)) {
+        apply_penalties(s, logits, p, h);
+        l = s->work;
+    }
+    int32_t id = lm_sample(s, l, p, rng);
+    if (lp && p->logprobs) lm_logprobs_of(logits, s->vocab, id, p->top_logprobs, lp);
+    return id;
+}
+
+void lm_logprob_list_push(struct lm_logprob_list *l, const struct lm_token_logprob *e) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        struct lm_token_logprob *v = realloc(l->v, cap * sizeof *v);
+        if (!v) abort(); /* as lm_buf does */
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *e;
+}
+
+void lm_logprob_list_free(struct lm_logprob_list *l) {
+    if (!l) return;
+    free(l->v);
+    memset(l, 0, sizeof *l);
 }

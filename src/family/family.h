@@ -25,6 +25,7 @@
 #include "base/threadpool.h"
 #include "family/chat.h"
 #include "family/model.h"
+#include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 
@@ -36,8 +37,13 @@ struct lm_mat {
 };
 
 struct lm_weight_store {
-    const struct lm_safetensors *st; /* borrowed during load */
+    const struct lm_safetensors *st; /* borrowed during load; or */
+    const struct lm_gguf *gguf;      /* borrowed during load: tensors named as llama.cpp does
+                                        (lm_gguf_name_from_hf), extents reversed */
     bool map;                        /* use matrices in place from the map where aligned */
+    bool locked;                     /* mapped matrices were locked resident (mlock) */
+    unsigned char *arena;            /* copies are bump-allocated here (huge pages) */
+    size_t arena_size, arena_used;
     void **allocs;                   /* owned copies, freed by lm_weight_store_free */
     size_t n_allocs, cap_allocs;
     size_t bytes_copied;             /* bytes held in anonymous memory */
@@ -48,19 +54,30 @@ struct lm_weight_store {
     bool mixed_dtypes;               /* matrices of more than one dtype */
 };
 
-/* Looks up matrix `name` of shape [rows, cols] with dtype F32, F16 or BF16. LM_ERR_MISSING when
- * absent, LM_ERR_SHAPE for another shape or dtype (message names the file, tensor, expected and
- * found), LM_ERR_NOMEM. out->data is valid until lm_weight_store_free (and, when mapped, while
- * the safetensors stay open). */
+/* Looks up matrix `name` (a Hugging Face tensor name) of shape [rows, cols] with dtype F32, F16,
+ * BF16 or (GGUF only) Q8_0. LM_ERR_MISSING when absent, LM_ERR_SHAPE for another shape or dtype
+ * (message names the file, tensor, expected and found), LM_ERR_NOMEM. out->data is valid until
+ * lm_weight_store_free (and, when mapped, while the safetensors or GGUF file stay open). Mapped
+ * matrices are prefaulted (MADV_WILLNEED) and locked with mlock where the limit allows, so the
+ * decode loop does not fault on evicted file pages; `locked` says whether every one was. */
 lm_status lm_weight_store_matrix(struct lm_weight_store *ws, const char *name, int rows, int cols,
                                  struct lm_mat *out);
 /* Looks up vector `name` of shape [n] (F32, F16 or BF16) and returns a float32 copy owned by the
  * store. Errors as lm_weight_store_matrix. */
+/* True when the source holds a tensor called `name` (a Hugging Face name). */
+bool lm_weight_store_has(const struct lm_weight_store *ws, const char *name);
 lm_status lm_weight_store_vector(struct lm_weight_store *ws, const char *name, int n, float **out);
 /* Allocates `bytes` of zeroed, 64-byte aligned memory owned by the store (family tables). */
 void *lm_weight_store_alloc(struct lm_weight_store *ws, size_t bytes);
 /* Frees every copy; accepts a zeroed store. */
 void lm_weight_store_free(struct lm_weight_store *ws);
+
+/* Anonymous memory for large tables read in the decode loop (weights, KV caches): mapped
+ * zero-filled, 64-byte aligned, with transparent huge pages requested (madvise), since a 4 KiB
+ * page TLB walk per page of a streamed weight matrix costs a third of the memory bandwidth.
+ * NULL when the memory cannot be had. Free with lm_huge_free and the same size. */
+void *lm_huge_alloc(size_t bytes);
+void lm_huge_free(void *p, size_t bytes);
 
 /* What a family's load receives. All borrowed for the duration of the call, except `ws`, `pool`
  * and `ops`, which outlive the family's state (the model owns them). */
@@ -72,6 +89,40 @@ struct lm_family_load_args {
     const struct lm_cpu_ops *ops;      /* the kernels to run with */
 };
 
+/* A family's reasoning parser: splits a chat completion's generated text into reasoning (the
+ * `reasoning_content` of OpenAI-compatible servers) and the answer (`content`) as the text
+ * streams in. The server keeps one struct lm_reasoning per choice and feeds it every piece of
+ * released text in order. The pieces that come out do not depend on how the text was cut:
+ * feeding it whole gives the same two concatenations as feeding it in any pieces, because the
+ * parser holds back bytes that may still turn out to be part of a tag. */
+struct lm_reasoning {
+    const struct lm_reasoning_ops *ops; /* borrowed, static */
+    int state;                          /* the family's state machine */
+    struct lm_buf held;                 /* text held back; owned (lm_reasoning_free) */
+};
+
+struct lm_reasoning_ops {
+    /* Starts a completion of `prompt` (the rendered prompt text, `len` bytes): whether the
+     * generation begins inside the reasoning block, may open one, or holds none follows from
+     * how the prompt ends (enable_thinking=false renders an empty, closed block). */
+    void (*begin)(struct lm_reasoning *r, const char *prompt, size_t len);
+    /* Feeds `len` bytes of generated text; appends what is decided to `reasoning` and
+     * `content` (UTF-8 in, whole characters out). */
+    void (*push)(struct lm_reasoning *r, const char *text, size_t len, struct lm_buf *reasoning,
+                 struct lm_buf *content);
+    /* The text ended: appends what was held back. */
+    void (*end)(struct lm_reasoning *r, struct lm_buf *reasoning, struct lm_buf *content);
+};
+
+/* Wrappers (family/reasoning.c). init starts `r` with `ops` for a completion of `prompt`;
+ * free releases the held text and accepts a zeroed struct. */
+void lm_reasoning_init(struct lm_reasoning *r, const struct lm_reasoning_ops *ops,
+                       const char *prompt, size_t len);
+void lm_reasoning_push(struct lm_reasoning *r, const char *text, size_t len,
+                       struct lm_buf *reasoning, struct lm_buf *content);
+void lm_reasoning_end(struct lm_reasoning *r, struct lm_buf *reasoning, struct lm_buf *content);
+void lm_reasoning_free(struct lm_reasoning *r);
+
 struct lm_family {
     const char *model_type; /* config.json model_type, e.g. "qwen3" */
     unsigned tasks;         /* enum lm_task bits */
@@ -81,19 +132,25 @@ struct lm_family {
     lm_status (*load)(const struct lm_family_load_args *args, void **state);
     void (*unload)(void *state);
 
-    /* Per-sequence state: KV cache for max_tokens positions and forward scratch, all allocated
-     * here (the forward never allocates). LM_ERR_NOMEM. */
-    lm_status (*seq_create)(void *state, int max_tokens, void **seq);
-    void (*seq_destroy)(void *seq);
+    /* The paged KV pool and forward scratch (model.h, lm_kv_cache_create; all allocation
+     * happens here, the forward never allocates). LM_ERR_NOMEM. */
+    lm_status (*kv_create)(void *state, int n_blocks, int max_batch, int max_ctx, void **kv);
+    void (*kv_destroy)(void *kv);
+    /* Copies the first n_rows positions of block src into block dst, every layer. */
+    void (*kv_copy)(void *kv, int src, int dst, int n_rows);
 
-    /* Runs ids[0..n) at positions pos..pos+n-1 (the caller checked ids and capacity).
-     * logits: [n, vocab] float32 when all_logits, else [1, vocab] for the last position. */
-    lm_status (*forward)(void *state, void *seq, int pos, const int32_t *ids, int n, float *logits,
-                         bool all_logits);
+    /* One batched forward step (model.h, lm_model_forward; the caller checked ids, sizes and
+     * block tables). logits: the sequences' requested rows in order. */
+    lm_status (*forward)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
+                         float *logits);
 
     /* Renders a conversation with the family's chat template (see model.h). */
     lm_status (*render_chat)(const struct lm_chat_msg *msgs, size_t n,
                              const struct lm_chat_opts *opts, struct lm_buf *out);
+
+    /* The reasoning parser of the family's chat output, or NULL when it has none (everything
+     * is content). */
+    const struct lm_reasoning_ops *reasoning;
 };
 
 /* The family serving `model_type`, or NULL. Borrowed (static). */

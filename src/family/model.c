@@ -6,12 +6,14 @@
  * Unless weights are mapped, the file maps are closed after load. */
 #include "family/model.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/file.h"
 #include "base/threadpool.h"
+#include "family/bundle.h"
 #include "family/family.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
@@ -23,6 +25,7 @@ struct lm_model {
     void *state;                    /* the family's weights and tables */
     struct lm_weight_store ws;      /* owns the weight copies */
     struct lm_safetensors st;       /* open only while weights are mapped */
+    struct lm_gguf gguf;            /* a GGUF bundle: open only while weights are mapped */
     struct lm_tokenizer *tok;
     struct lm_pool *pool;
     const struct lm_cpu_ops *ops;
@@ -30,9 +33,19 @@ struct lm_model {
     char *name;                     /* the folder's base name */
 };
 
+struct lm_kv_cache {
+    struct lm_model *m;
+    void *state; /* the family's pool and scratch */
+    int n_blocks, max_batch, max_ctx;
+};
+
+/* Tokens per lm_seq_forward chunk: bounds a private sequence's scratch. */
+enum { SEQ_CHUNK = 256 };
+
 struct lm_seq {
     struct lm_model *m;
-    void *state; /* the family's cache and scratch */
+    struct lm_kv_cache *kv; /* private: blocks 0..n-1 in order */
+    int32_t *blocks;        /* [ceil(cap / LM_KV_BLOCK)] identity block table */
     int len, cap;
 };
 
@@ -43,7 +56,7 @@ struct lm_model_open_params lm_model_default_open_params(void) {
 
 /* ---- config.json and generation_config.json ---- */
 
-static lm_status parse_config(const struct lm_hf_config *hf, struct lm_model_config *c) {
+lm_status lm_model_parse_config(const struct lm_hf_config *hf, struct lm_model_config *c) {
     memset(c, 0, sizeof *c);
     lm_status rc;
     if (!lm_hf_config_get(hf, "model_type"))
@@ -93,8 +106,8 @@ static lm_status parse_config(const struct lm_hf_config *hf, struct lm_model_con
     return LM_OK;
 }
 
-static lm_status parse_generation(const char *dir, const struct lm_hf_config *cfg,
-                                  struct lm_gen_defaults *g) {
+lm_status lm_model_parse_generation(const char *dir, const struct lm_hf_config *cfg,
+                                   struct lm_gen_defaults *g) {
     memset(g, 0, sizeof *g);
     g->temperature = -1;
     g->top_p = -1;
@@ -139,6 +152,7 @@ void lm_model_close(struct lm_model *m) {
     if (m->family && m->state) m->family->unload(m->state);
     lm_weight_store_free(&m->ws);
     lm_st_close(&m->st);
+    lm_gguf_close(&m->gguf);
     if (m->tok) lm_tokenizer_destroy(m->tok);
     lm_pool_destroy(m->pool);
     pthread_mutex_destroy(&m->forward_mu);
@@ -146,19 +160,85 @@ void lm_model_close(struct lm_model *m) {
     free(m);
 }
 
+/* Checks the tokenizer's ids against the model's vocabulary. */
+static lm_status check_vocab(const struct lm_model *m, const char *what) {
+    size_t tv = lm_tokenizer_vocab_size(m->tok);
+    if (tv > (size_t)m->cfg.vocab_size)
+        return lm_errorf(LM_ERR_SHAPE, "%s has %zu ids but the model's vocab_size is %d", what, tv,
+                         m->cfg.vocab_size);
+    return LM_OK;
+}
+
+/* The thread pool, the kernels and the family's weights from the store's source (m->ws.st or
+ * m->ws.gguf set by the caller). */
+static lm_status load_weights(struct lm_model *m, const struct lm_hf_config *hf,
+                              const struct lm_model_open_params *p) {
+    lm_status rc = lm_pool_create(p->n_threads, &m->pool);
+    if (rc) return rc;
+    m->ops = p->scalar_kernels ? lm_cpu_ops_scalar() : lm_cpu_ops_fast();
+    m->ws.map = p->map_weights;
+    struct lm_family_load_args args = {&m->cfg, hf, &m->ws, m->pool, m->ops};
+    rc = m->family->load(&args, &m->state);
+    m->ws.st = NULL;
+    m->ws.gguf = NULL;
+    return rc;
+}
+
+/* Opens a GGUF bundle (bundle.h): config, generation defaults and tokenizer from its metadata
+ * (or tokenizer.json from tokenizer_dir), weights from its tensors. */
+static lm_status open_gguf(const char *path, const struct lm_model_open_params *p,
+                           struct lm_model **out) {
+    struct lm_model *m = calloc(1, sizeof *m);
+    if (!m) return lm_errorf(LM_ERR_NOMEM, "%s: out of memory", path);
+    pthread_mutex_init(&m->forward_mu, NULL);
+    m->name = folder_name(path);
+    size_t nl = strlen(m->name);
+    if (nl > 5 && !strcmp(m->name + nl - 5, ".gguf")) m->name[nl - 5] = 0;
+    struct lm_hf_config hf = {0};
+    lm_status rc = lm_gguf_open(&m->gguf, path);
+    if (!rc) rc = lm_bundle_gguf_config(&m->gguf, &hf);
+    if (!rc) rc = lm_model_parse_config(&hf, &m->cfg);
+    if (!rc) rc = lm_bundle_gguf_generation(&m->gguf, &m->gen);
+    if (rc) goto fail;
+    m->family = lm_family_find(m->cfg.model_type);
+    if (p->tokenizer_dir) {
+        char *tpath = lm_path_join(p->tokenizer_dir, "tokenizer.json");
+        rc = lm_file_exists(tpath) ? lm_tokenizer_load(tpath, &m->tok)
+                                   : lm_errorf(LM_ERR_MISSING, "%s: file not found", tpath);
+        free(tpath);
+    } else {
+        rc = lm_bundle_gguf_tokenizer(&m->gguf, &m->tok);
+    }
+    if (!rc) rc = check_vocab(m, p->tokenizer_dir ? "tokenizer.json" : "tokenizer.ggml.tokens");
+    if (rc) goto fail;
+    m->ws.gguf = &m->gguf;
+    if ((rc = load_weights(m, &hf, p))) goto fail;
+    if (m->ws.bytes_mapped == 0) lm_gguf_close(&m->gguf); /* everything was copied */
+    lm_hf_config_free(&hf);
+    *out = m;
+    return LM_OK;
+fail:
+    lm_hf_config_free(&hf);
+    lm_model_close(m);
+    return rc;
+}
+
 lm_status lm_model_open(const char *dir, const struct lm_model_open_params *params,
                         struct lm_model **out) {
     *out = NULL;
     struct lm_model_open_params p = params ? *params : lm_model_default_open_params();
-    if (!lm_dir_exists(dir)) return lm_errorf(LM_ERR_IO, "%s: not a folder", dir);
+    if (!lm_dir_exists(dir)) {
+        if (lm_file_exists(dir)) return open_gguf(dir, &p, out);
+        return lm_errorf(LM_ERR_IO, "%s: not a model folder or a GGUF file", dir);
+    }
     struct lm_model *m = calloc(1, sizeof *m);
     if (!m) return lm_errorf(LM_ERR_NOMEM, "%s: out of memory", dir);
     pthread_mutex_init(&m->forward_mu, NULL);
     m->name = folder_name(dir);
     struct lm_hf_config hf = {0};
     lm_status rc = lm_hf_config_load(&hf, dir, "config.json");
-    if (!rc) rc = parse_config(&hf, &m->cfg);
-    if (!rc) rc = parse_generation(dir, &hf, &m->gen);
+    if (!rc) rc = lm_model_parse_config(&hf, &m->cfg);
+    if (!rc) rc = lm_model_parse_generation(dir, &hf, &m->gen);
     if (rc) goto fail;
     m->family = lm_family_find(m->cfg.model_type);
 
@@ -178,25 +258,14 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
         }
         rc = lm_tokenizer_load(tpath, &m->tok);
         free(tpath);
+        if (!rc) rc = check_vocab(m, "tokenizer.json");
         if (rc) goto fail;
-        size_t tv = lm_tokenizer_vocab_size(m->tok);
-        if (tv > (size_t)m->cfg.vocab_size) {
-            rc = lm_errorf(LM_ERR_SHAPE,
-                           "tokenizer.json has %zu ids but config.json vocab_size is %d", tv,
-                           m->cfg.vocab_size);
-            goto fail;
-        }
     }
 
     /* Weights. */
     if ((rc = lm_st_open_dir(&m->st, dir))) goto fail;
-    if ((rc = lm_pool_create(p.n_threads, &m->pool))) goto fail;
-    m->ops = p.scalar_kernels ? lm_cpu_ops_scalar() : lm_cpu_ops_fast();
     m->ws.st = &m->st;
-    m->ws.map = p.map_weights;
-    struct lm_family_load_args args = {&m->cfg, &hf, &m->ws, m->pool, m->ops};
-    if ((rc = m->family->load(&args, &m->state))) goto fail;
-    m->ws.st = NULL;
+    if ((rc = load_weights(m, &hf, &p))) goto fail;
     if (m->ws.bytes_mapped == 0) lm_st_close(&m->st); /* everything was copied */
     lm_hf_config_free(&hf);
     *out = m;
@@ -227,7 +296,88 @@ lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_ms
     return m->family->render_chat(msgs, n, opts, out);
 }
 
-/* ---- sequences ---- */
+/* ---- paged KV cache and the batched forward ---- */
+
+size_t lm_model_kv_bytes_per_token(const struct lm_model *m) {
+    return 2u * sizeof(float) * (size_t)m->cfg.num_hidden_layers *
+           (size_t)m->cfg.num_key_value_heads * (size_t)m->cfg.head_dim;
+}
+
+lm_status lm_kv_cache_create(struct lm_model *m, int n_blocks, int max_batch, int max_ctx,
+                             struct lm_kv_cache **out) {
+    *out = NULL;
+    if (n_blocks < 1 || max_batch < 1 || max_ctx < 1)
+        return lm_errorf(LM_ERR_INVALID, "KV cache of %d blocks, %d tokens a step, %d positions: "
+                         "each must be at least 1", n_blocks, max_batch, max_ctx);
+    if (max_ctx > m->cfg.max_position_embeddings)
+        return lm_errorf(LM_ERR_RANGE,
+                         "context of %d positions exceeds the model's max_position_embeddings %d",
+                         max_ctx, m->cfg.max_position_embeddings);
+    struct lm_kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) return lm_errorf(LM_ERR_NOMEM, "out of memory for a KV cache");
+    lm_status rc = m->family->kv_create(m->state, n_blocks, max_batch, max_ctx, &kv->state);
+    if (rc) {
+        free(kv);
+        return rc;
+    }
+    kv->m = m;
+    kv->n_blocks = n_blocks;
+    kv->max_batch = max_batch;
+    kv->max_ctx = max_ctx;
+    *out = kv;
+    return LM_OK;
+}
+
+void lm_kv_cache_destroy(struct lm_kv_cache *kv) {
+    if (!kv) return;
+    kv->m->family->kv_destroy(kv->state);
+    free(kv);
+}
+
+int lm_kv_cache_blocks(const struct lm_kv_cache *kv) { return kv->n_blocks; }
+int lm_kv_cache_max_batch(const struct lm_kv_cache *kv) { return kv->max_batch; }
+int lm_kv_cache_max_ctx(const struct lm_kv_cache *kv) { return kv->max_ctx; }
+
+void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows) {
+    assert(src >= 0 && src < kv->n_blocks && dst >= 0 && dst < kv->n_blocks && src != dst);
+    assert(n_rows >= 0 && n_rows <= LM_KV_BLOCK);
+    if (n_rows) kv->m->family->kv_copy(kv->state, src, dst, n_rows);
+}
+
+lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
+                           int n_seqs, float *logits) {
+    if (n_seqs < 1) return lm_errorf(LM_ERR_INVALID, "forward step of %d sequences", n_seqs);
+    long tokens = 0, rows = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const struct lm_batch_seq *b = &seqs[s];
+        if (b->n < 1 || b->pos < 0)
+            return lm_errorf(LM_ERR_INVALID, "forward step: sequence %d has %d tokens at position %d",
+                             s, b->n, b->pos);
+        if ((long)b->pos + b->n > kv->max_ctx)
+            return lm_errorf(LM_ERR_RANGE,
+                             "%d positions in the cache plus %d new tokens exceed its capacity of %d",
+                             b->pos, b->n, kv->max_ctx);
+        for (int i = 0; i < b->n; i++)
+            if (b->ids[i] < 0 || b->ids[i] >= m->cfg.vocab_size)
+                return lm_errorf(LM_ERR_INVALID,
+                                 "token id %d at index %d of sequence %d is outside the vocabulary "
+                                 "[0, %d)", b->ids[i], i, s, m->cfg.vocab_size);
+        int nb = (b->pos + b->n + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+        for (int i = 0; i < nb; i++) assert(b->blocks[i] >= 0 && b->blocks[i] < kv->n_blocks);
+        tokens += b->n;
+        rows += b->logits == LM_LOGITS_ALL ? b->n : b->logits == LM_LOGITS_LAST ? 1 : 0;
+    }
+    if (tokens > kv->max_batch)
+        return lm_errorf(LM_ERR_RANGE, "forward step of %ld tokens exceeds the scratch for %d",
+                         tokens, kv->max_batch);
+    assert(rows == 0 || logits);
+    pthread_mutex_lock(&m->forward_mu);
+    lm_status rc = m->family->forward(m->state, kv->state, seqs, n_seqs, logits);
+    pthread_mutex_unlock(&m->forward_mu);
+    return rc;
+}
+
+/* ---- one sequence on its own cache ---- */
 
 lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out) {
     *out = NULL;
@@ -238,8 +388,17 @@ lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out)
                          max_tokens, m->cfg.max_position_embeddings);
     struct lm_seq *s = calloc(1, sizeof *s);
     if (!s) return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence");
-    lm_status rc = m->family->seq_create(m->state, max_tokens, &s->state);
+    int nb = (max_tokens + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+    s->blocks = malloc(sizeof *s->blocks * (size_t)nb);
+    if (!s->blocks) {
+        free(s);
+        return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence");
+    }
+    for (int i = 0; i < nb; i++) s->blocks[i] = i;
+    int chunk = max_tokens < SEQ_CHUNK ? max_tokens : SEQ_CHUNK;
+    lm_status rc = lm_kv_cache_create(m, nb, chunk, max_tokens, &s->kv);
     if (rc) {
+        free(s->blocks);
         free(s);
         return rc;
     }
@@ -251,7 +410,8 @@ lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out)
 
 void lm_seq_destroy(struct lm_seq *s) {
     if (!s) return;
-    s->m->family->seq_destroy(s->state);
+    lm_kv_cache_destroy(s->kv);
+    free(s->blocks);
     free(s);
 }
 
@@ -275,9 +435,17 @@ lm_status lm_seq_forward(struct lm_seq *s, const int32_t *ids, int n, float *log
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
             return lm_errorf(LM_ERR_INVALID, "token id %d at index %d is outside the vocabulary [0, %d)",
                              ids[i], i, m->cfg.vocab_size);
-    pthread_mutex_lock(&m->forward_mu);
-    lm_status rc = m->family->forward(m->state, s->state, s->len, ids, n, logits, all_logits);
-    pthread_mutex_unlock(&m->forward_mu);
-    if (!rc) s->len += n;
-    return rc;
+    const int chunk = s->kv->max_batch;
+    const size_t vocab = (size_t)m->cfg.vocab_size;
+    for (int done = 0; done < n;) {
+        int c = n - done < chunk ? n - done : chunk;
+        bool last = done + c == n;
+        struct lm_batch_seq b = {ids + done, c, s->len, s->blocks,
+                                 all_logits ? LM_LOGITS_ALL : last ? LM_LOGITS_LAST : LM_LOGITS_NONE};
+        lm_status rc = lm_model_forward(m, s->kv, &b, 1, all_logits ? logits + done * vocab : logits);
+        if (rc) return rc;
+        s->len += c;
+        done += c;
+    }
+    return LM_OK;
 }

@@ -93,16 +93,79 @@ void lm_model_info(const struct lm_model *m, struct lm_model_info *out);
 lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_msg *msgs, size_t n,
                                const struct lm_chat_opts *opts, struct lm_buf *out);
 
-/* A sequence: its KV cache (capacity `max_tokens` positions) and forward scratch.
- * Caller-owned (lm_seq_destroy). LM_ERR_NOMEM when the cache cannot be allocated;
- * LM_ERR_RANGE when max_tokens exceeds max_position_embeddings. */
+/* ---- paged KV cache and the batched forward step ----
+ *
+ * The serving engine keeps every sequence's keys and values in one pool of fixed-size blocks
+ * (vLLM's PagedAttention, Kwon et al. 2023): a sequence owns a block table, and position t of it
+ * lives in slot t % LM_KV_BLOCK of block table[t / LM_KV_BLOCK]. Which blocks belong to whom,
+ * prefix sharing and eviction are the engine's business (engine/kv.h); the model only stores
+ * and reads the rows. A forward step runs the new tokens of many sequences at once, so each
+ * weight matrix is read once per step; every row is computed exactly as it would be alone
+ * (batch invariance: the kernels' order of operations does not depend on the batch), so a
+ * sequence's logits are the same bits alone, batched, or prefilled in chunks. */
+
+#define LM_KV_BLOCK 16 /* positions per KV block */
+
+struct lm_kv_cache;
+
+/* Bytes of K and V one position takes over all layers (float32). */
+size_t lm_model_kv_bytes_per_token(const struct lm_model *m);
+
+/* A pool of `n_blocks` KV blocks plus the scratch of a forward step of up to `max_batch`
+ * tokens over sequences of up to `max_ctx` positions (at most max_position_embeddings).
+ * Memory is mapped lazily (pages never written cost nothing). Caller-owned
+ * (lm_kv_cache_destroy). LM_ERR_INVALID for a size below 1, LM_ERR_RANGE for max_ctx beyond
+ * the model's, LM_ERR_NOMEM with the sizes in the message. */
+lm_status lm_kv_cache_create(struct lm_model *m, int n_blocks, int max_batch, int max_ctx,
+                             struct lm_kv_cache **out);
+void lm_kv_cache_destroy(struct lm_kv_cache *kv); /* accepts NULL */
+int lm_kv_cache_blocks(const struct lm_kv_cache *kv);
+int lm_kv_cache_max_batch(const struct lm_kv_cache *kv);
+int lm_kv_cache_max_ctx(const struct lm_kv_cache *kv);
+/* Copies the K/V of the first n_rows (<= LM_KV_BLOCK) positions of block `src` into block
+ * `dst`, every layer: a sequence reusing part of a cached block gets its own copy to extend. */
+void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows);
+
+enum lm_logits_want {
+    LM_LOGITS_NONE, /* no logits for this sequence (a prefill chunk that does not end the prompt) */
+    LM_LOGITS_LAST, /* one row: the last new token's */
+    LM_LOGITS_ALL,  /* n rows: every new token's */
+};
+
+/* One sequence's part of a forward step. */
+struct lm_batch_seq {
+    const int32_t *ids;    /* [n] new token ids, each in [0, vocab_size); borrowed */
+    int n;                 /* >= 1 */
+    int pos;               /* position of ids[0]: K/V of positions 0..pos-1 are in the cache */
+    const int32_t *blocks; /* block table, ceil((pos + n) / LM_KV_BLOCK) entries, each a block
+                              of the cache; borrowed. Blocks of positions before pos are only
+                              read; the rows of pos..pos+n-1 are written. */
+    enum lm_logits_want logits;
+};
+
+/* Runs one step: every sequence's new tokens at their positions, writing their K/V into the
+ * cache and attending causally over their own earlier positions. logits: float32
+ * [rows, vocab_size], the sequences' rows in order (1 for LAST, n for ALL, 0 for NONE); may be
+ * NULL when no sequence wants any. Two sequences must not write the same block slot.
+ * LM_ERR_RANGE when the tokens exceed max_batch or a sequence passes max_ctx; LM_ERR_INVALID for
+ * an id outside the vocabulary (message names the sequence and index). The cache is unchanged
+ * on an error. One step at a time per model (other steps wait). */
+lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
+                           int n_seqs, float *logits);
+
+/* ---- one sequence on its own cache (run, perf, logits, tests) ---- */
+
+/* A sequence with a private paged cache of `max_tokens` positions (blocks in order) and the
+ * scratch for chunks of up to 256 tokens. Caller-owned (lm_seq_destroy). LM_ERR_NOMEM when the
+ * cache cannot be allocated; LM_ERR_RANGE when max_tokens exceeds max_position_embeddings. */
 lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out);
 void lm_seq_destroy(struct lm_seq *s);
 int lm_seq_len(const struct lm_seq *s);      /* positions held in the cache */
 int lm_seq_capacity(const struct lm_seq *s); /* max_tokens given at create */
 void lm_seq_truncate(struct lm_seq *s, int n); /* keep the first n positions (n <= len) */
 
-/* Runs `n` new tokens at positions len..len+n-1, appending their K/V to the cache.
+/* Runs `n` new tokens at positions len..len+n-1, appending their K/V to the cache (through
+ * lm_model_forward, in chunks of up to 256 tokens).
  * logits: float32 [n, vocab_size] when all_logits, else [1, vocab_size] for the last position.
  * LM_ERR_RANGE when len + n exceeds the capacity; LM_ERR_INVALID for an id outside the vocab. */
 lm_status lm_seq_forward(struct lm_seq *s, const int32_t *ids, int n, float *logits, bool all_logits);

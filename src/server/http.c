@@ -4,19 +4,24 @@
  * listening thread. We chose this over MHD's internal thread pool with suspend/resume because a
  * suspended connection is not polled by MHD, so a client that disconnects while its request waits
  * in the queue or generates would go unnoticed until the first write; with a thread per
- * connection, the thread that waits for its job can watch its own socket (poll + MSG_PEEK every
- * 25 ms) and cancel the job when the peer hangs up, which frees a queued request before it ever
+ * connection, the thread that waits for its jobs can watch its own socket (poll + MSG_PEEK every
+ * 25 ms) and cancel them when the peer hangs up, which frees a queued request before it ever
  * runs and stops a running one within one decode step. The connection count is small (the
  * queue is bounded by --max-queue), so a thread each is cheap. The connection threads and the
- * engine thread meet only at the worker's queue (worker.h).
+ * engine meet only at the worker's queue (worker.h).
  *
- * Per request: the access handler collects the body (413 past max_body), parses and validates it
- * (openai.c; 400 with OpenAI's error JSON), renders and tokenizes the prompt on the connection
- * thread (the tokenizer is thread-safe), checks the context, and submits a job (429 when the
- * queue is full). A non-streaming request then waits for the job and answers one JSON object; a
- * streaming request answers with a chunked text/event-stream whose content reader turns the
- * text the engine releases into chat.completion.chunk events. Everything a request allocated is
- * freed in on_completed (the connection side) and when the job's last reference goes. */
+ * A generation request (POST /v1/chat/completions, /v1/completions) is a `struct call`: the
+ * access handler collects the body (413 past max_body), checks that the model declares the
+ * endpoint's task (400 otherwise), parses and validates it (openai.c; 400 with OpenAI's error
+ * JSON), renders and tokenizes the prompt on the connection thread (the tokenizer is
+ * thread-safe), checks the context, and submits one job per choice (`n`; 429 when the queue is
+ * full). A non-streaming request waits for its jobs and answers one JSON object; a streaming
+ * request answers a chunked text/event-stream whose content reader turns the text the engine
+ * releases into chunks. Chat output goes through the family's reasoning parser (family.h), when
+ * it has one, into reasoning_content and content; streamed and non-streamed answers run the same
+ * parser, so they agree. The call is reference-counted (connection + stream); when the last side
+ * lets go, it writes its request record (records.h) and its metrics (metrics.h), and frees its
+ * jobs. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -32,11 +37,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "family/family.h"
+#include "server/metrics.h"
 #include "server/openai.h"
+#include "server/records.h"
 #include "server/server.h"
 #include "server/worker.h"
 
-#define WAIT_MS 25 /* how often a waiting connection checks that its client is still there */
+#define WAIT_MS 25      /* how often a waiting connection checks that its client is still there */
+#define WAIT_MULTI_MS 2 /* the wait on one job when a request has several choices */
 
 struct lm_server {
     struct lm_model *model; /* borrowed */
@@ -48,11 +57,77 @@ struct lm_server {
     bool log;
     long long created; /* start time, Unix seconds */
     const char *model_name;
+    unsigned tasks;                           /* enum lm_task bits the family declares */
+    const struct lm_reasoning_ops *reasoning; /* NULL: chat output is all content */
+    struct lm_records *records;               /* NULL without --records */
+    struct lm_metrics *metrics;
     uint64_t id_seed;
     atomic_ullong id_counter;
 };
 
-enum route { ROUTE_NONE, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH };
+enum route {
+    ROUTE_NONE,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_MODELS,
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+};
+
+static const struct {
+    const char *path;
+    enum route route;
+    bool post; /* POST with a JSON body; else GET/HEAD */
+} k_routes[] = {
+    {"/v1/chat/completions", ROUTE_CHAT, true}, {"/v1/completions", ROUTE_COMPLETIONS, true},
+    {"/tokenize", ROUTE_TOKENIZE, true},         {"/detokenize", ROUTE_DETOKENIZE, true},
+    {"/v1/models", ROUTE_MODELS, false},         {"/health", ROUTE_HEALTH, false},
+    {"/metrics", ROUTE_METRICS, false},
+};
+#define N_ROUTES (sizeof k_routes / sizeof k_routes[0])
+
+static const char *route_path(enum route r) {
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (k_routes[i].route == r) return k_routes[i].path;
+    return "other";
+}
+
+static bool route_post(enum route r) {
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (k_routes[i].route == r) return k_routes[i].post;
+    return false;
+}
+
+/* One choice of a generation request. */
+struct choice {
+    struct lm_job *job;           /* our reference; NULL until created */
+    struct lm_buf incoming;       /* streamed text taken from the job, not yet sent */
+    struct lm_buf content;        /* what was sent (or is to be sent) as content / text */
+    struct lm_buf reasoning;      /* ... as reasoning_content */
+    struct lm_reasoning parser;   /* when the call splits reasoning */
+    bool role_sent, finished;
+    double t_done_ms;             /* when the connection saw the job finish */
+};
+
+/* A generation request, shared by the connection and its stream. */
+struct call {
+    atomic_int refs;
+    struct lm_server *srv;
+    enum lm_api_endpoint ep;
+    char id[128];      /* "chatcmpl-<rid>" / "cmpl-<rid>" */
+    char *hdr_rid;     /* the headers as received (for the record), owned; NULL when absent */
+    char *hdr_conv, *hdr_phase, *hdr_turn;
+    double t_arrival_ms;
+    int status;        /* the HTTP status answered (499: the client went away first) */
+    bool split;        /* reasoning parser on */
+    bool stream, include_usage;
+    struct lm_buf rendered; /* the rendered chat prompt (for the reasoning parser) */
+    struct lm_openai_meta meta;
+    int n;             /* choices with a job */
+    struct choice ch[LM_OPENAI_MAX_N];
+};
 
 /* One HTTP request, from its headers to on_completed. Owned by MHD's per-request pointer. */
 struct conn {
@@ -64,25 +139,28 @@ struct conn {
     char path[128];
     char rid[80];  /* X-Request-Id, echoed or generated */
     char conv[80]; /* X-Conversation-Id, for the log; "" when absent */
+    char *hdr_rid, *hdr_conv, *hdr_phase, *hdr_turn; /* as received; owned until a call takes them */
     struct lm_buf body;
     bool too_large;
-    int status;        /* the HTTP status answered (499: the client went away first) */
-    char error[512];   /* the error message answered, for the log */
-    struct lm_job *job; /* our reference, NULL until a job exists */
-    bool stream;
+    int status;      /* the HTTP status answered (499: the client went away first) */
+    char error[512]; /* the error message answered, for the log */
+    struct call *call; /* our reference, for generation routes */
 };
 
 /* A streaming response's state, owned by the MHD response (freed in stream_free). */
 struct stream {
-    struct lm_job *job; /* its own reference */
-    struct lm_buf out;  /* SSE bytes not yet handed to MHD, from `off` */
+    struct call *call; /* its own reference */
+    struct lm_buf out; /* SSE bytes not yet handed to MHD, from `off` */
     size_t off;
-    struct lm_buf text; /* released text being turned into a chunk */
-    bool role_sent, finished, include_usage;
+    bool finished;
     int fd;
-    char id[112];
-    struct lm_openai_meta meta;
 };
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
 
 static double seconds_since(const struct timespec *t0) {
     struct timespec t;
@@ -126,51 +204,226 @@ static bool id_ok(const char *s) {
     return true;
 }
 
-static void log_line(struct conn *k, enum MHD_RequestTerminationCode toe) {
+static char *dup_header(struct MHD_Connection *c, const char *name) {
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+    if (!v) return NULL;
+    char *s = strdup(v);
+    if (!s) abort(); /* as lm_buf does */
+    return s;
+}
+
+/* ---- calls -------------------------------------------------------------------------------- */
+
+static struct call *call_create(struct conn *k, enum lm_api_endpoint ep) {
+    struct call *c = calloc(1, sizeof *c);
+    if (!c) abort();
+    atomic_init(&c->refs, 1);
+    c->srv = k->srv;
+    c->ep = ep;
+    snprintf(c->id, sizeof c->id, "%s-%s", ep == LM_API_CHAT ? "chatcmpl" : "cmpl", k->rid);
+    c->hdr_rid = k->hdr_rid, k->hdr_rid = NULL;
+    c->hdr_conv = k->hdr_conv, k->hdr_conv = NULL;
+    c->hdr_phase = k->hdr_phase, k->hdr_phase = NULL;
+    c->hdr_turn = k->hdr_turn, k->hdr_turn = NULL;
+    c->t_arrival_ms = now_ms();
+    c->meta = (struct lm_openai_meta){c->id, (long long)time(NULL), k->srv->model_name, ep,
+                                      lm_model_tokenizer(k->srv->model)};
+    return c;
+}
+
+static void call_retain(struct call *c) { atomic_fetch_add(&c->refs, 1); }
+
+static void cancel_all(struct call *c) {
+    for (int i = 0; i < c->n; i++)
+        if (c->ch[i].job) lm_job_cancel(c->ch[i].job);
+}
+
+/* Engine times of a job, in CLOCK_MONOTONIC ms (-1: unknown), from the scheduler's result
+ * (worker.h: result.times, result.cached_tokens). */
+struct job_times {
+    double scheduled_ms, first_token_ms, finish_ms;
+    int cached_tokens;
+};
+
+static struct job_times job_times(const struct call *c, const struct choice *ch) {
+    struct job_times t = {-1, -1, -1, 0};
+    const struct lm_job *j = ch->job;
+    (void)c;
+    if (!j || lm_job_wait((struct lm_job *)j, 0, NULL) != LM_JOB_DONE) return t;
+    const struct lm_gen_times *g = &j->result.times;
+    if (g->scheduled_ms > 0) t.scheduled_ms = g->scheduled_ms;
+    if (g->first_token_ms > 0) t.first_token_ms = g->first_token_ms;
+    if (g->finish_ms > 0) t.finish_ms = g->finish_ms;
+    else if (ch->t_done_ms > 0) t.finish_ms = ch->t_done_ms;
+    t.cached_tokens = j->result.cached_tokens;
+    return t;
+}
+
+static bool job_ok(const struct choice *ch) {
+    return ch->job && ch->finished && ch->job->state == LM_JOB_DONE && ch->job->status == LM_OK;
+}
+
+/* The record and the metrics of a call that retires. */
+static void call_finish(struct call *c) {
+    struct lm_server *srv = c->srv;
+    struct lm_record rec = {.id = c->id,
+                            .x_request_id = c->hdr_rid,
+                            .conversation_id = c->hdr_conv,
+                            .phase = c->hdr_phase,
+                            .turn = c->hdr_turn,
+                            .model = srv->model_name,
+                            .endpoint = lm_api_endpoint_path(c->ep),
+                            .http_status = c->status,
+                            .t_arrival_ms = c->t_arrival_ms,
+                            .t_scheduled_ms = -1,
+                            .t_first_token_ms = -1,
+                            .t_finish_ms = now_ms(),
+                            .prompt_tokens = -1,
+                            .cached_tokens = -1,
+                            .completion_tokens = -1};
+    struct lm_buf text = {0};
+    struct lm_metrics_request mr = {.queue_s = -1, .ttft_s = -1, .decode_s = -1, .latency_s = -1};
+    const struct choice *c0 = &c->ch[0];
+    const struct lm_job *j0 = c0->job;
+    if (j0 && j0->req.root) {
+        if (c->ep == LM_API_CHAT) {
+            rec.messages = j0->req.messages;
+            rec.n_messages = j0->req.n_messages;
+        }
+    }
+    if (j0 && j0->prompt.n) {
+        rec.prompt_ids = j0->prompt.v;
+        rec.n_prompt_ids = j0->prompt.n;
+        rec.prompt_tokens = (int)j0->prompt.n;
+    }
+    bool all_ok = c->n > 0;
+    for (int i = 0; i < c->n; i++) all_ok &= job_ok(&c->ch[i]);
+    if (c->n > 0) {
+        /* times: the earliest scheduling and first token, the latest finish over the choices */
+        double sched = -1, first = -1, fin = -1;
+        int completion = 0, cached = 0;
+        for (int i = 0; i < c->n; i++) {
+            struct job_times t = job_times(c, &c->ch[i]);
+            if (t.scheduled_ms >= 0 && (sched < 0 || t.scheduled_ms < sched)) sched = t.scheduled_ms;
+            if (t.first_token_ms >= 0 && (first < 0 || t.first_token_ms < first)) first = t.first_token_ms;
+            if (t.finish_ms > fin) fin = t.finish_ms;
+            if (i == 0) cached = t.cached_tokens;
+            if (c->ch[i].job && c->ch[i].job->state == LM_JOB_DONE) completion += c->ch[i].job->result.completion_tokens;
+        }
+        rec.t_scheduled_ms = sched;
+        rec.t_first_token_ms = first;
+        if (fin >= 0) rec.t_finish_ms = fin > rec.t_finish_ms ? rec.t_finish_ms : fin;
+        if (rec.t_first_token_ms > rec.t_finish_ms) rec.t_first_token_ms = rec.t_finish_ms;
+        if (sched >= 0) {
+            rec.completion_tokens = completion;
+            rec.cached_tokens = cached;
+        }
+    }
+    if (all_ok) {
+        rec.finish_reason = lm_openai_finish_reason(j0->result.finish);
+        static const int32_t k_no_ids[1];
+        rec.completion_ids = j0->result.ids.v ? j0->result.ids.v : k_no_ids;
+        rec.n_completion_ids = j0->result.ids.n;
+        lm_buf_append(&text, c0->reasoning.p, c0->reasoning.len);
+        lm_buf_append(&text, c0->content.p, c0->content.len);
+        rec.completion_text = text.p ? text.p : "";
+        rec.completion_text_len = text.len;
+    } else if (j0 && j0->state == LM_JOB_DONE && j0->status == LM_ERR_CANCELLED) {
+        rec.finish_reason = "cancelled";
+    }
+    if (srv->records && (lm_records_write(srv->records, &rec)) && srv->log)
+        fprintf(stderr, "lumen serve: %s\n", lm_error_message());
+    lm_buf_free(&text);
+
+    if (rec.t_scheduled_ms >= 0) {
+        mr.prompt_tokens = rec.prompt_tokens;
+        mr.completion_tokens = rec.completion_tokens;
+        mr.cached_tokens = rec.cached_tokens;
+        mr.queue_s = (rec.t_scheduled_ms - rec.t_arrival_ms) * 1e-3;
+        if (rec.t_first_token_ms >= 0) {
+            mr.ttft_s = (rec.t_first_token_ms - rec.t_arrival_ms) * 1e-3;
+            mr.decode_s = (rec.t_finish_ms - rec.t_first_token_ms) * 1e-3;
+        }
+        mr.latency_s = (rec.t_finish_ms - rec.t_arrival_ms) * 1e-3;
+        lm_metrics_observe(srv->metrics, &mr);
+    }
+}
+
+static void call_release(struct call *c) {
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    if (c->status) call_finish(c);
+    for (int i = 0; i < LM_OPENAI_MAX_N; i++) {
+        struct choice *ch = &c->ch[i];
+        lm_job_release(ch->job);
+        lm_buf_free(&ch->incoming);
+        lm_buf_free(&ch->content);
+        lm_buf_free(&ch->reasoning);
+        lm_reasoning_free(&ch->parser);
+    }
+    lm_buf_free(&c->rendered);
+    free(c->hdr_rid);
+    free(c->hdr_conv);
+    free(c->hdr_phase);
+    free(c->hdr_turn);
+    free(c);
+}
+
+/* ---- logging ------------------------------------------------------------------------------ */
+
+static void log_line(struct conn *k) {
     if (!k->srv->log) return;
     int prompt = -1, completion = -1;
     const char *finish = "";
-    if (k->job) {
-        enum lm_job_state st = lm_job_wait(k->job, 0, NULL);
-        if (st != LM_JOB_NEW) prompt = (int)k->job->prompt.n;
-        if (st == LM_JOB_DONE && k->job->status == LM_OK) {
-            completion = k->job->result.completion_tokens;
-            finish = lm_openai_finish_reason(k->job->result.finish);
-        } else if (st == LM_JOB_DONE && k->job->status == LM_ERR_CANCELLED) {
-            finish = "cancelled";
+    struct call *c = k->call;
+    if (c && c->n > 0) {
+        struct lm_job *j0 = c->ch[0].job;
+        prompt = (int)j0->prompt.n;
+        bool done = true, ok = true;
+        completion = 0;
+        for (int i = 0; i < c->n; i++) {
+            struct lm_job *j = c->ch[i].job;
+            enum lm_job_state st = lm_job_wait(j, 0, NULL);
+            done &= st == LM_JOB_DONE;
+            if (st == LM_JOB_DONE && j->status == LM_OK) completion += j->result.completion_tokens;
+            else ok = false;
+            if (st == LM_JOB_DONE && j->status == LM_ERR_CANCELLED) finish = "cancelled";
         }
+        if (done && ok) finish = lm_openai_finish_reason(j0->result.finish);
+        else completion = -1;
     }
-    int status = k->status;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && (status == 200 || status == 0)) status = 499;
-    char tokens[64] = "";
+    char tokens[96] = "";
     if (prompt >= 0 && completion >= 0)
-        snprintf(tokens, sizeof tokens, " prompt=%d completion=%d finish=%s", prompt, completion, finish);
+        snprintf(tokens, sizeof tokens, " prompt=%d completion=%d finish=%s%s", prompt, completion, finish,
+                 c->n > 1 ? " n>1" : "");
     else if (prompt >= 0)
-        snprintf(tokens, sizeof tokens, " prompt=%d completion=- finish=%s", prompt,
-                 *finish ? finish : "cancelled");
-    fprintf(stderr, "lumen serve: %s %s id=%s%s%s status=%d%s %.3fs%s%s%s\n", k->method, k->path,
-            k->rid, k->conv[0] ? " conv=" : "", k->conv, status, tokens, seconds_since(&k->t0),
-            k->error[0] ? " error=\"" : "", k->error, k->error[0] ? "\"" : "");
+        snprintf(tokens, sizeof tokens, " prompt=%d completion=- finish=%s", prompt, *finish ? finish : "cancelled");
+    fprintf(stderr, "lumen serve: %s %s id=%s%s%s status=%d%s %.3fs%s%s%s\n", k->method, k->path, k->rid,
+            k->conv[0] ? " conv=" : "", k->conv, k->status, tokens, seconds_since(&k->t0), k->error[0] ? " error=\"" : "",
+            k->error, k->error[0] ? "\"" : "");
 }
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
-/* Queues `json` (malloc'd; MHD frees it) with `status`. */
-static enum MHD_Result respond_json(struct MHD_Connection *c, struct conn *k, int status,
-                                    char *json) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
+/* Queues `body` (malloc'd; MHD frees it) with `status` and `type`. */
+static enum MHD_Result respond(struct MHD_Connection *c, struct conn *k, int status, const char *type,
+                               char *body) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
-        free(json);
+        free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     MHD_add_response_header(r, "X-Request-Id", k->rid);
-    if (status == 405)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, k->route == ROUTE_CHAT ? "POST" : "GET, HEAD");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, route_post(k->route) ? "POST" : "GET, HEAD");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     k->status = status;
+    if (k->call) k->call->status = status;
     return ret;
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *c, struct conn *k, int status, char *json) {
+    return respond(c, k, status, "application/json", json);
 }
 
 static enum MHD_Result respond_error(struct MHD_Connection *c, struct conn *k,
@@ -194,58 +447,141 @@ static enum MHD_Result respond_errorf(struct MHD_Connection *c, struct conn *k, 
     return respond_error(c, k, &e);
 }
 
+/* The error a finished job ended with, as an API error. */
+static void job_error(const struct lm_job *j, struct lm_api_error *e) {
+    if (j->status == LM_ERR_CANCELLED)
+        lm_api_errorf(e, 503, "server_error", NULL, NULL, "%s", j->error ? j->error : "cancelled");
+    else if (j->status == LM_ERR_RANGE || j->status == LM_ERR_INVALID)
+        lm_api_errorf(e, 400, "invalid_request_error", NULL, NULL, "%s", j->error ? j->error : "invalid request");
+    else
+        lm_api_errorf(e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error ? j->error : "");
+}
+
+/* ---- choices: text to content / reasoning ------------------------------------------------- */
+
+/* Splits `len` bytes of new text of choice `ch` (or, with text NULL, the end of its text) into
+ * reasoning and content, appending them to `r` and `cc` and to what the choice has sent. */
+static void split_text(struct call *c, struct choice *ch, const char *text, size_t len, struct lm_buf *r,
+                       struct lm_buf *cc) {
+    if (c->split) {
+        if (text) lm_reasoning_push(&ch->parser, text, len, r, cc);
+        else lm_reasoning_end(&ch->parser, r, cc);
+    } else if (text) {
+        lm_buf_append(cc, text, len);
+    }
+    lm_buf_append(&ch->reasoning, r->p, r->len);
+    lm_buf_append(&ch->content, cc->p, cc->len);
+}
+
+static const struct lm_token_logprob *choice_logprobs(const struct choice *ch, size_t *n) {
+    const struct lm_job *j = ch->job;
+    *n = 0;
+    if (!j->gen.sampling.logprobs) return NULL;
+    *n = j->result.logprobs.n;
+    static const struct lm_token_logprob k_none; /* a non-NULL pointer for an empty list */
+    return j->result.logprobs.v ? j->result.logprobs.v : &k_none;
+}
+
 /* ---- streaming ---------------------------------------------------------------------------- */
 
 static void stream_free(void *cls) {
     struct stream *s = cls;
-    lm_job_release(s->job);
+    call_release(s->call);
     lm_buf_free(&s->out);
-    lm_buf_free(&s->text);
     free(s);
 }
 
+/* Chunks for new text (text != NULL) or the end of choice i's text (text == NULL). */
+static void emit_text(struct stream *s, int i, const char *text, size_t len) {
+    struct call *c = s->call;
+    struct choice *ch = &c->ch[i];
+    bool usage_null = c->include_usage;
+    if (c->ep == LM_API_CHAT && !ch->role_sent) {
+        lm_openai_chunk(&s->out, &c->meta, &(struct lm_openai_delta){.index = i, .role = "assistant", .content = ""},
+                        usage_null);
+        ch->role_sent = true;
+    }
+    struct lm_buf r = {0}, cc = {0};
+    split_text(c, ch, text, len, &r, &cc);
+    if (r.len)
+        lm_openai_chunk(&s->out, &c->meta,
+                        &(struct lm_openai_delta){.index = i, .reasoning = r.p, .reasoning_len = r.len}, usage_null);
+    if (cc.len)
+        lm_openai_chunk(&s->out, &c->meta, &(struct lm_openai_delta){.index = i, .content = cc.p, .len = cc.len},
+                        usage_null);
+    lm_buf_free(&r);
+    lm_buf_free(&cc);
+}
+
+/* The end of choice i: held-back text, then the finish chunk with the choice's logprobs. */
+static void emit_finish(struct stream *s, int i) {
+    struct call *c = s->call;
+    struct choice *ch = &c->ch[i];
+    emit_text(s, i, NULL, 0);
+    struct lm_openai_delta d = {.index = i,
+                                .finish_reason = lm_openai_finish_reason(ch->job->result.finish)};
+    d.logprobs = choice_logprobs(ch, &d.n_logprobs);
+    lm_openai_chunk(&s->out, &c->meta, &d, c->include_usage);
+    ch->finished = true;
+}
+
 /* Fills s->out with the next events, waiting for the engine as needed. Returns false when the
- * client has gone (the job is then cancelled). */
+ * client has gone (the jobs are then cancelled). */
 static bool stream_produce(struct stream *s) {
+    struct call *c = s->call;
     lm_buf_reset(&s->out);
     s->off = 0;
-    bool usage_null = s->include_usage;
     for (;;) {
-        enum lm_job_state st = lm_job_wait(s->job, WAIT_MS, &s->text);
-        if (s->text.len) {
-            if (!s->role_sent) {
-                lm_openai_chunk(&s->out, &s->meta, "assistant", "", 0, NULL, usage_null);
-                s->role_sent = true;
+        bool progress = false, all_done = true;
+        for (int i = 0; i < c->n; i++) {
+            struct choice *ch = &c->ch[i];
+            if (ch->finished) continue;
+            enum lm_job_state st = lm_job_wait(ch->job, 0, &ch->incoming);
+            if (ch->incoming.len) {
+                emit_text(s, i, ch->incoming.p, ch->incoming.len);
+                lm_buf_reset(&ch->incoming);
+                progress = true;
             }
-            lm_openai_chunk(&s->out, &s->meta, NULL, s->text.p, s->text.len, NULL, usage_null);
-            lm_buf_reset(&s->text);
-            return true;
-        }
-        if (st == LM_JOB_DONE) {
-            struct lm_job *j = s->job;
-            if (j->status == LM_OK) {
-                if (!s->role_sent)
-                    lm_openai_chunk(&s->out, &s->meta, "assistant", "", 0, NULL, usage_null);
-                lm_openai_chunk(&s->out, &s->meta, NULL, NULL, 0,
-                                lm_openai_finish_reason(j->result.finish), usage_null);
-                if (s->include_usage)
-                    lm_openai_usage_chunk(&s->out, &s->meta, j->result.prompt_tokens,
-                                          j->result.completion_tokens);
-            } else { /* shutdown or an engine error after the headers went out */
+            if (st != LM_JOB_DONE) {
+                all_done = false;
+                continue;
+            }
+            ch->t_done_ms = now_ms();
+            if (ch->job->status != LM_OK) { /* shutdown or an engine error after the headers went out */
+                ch->finished = true;
+                cancel_all(c);
                 struct lm_api_error e;
-                lm_api_errorf(&e, j->status == LM_ERR_CANCELLED ? 503 : 500, "server_error", NULL,
-                              NULL, "%s", j->error ? j->error : "generation failed");
+                job_error(ch->job, &e);
                 char *json = lm_openai_error_json(&e);
                 lm_buf_printf(&s->out, "data: %s\n\n", json);
                 free(json);
+                lm_openai_done(&s->out);
+                s->finished = true;
+                return true;
+            }
+            emit_finish(s, i);
+            progress = true;
+        }
+        if (all_done) {
+            if (c->include_usage) {
+                struct lm_openai_usage u = {(int)c->ch[0].job->prompt.n, 0, 0};
+                for (int i = 0; i < c->n; i++) u.completion_tokens += c->ch[i].job->result.completion_tokens;
+                u.cached_tokens = job_times(c, &c->ch[0]).cached_tokens;
+                lm_openai_usage_chunk(&s->out, &c->meta, &u);
             }
             lm_openai_done(&s->out);
-            s->role_sent = true;
             s->finished = true;
             return true;
         }
+        if (progress) return true;
+        for (int i = 0; i < c->n; i++)
+            if (!c->ch[i].finished) { /* wait on the first unfinished choice */
+                lm_job_wait(c->ch[i].job, c->n == 1 ? WAIT_MS : WAIT_MULTI_MS, &c->ch[i].incoming);
+                break;
+            }
         if (peer_gone(s->fd)) {
-            lm_job_cancel(s->job);
+            cancel_all(c);
+            c->status = 499;
             return false;
         }
     }
@@ -265,49 +601,80 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-/* ---- routes ------------------------------------------------------------------------------- */
+/* ---- generation routes -------------------------------------------------------------------- */
 
-static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *k) {
+static lm_status parse_request(enum lm_api_endpoint ep, const struct lm_buf *body, struct lm_chat_request *req,
+                               struct lm_api_error *err) {
+    return ep == LM_API_CHAT ? lm_chat_request_parse(body->p, body->len, req, err)
+                             : lm_completion_request_parse(body->p, body->len, req, err);
+}
+
+static enum MHD_Result handle_generate(struct MHD_Connection *mc, struct conn *k) {
     struct lm_server *srv = k->srv;
+    enum lm_api_endpoint ep = k->route == ROUTE_CHAT ? LM_API_CHAT : LM_API_COMPLETIONS;
+    struct call *c = call_create(k, ep);
+    k->call = c;
     if (k->too_large)
-        return respond_errorf(c, k, 413, "invalid_request_error", NULL,
-                              "request body is larger than %zu bytes", srv->max_body);
-
+        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than %zu bytes",
+                              srv->max_body);
     struct lm_api_error err;
-    struct lm_job *j = lm_job_create(srv->worker);
-    k->job = j;
-    if (lm_chat_request_parse(k->body.p, k->body.len, &j->req, &err)) return respond_error(c, k, &err);
+    if (lm_api_check_task(srv->tasks, lm_api_endpoint_task(ep), srv->model_name, &err))
+        return respond_error(mc, k, &err);
+
+    /* choice 0: parse, render, tokenize, check the context */
+    struct choice *c0 = &c->ch[0];
+    c0->job = lm_job_create(srv->worker);
+    c->n = 0; /* no job is submitted yet */
+    struct lm_job *j0 = c0->job;
+    if (parse_request(ep, &k->body, &j0->req, &err)) return respond_error(mc, k, &err);
+    int max_tokens = 0;
+    if (lm_chat_request_prompt(srv->model, &j0->req, srv->ctx, &j0->prompt, &max_tokens, &c->rendered, &err))
+        return respond_error(mc, k, &err);
+    const int n = j0->req.n;
+    c->stream = j0->req.stream;
+    c->include_usage = j0->req.include_usage;
+    c->split = ep == LM_API_CHAT && srv->reasoning;
+    const struct lm_gen_defaults *defaults = lm_model_gen_defaults(srv->model);
+
+    /* one job per choice, each with its own copy of the request (stop strings live in it) */
+    for (int i = 0; i < n; i++) {
+        struct choice *ch = &c->ch[i];
+        if (i > 0) {
+            ch->job = lm_job_create(srv->worker);
+            if (parse_request(ep, &k->body, &ch->job->req, &err)) return respond_error(mc, k, &err);
+            lm_ids_append(&ch->job->prompt, j0->prompt.v, j0->prompt.n);
+        }
+        struct lm_job *j = ch->job;
+        j->stream = c->stream;
+        j->gen.prompt = j->prompt.v;
+        j->gen.n_prompt = j->prompt.n;
+        j->gen.max_tokens = max_tokens;
+        j->gen.sampling = lm_chat_request_sampling(&j->req, defaults, i);
+        j->gen.stop = j->req.n_stop ? j->req.stop : NULL;
+        j->gen.n_stop = j->req.n_stop;
+        j->gen.ignore_eos = j->req.ignore_eos;
+        ch->t_done_ms = -1;
+        if (c->split) lm_reasoning_init(&ch->parser, srv->reasoning, c->rendered.p, c->rendered.len);
+    }
     lm_buf_free(&k->body);
 
-    int max_tokens = 0;
-    if (lm_chat_request_prompt(srv->model, &j->req, srv->ctx, &j->prompt, &max_tokens, &err))
-        return respond_error(c, k, &err);
-    j->stream = k->stream = j->req.stream;
-    j->gen.prompt = j->prompt.v;
-    j->gen.n_prompt = j->prompt.n;
-    j->gen.max_tokens = max_tokens;
-    j->gen.sampling = lm_chat_request_sampling(&j->req, lm_model_gen_defaults(srv->model));
-    j->gen.stop = j->req.n_stop ? j->req.stop : NULL;
-    j->gen.n_stop = j->req.n_stop;
-    j->gen.ignore_eos = j->req.ignore_eos;
+    for (int i = 0; i < n; i++) {
+        lm_status st = lm_worker_submit(c->ch[i].job);
+        if (st) {
+            cancel_all(c); /* the choices already queued */
+            if (st == LM_ERR_RANGE)
+                return respond_errorf(mc, k, 429, "rate_limit_exceeded", "queue_full", "%s", lm_error_message());
+            return respond_errorf(mc, k, 503, "server_error", NULL, "%s", lm_error_message());
+        }
+        c->n = i + 1;
+    }
 
-    lm_status st = lm_worker_submit(j);
-    if (st == LM_ERR_RANGE)
-        return respond_errorf(c, k, 429, "rate_limit_exceeded", "queue_full", "%s", lm_error_message());
-    if (st) return respond_errorf(c, k, 503, "server_error", NULL, "%s", lm_error_message());
-
-    char id[112];
-    snprintf(id, sizeof id, "chatcmpl-%s", k->rid);
-
-    if (j->stream) {
+    if (c->stream) {
         struct stream *s = calloc(1, sizeof *s);
         if (!s) return MHD_NO;
-        lm_job_retain(j);
-        s->job = j;
+        call_retain(c);
+        s->call = c;
         s->fd = k->fd;
-        s->include_usage = j->req.include_usage;
-        snprintf(s->id, sizeof s->id, "%s", id);
-        s->meta = (struct lm_openai_meta){s->id, (long long)time(NULL), srv->model_name};
         struct MHD_Response *r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free);
         if (!r) {
@@ -318,33 +685,83 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *k) {
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         MHD_add_response_header(r, "X-Request-Id", k->rid);
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, r);
         MHD_destroy_response(r);
-        k->status = 200;
+        k->status = c->status = 200;
         return ret;
     }
 
-    for (;;) {
-        enum lm_job_state js = lm_job_wait(j, WAIT_MS, NULL);
-        if (js == LM_JOB_DONE) break;
-        if (peer_gone(k->fd)) {
-            lm_job_cancel(j);
-            k->status = 499;
-            return MHD_NO; /* close the connection; on_completed frees the request */
+    for (int i = 0; i < n; i++) {
+        struct choice *ch = &c->ch[i];
+        while (lm_job_wait(ch->job, WAIT_MS, NULL) != LM_JOB_DONE) {
+            if (peer_gone(k->fd)) {
+                cancel_all(c);
+                k->status = c->status = 499;
+                return MHD_NO; /* close the connection; on_completed frees the request */
+            }
         }
+        ch->t_done_ms = now_ms();
+        ch->finished = true;
     }
-    if (j->status == LM_ERR_CANCELLED)
-        return respond_errorf(c, k, 503, "server_error", NULL, "%s", j->error ? j->error : "cancelled");
-    if (j->status == LM_ERR_RANGE || j->status == LM_ERR_INVALID)
-        return respond_errorf(c, k, 400, "invalid_request_error", NULL, "%s", j->error);
-    if (j->status)
-        return respond_errorf(c, k, 500, "server_error", NULL, "generation failed: %s", j->error);
-    struct lm_openai_meta meta = {id, (long long)time(NULL), srv->model_name};
-    const struct lm_gen_result *res = &j->result;
-    return respond_json(c, k, 200,
-                        lm_openai_chat_completion(&meta, res->text.p, res->text.len,
-                                                  lm_openai_finish_reason(res->finish),
-                                                  res->prompt_tokens, res->completion_tokens));
+    for (int i = 0; i < n; i++)
+        if (c->ch[i].job->status) {
+            job_error(c->ch[i].job, &err);
+            return respond_error(mc, k, &err);
+        }
+    struct lm_openai_choice out[LM_OPENAI_MAX_N];
+    struct lm_openai_usage u = {(int)j0->prompt.n, 0, job_times(c, c0).cached_tokens};
+    for (int i = 0; i < n; i++) {
+        struct choice *ch = &c->ch[i];
+        const struct lm_gen_result *res = &ch->job->result;
+        struct lm_buf r = {0}, cc = {0};
+        split_text(c, ch, res->text.p ? res->text.p : "", res->text.len, &r, &cc);
+        lm_buf_reset(&r);
+        lm_buf_reset(&cc);
+        split_text(c, ch, NULL, 0, &r, &cc);
+        lm_buf_free(&r);
+        lm_buf_free(&cc);
+        out[i] = (struct lm_openai_choice){
+            .text = ch->content.p ? ch->content.p : "",
+            .len = ch->content.len,
+            .reasoning = c->split ? (ch->reasoning.p ? ch->reasoning.p : "") : NULL,
+            .reasoning_len = ch->reasoning.len,
+            .finish_reason = lm_openai_finish_reason(res->finish),
+        };
+        out[i].logprobs = choice_logprobs(ch, &out[i].n_logprobs);
+        u.completion_tokens += res->completion_tokens;
+    }
+    return respond_json(mc, k, 200, lm_openai_response(&c->meta, out, (size_t)n, &u));
+}
+
+/* ---- other routes ------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_post(struct MHD_Connection *mc, struct conn *k) {
+    struct lm_server *srv = k->srv;
+    if (k->route == ROUTE_CHAT || k->route == ROUTE_COMPLETIONS) return handle_generate(mc, k);
+    if (k->too_large)
+        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than %zu bytes",
+                              srv->max_body);
+    struct lm_api_error err;
+    char *json = NULL;
+    lm_status st = k->route == ROUTE_TOKENIZE
+                       ? lm_openai_tokenize(srv->model, srv->tasks, k->body.p, k->body.len, srv->ctx, &json, &err)
+                       : lm_openai_detokenize(srv->model, k->body.p, k->body.len, &json, &err);
+    if (st) return respond_error(mc, k, &err);
+    return respond_json(mc, k, 200, json);
+}
+
+static enum MHD_Result handle_metrics(struct MHD_Connection *mc, struct conn *k) {
+    struct lm_server *srv = k->srv;
+    struct lm_worker_stats ws;
+    lm_worker_stats(srv->worker, &ws);
+    struct lm_metrics_gauges g = {.running = ws.running,
+                                  .waiting = ws.waiting,
+                                  .kv_blocks_used = ws.engine.kv_blocks_used,
+                                  .kv_blocks_cached = ws.engine.kv_blocks_cached,
+                                  .kv_blocks_free = ws.engine.kv_blocks_free};
+    struct lm_buf out = {0};
+    lm_metrics_render(srv->metrics, &g, &out);
+    return respond(mc, k, 200, "text/plain; version=0.0.4; charset=utf-8", lm_buf_take(&out));
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -364,41 +781,46 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(k->path, sizeof k->path, "%s", url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) k->fd = ci->connect_fd;
-        const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
-        if (id_ok(rid)) snprintf(k->rid, sizeof k->rid, "%s", rid);
+        k->hdr_rid = dup_header(c, "X-Request-Id");
+        k->hdr_conv = dup_header(c, "X-Conversation-Id");
+        k->hdr_phase = dup_header(c, "X-Lumen-Phase");
+        k->hdr_turn = dup_header(c, "X-Lumen-Turn");
+        if (id_ok(k->hdr_rid)) snprintf(k->rid, sizeof k->rid, "%s", k->hdr_rid);
         else
             snprintf(k->rid, sizeof k->rid, "%016llx",
                      (unsigned long long)splitmix64(srv->id_seed + atomic_fetch_add(&srv->id_counter, 1)));
-        const char *conv = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Conversation-Id");
-        if (conv) {
-            snprintf(k->conv, sizeof k->conv, "%s", conv);
+        if (k->hdr_conv) {
+            snprintf(k->conv, sizeof k->conv, "%s", k->hdr_conv);
             for (char *p = k->conv; *p; p++) /* keep the log one line */
                 if ((unsigned char)*p < 0x20 || *p == ' ') *p = '_';
         }
 
-        bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-        if (!strcmp(url, "/v1/chat/completions")) k->route = ROUTE_CHAT;
-        else if (!strcmp(url, "/v1/models")) k->route = ROUTE_MODELS;
-        else if (!strcmp(url, "/health")) k->route = ROUTE_HEALTH;
-        else
+        for (size_t i = 0; i < N_ROUTES; i++)
+            if (!strcmp(url, k_routes[i].path)) k->route = k_routes[i].route;
+        if (k->route == ROUTE_NONE)
             return respond_errorf(c, k, 404, "invalid_request_error", NULL,
-                                  "unknown path %s %s; lumen serves POST /v1/chat/completions, "
-                                  "GET /v1/models and GET /health",
+                                  "unknown path %s %s; lumen serves POST /v1/chat/completions, POST "
+                                  "/v1/completions, POST /tokenize, POST /detokenize, GET /v1/models, "
+                                  "GET /metrics and GET /health",
                                   method, url);
-        if (k->route == ROUTE_CHAT && strcmp(method, "POST"))
+        bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        if (route_post(k->route) && strcmp(method, "POST"))
             return respond_errorf(c, k, 405, "invalid_request_error", NULL,
                                   "method %s is not allowed on %s; use POST", method, url);
-        if (k->route != ROUTE_CHAT && !get)
+        if (!route_post(k->route) && !get)
             return respond_errorf(c, k, 405, "invalid_request_error", NULL,
                                   "method %s is not allowed on %s; use GET", method, url);
         if (k->route == ROUTE_MODELS)
-            return respond_json(c, k, 200, lm_openai_models(srv->model_name, srv->created, srv->ctx));
+            return respond_json(c, k, 200,
+                                lm_openai_models(srv->model_name, srv->created, srv->ctx, srv->tasks));
         if (k->route == ROUTE_HEALTH) return respond_json(c, k, 200, strdup("{\"status\":\"ok\"}"));
+        if (k->route == ROUTE_METRICS) return handle_metrics(c, k);
 
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > srv->max_body)
-            return respond_errorf(c, k, 413, "invalid_request_error", NULL,
-                                  "request body is larger than %zu bytes", srv->max_body);
+        if (cl && strtoull(cl, NULL, 10) > srv->max_body) {
+            k->too_large = true;
+            return handle_post(c, k); /* 413 (and a record for a generation route) */
+        }
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
@@ -411,19 +833,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (k->status) return MHD_YES; /* already answered */
-    return handle_chat(c, k);
+    return handle_post(c, k);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    struct lm_server *srv = cls;
     (void)c;
     struct conn *k = *con_cls;
     if (!k) return;
-    if (k->job && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) lm_job_cancel(k->job);
-    log_line(k, toe);
-    lm_job_release(k->job);
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && (k->status == 200 || k->status == 0)) k->status = 499;
+    if (k->call) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) cancel_all(k->call);
+        if (k->call->status == 499) k->status = 499;
+        k->call->status = k->status;
+    }
+    lm_metrics_count_request(srv->metrics, route_path(k->route), k->status);
+    log_line(k);
+    call_release(k->call);
     lm_buf_free(&k->body);
+    free(k->hdr_rid);
+    free(k->hdr_conv);
+    free(k->hdr_phase);
+    free(k->hdr_turn);
     free(k);
     *con_cls = NULL;
 }
@@ -436,7 +868,9 @@ struct lm_server_params lm_server_default_params(void) {
                                      .ctx_size = 0,
                                      .max_queue = 64,
                                      .max_body = 8u << 20,
-                                     .log_requests = true};
+                                     .log_requests = true,
+                                     .records_path = NULL,
+                                     .reasoning = true};
 }
 
 /* Binds and listens ourselves (rather than letting MHD do it) so that a failure names the
@@ -474,6 +908,12 @@ static lm_status listen_on(const char *host, int port, int *fd_out, int *port_ou
     return LM_OK;
 }
 
+static void server_free(struct lm_server *s) {
+    lm_records_close(s->records);
+    lm_metrics_destroy(s->metrics);
+    free(s);
+}
+
 lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
                           struct lm_server **out) {
     *out = NULL;
@@ -487,21 +927,36 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
     s->log = p->log_requests;
     s->created = (long long)time(NULL);
     s->model_name = lm_model_name(m);
+    s->tasks = lm_model_tasks(m);
+    /* the server asks the model's family for its reasoning parser; it never tests the name */
+    const struct lm_family *fam = lm_family_find(lm_model_config(m)->model_type);
+    s->reasoning = p->reasoning && fam ? fam->reasoning : NULL;
+    s->metrics = lm_metrics_create();
+    if (!s->metrics) {
+        free(s);
+        return lm_errorf(LM_ERR_NOMEM, "out of memory");
+    }
+    lm_status st;
+    if (p->records_path && (st = lm_records_open(p->records_path, &s->records))) {
+        server_free(s);
+        return st;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     s->id_seed = splitmix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
     atomic_init(&s->id_counter, 0);
 
     int fd = -1;
-    lm_status st = listen_on(p->host ? p->host : "127.0.0.1", p->port, &fd, &s->port);
+    st = listen_on(p->host ? p->host : "127.0.0.1", p->port, &fd, &s->port);
     if (st) {
-        free(s);
+        server_free(s);
         return st;
     }
-    st = lm_worker_create(m, p->ctx_size, p->max_queue, &s->worker);
+    struct lm_worker_params wp = lm_worker_params_from_server(p);
+    st = lm_worker_start(m, &wp, &s->worker);
     if (st) {
         close(fd);
-        free(s);
+        server_free(s);
         return st;
     }
     s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC,
@@ -512,7 +967,7 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
         int port = s->port;
         close(fd);
         lm_worker_destroy(s->worker);
-        free(s);
+        server_free(s);
         return lm_errorf(LM_ERR_IO, "libmicrohttpd could not start on port %d", port);
     }
     *out = s;
@@ -528,5 +983,5 @@ void lm_server_stop(struct lm_server *s) {
     lm_worker_shutdown(s->worker); /* waiting connections wake up with 503 / end of stream */
     MHD_stop_daemon(s->daemon);    /* closes idle connections and joins their threads */
     lm_worker_destroy(s->worker);
-    free(s);
+    server_free(s);
 }

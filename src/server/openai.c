@@ -221,40 +221,24 @@ static lm_status parse_stop(struct lm_chat_request *r, struct lm_api_error *e) {
     return LM_OK;
 }
 
-static lm_status parse_fields(struct lm_chat_request *r, struct lm_api_error *e) {
-    json_t *root = r->root;
+static lm_status refuse_tools(const json_t *root, struct lm_api_error *e) {
     static const char *const k_tools[] = {"tools", "tool_choice", "functions", "function_call"};
     for (size_t i = 0; i < sizeof k_tools / sizeof k_tools[0]; i++)
         if (field(root, k_tools[i]))
             return lm_api_errorf(e, 400, INVALID, NULL, k_tools[i],
                                  "%s is not supported: lumen does not serve tools yet", k_tools[i]);
+    return LM_OK;
+}
 
-    /* Features lumen does not implement yet are refused rather than silently ignored; their
-     * neutral values (false, 0, {}, "text") are accepted because SDKs send them. */
+/* Fields both endpoints share. */
+static lm_status parse_common(struct lm_chat_request *r, struct lm_api_error *e) {
+    json_t *root = r->root;
+    lm_status st;
     json_t *v;
-    if ((v = field(root, "logprobs")) && !json_is_false(v))
-        return lm_api_errorf(e, 400, INVALID, NULL, "logprobs", "logprobs is not supported yet");
-    if ((v = field(root, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0))
-        return lm_api_errorf(e, 400, INVALID, NULL, "top_logprobs", "top_logprobs is not supported yet");
-    static const char *const k_penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < 2; i++)
-        if ((v = field(root, k_penalties[i])) && !(json_is_number(v) && json_number_value(v) == 0))
-            return lm_api_errorf(e, 400, INVALID, NULL, k_penalties[i],
-                                 "%s is not supported yet (only 0)", k_penalties[i]);
-    if ((v = field(root, "repetition_penalty")) && !(json_is_number(v) && json_number_value(v) == 1))
-        return lm_api_errorf(e, 400, INVALID, NULL, "repetition_penalty",
-                             "repetition_penalty is not supported yet (only 1)");
+    /* Features lumen does not implement are refused rather than silently ignored; their neutral
+     * values ({}) are accepted because SDKs send them. */
     if ((v = field(root, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0))
         return lm_api_errorf(e, 400, INVALID, NULL, "logit_bias", "logit_bias is not supported yet");
-    if ((v = field(root, "response_format"))) {
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-            return lm_api_errorf(e, 400, INVALID, NULL, "response_format",
-                                 "response_format is not supported yet (only {\"type\": \"text\"})");
-    }
-
-    lm_status st = parse_messages(r, e);
-    if (st) return st;
 
     json_t *model = field(root, "model");
     if (model && !json_is_string(model))
@@ -263,7 +247,9 @@ static lm_status parse_fields(struct lm_chat_request *r, struct lm_api_error *e)
 
     long long n = 1;
     if ((st = get_int(root, "n", 1, &n, NULL, e))) return st;
-    if (n != 1) return bad(e, "n", "n is %lld; only n = 1 is supported", n);
+    if (n > LM_OPENAI_MAX_N)
+        return bad(e, "n", "n is %lld; at most %d choices are supported", n, LM_OPENAI_MAX_N);
+    r->n = (int)n;
 
     long long mt = -1;
     bool given = false;
@@ -278,6 +264,10 @@ static lm_status parse_fields(struct lm_chat_request *r, struct lm_api_error *e)
     if ((st = get_int(root, "top_k", -1, &k, &r->has_top_k, e))) return st;
     if (k > 1 << 30) k = 1 << 30;
     r->top_k = k < 0 ? 0 : (int)k;
+    if ((st = get_number(root, "min_p", 0, 1, false, &r->min_p, e))) return st;
+    if ((st = get_number(root, "presence_penalty", -2, 2, false, &r->presence_penalty, e))) return st;
+    if ((st = get_number(root, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e))) return st;
+    if ((st = get_number(root, "repetition_penalty", 0, 1e6, true, &r->repetition_penalty, e))) return st;
 
     json_t *seed = field(root, "seed");
     if (seed) {
@@ -300,6 +290,32 @@ static lm_status parse_fields(struct lm_chat_request *r, struct lm_api_error *e)
         if ((st = get_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage, e)))
             return st;
     }
+    return LM_OK;
+}
+
+static lm_status parse_chat_fields(struct lm_chat_request *r, struct lm_api_error *e) {
+    json_t *root = r->root;
+    lm_status st = refuse_tools(root, e);
+    if (st) return st;
+    json_t *v;
+    if ((v = field(root, "response_format"))) {
+        json_t *t = json_object_get(v, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
+            return lm_api_errorf(e, 400, INVALID, NULL, "response_format",
+                                 "response_format is not supported yet (only {\"type\": \"text\"})");
+    }
+    if ((st = parse_messages(r, e))) return st;
+    if ((st = parse_common(r, e))) return st;
+
+    if ((st = get_bool(root, "logprobs", "logprobs", &r->logprobs, e))) return st;
+    long long tl = 0;
+    bool tl_given = false;
+    if ((st = get_int(root, "top_logprobs", 0, &tl, &tl_given, e))) return st;
+    if (tl > LM_MAX_TOP_LOGPROBS)
+        return bad(e, "top_logprobs", "top_logprobs is %lld; it must be in [0, %d]", tl, LM_MAX_TOP_LOGPROBS);
+    if (tl > 0 && !r->logprobs)
+        return bad(e, "top_logprobs", "top_logprobs needs logprobs set to true");
+    r->top_logprobs = (int)tl;
 
     r->chat.add_generation_prompt = true;
     r->chat.enable_thinking = -1;
@@ -320,74 +336,169 @@ static lm_status parse_fields(struct lm_chat_request *r, struct lm_api_error *e)
     return LM_OK;
 }
 
-lm_status lm_chat_request_parse(const char *body, size_t len, struct lm_chat_request *req,
-                                struct lm_api_error *err) {
+/* A prompt of token ids: a non-empty array of integers in [0, 2^31). */
+static lm_status parse_ids(const json_t *a, const char *param, struct lm_chat_request *r,
+                           struct lm_api_error *e) {
+    size_t n = json_array_size(a);
+    if (n == 0) return bad(e, param, "%s must not be empty", param);
+    r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return lm_api_errorf(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return bad(e, param, "%s[%zu] must be a token id (a non-negative integer), not %s", param, i,
+                       json_is_integer(v) ? "a negative number" : json_kind(v));
+        r->prompt_ids[i] = (int32_t)json_integer_value(v);
+    }
+    r->n_prompt_ids = n;
+    return LM_OK;
+}
+
+static lm_status parse_completion_fields(struct lm_chat_request *r, struct lm_api_error *e) {
+    json_t *root = r->root;
+    lm_status st = refuse_tools(root, e);
+    if (st) return st;
+    json_t *p = field(root, "prompt");
+    if (!p) return bad(e, "prompt", "prompt is required");
+    if (json_is_array(p) && json_array_size(p) >= 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+        if (json_array_size(p) > 1)
+            return bad(e, "prompt", "prompt holds %zu prompts; lumen takes one prompt per request",
+                       json_array_size(p));
+        p = json_array_get(p, 0); /* a batch of one */
+    }
+    if (json_is_string(p)) {
+        if (!json_string_length(p)) return bad(e, "prompt", "prompt must not be empty");
+        r->prompt = json_string_value(p);
+    } else if (json_is_array(p)) {
+        if ((st = parse_ids(p, "prompt", r, e))) return st;
+    } else {
+        return bad(e, "prompt", "prompt must be a string or an array of token ids, not %s", json_kind(p));
+    }
+    if ((st = parse_common(r, e))) return st;
+
+    json_t *v;
+    if ((v = field(root, "echo")) && !json_is_false(v))
+        return lm_api_errorf(e, 400, INVALID, NULL, "echo", "echo is not supported");
+    if ((v = field(root, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
+        return lm_api_errorf(e, 400, INVALID, NULL, "suffix", "suffix is not supported");
+    if ((v = field(root, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return lm_api_errorf(e, 400, INVALID, NULL, "best_of", "best_of is not supported (only 1)");
+    long long lp = -1;
+    if ((st = get_int(root, "logprobs", 0, &lp, &r->logprobs, e))) return st;
+    if (lp > LM_MAX_TOP_LOGPROBS)
+        return bad(e, "logprobs", "logprobs is %lld; it must be in [0, %d]", lp, LM_MAX_TOP_LOGPROBS);
+    r->top_logprobs = r->logprobs ? (int)lp : 0;
+    return LM_OK;
+}
+
+static lm_status parse_body(const char *body, size_t len, enum lm_api_endpoint ep,
+                            struct lm_chat_request *req, struct lm_api_error *err) {
     memset(req, 0, sizeof *req);
+    req->endpoint = ep;
     req->max_tokens = -1;
     req->temperature = -1;
     req->top_p = -1;
+    req->repetition_penalty = 1;
+    req->n = 1;
     json_error_t jerr;
     req->root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!req->root)
-        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                   jerr.line, jerr.column);
-    if (!json_is_object(req->root)) {
-        lm_status st = bad(err, "", "request body must be a JSON object, not %s", json_kind(req->root));
-        lm_chat_request_free(req);
-        return st;
+    lm_status st;
+    if (!req->root) {
+        st = bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                 jerr.line, jerr.column);
+    } else if (!json_is_object(req->root)) {
+        st = bad(err, "", "request body must be a JSON object, not %s", json_kind(req->root));
+    } else {
+        st = ep == LM_API_CHAT ? parse_chat_fields(req, err) : parse_completion_fields(req, err);
     }
-    lm_status st = parse_fields(req, err);
-    if (st) {
-        lm_chat_request_free(req);
-        req->max_tokens = -1;
-        req->temperature = -1;
-        req->top_p = -1;
-    }
+    if (st) lm_chat_request_free(req);
     return st;
+}
+
+lm_status lm_chat_request_parse(const char *body, size_t len, struct lm_chat_request *req,
+                                struct lm_api_error *err) {
+    return parse_body(body, len, LM_API_CHAT, req, err);
+}
+
+lm_status lm_completion_request_parse(const char *body, size_t len, struct lm_chat_request *req,
+                                      struct lm_api_error *err) {
+    return parse_body(body, len, LM_API_COMPLETIONS, req, err);
 }
 
 void lm_chat_request_free(struct lm_chat_request *req) {
     if (!req) return;
     free(req->messages);
+    free(req->prompt_ids);
     json_decref(req->root);
     memset(req, 0, sizeof *req);
 }
 
+const char *lm_api_endpoint_path(enum lm_api_endpoint e) {
+    return e == LM_API_COMPLETIONS ? "/v1/completions" : "/v1/chat/completions";
+}
+
+/* Tokenizes the prompt of `req` into `prompt` (see lm_chat_request_prompt). */
+static lm_status prompt_ids(const struct lm_model *m, const struct lm_chat_request *req,
+                            struct lm_ids *prompt, struct lm_buf *rendered, struct lm_api_error *err) {
+    if (req->endpoint == LM_API_COMPLETIONS && req->prompt_ids) {
+        int vocab = lm_model_config(m)->vocab_size;
+        for (size_t i = 0; i < req->n_prompt_ids; i++)
+            if (req->prompt_ids[i] >= vocab)
+                return lm_api_errorf(err, 400, INVALID, NULL, "prompt",
+                                     "prompt[%zu] is %d; token ids must be below the vocabulary size %d",
+                                     i, req->prompt_ids[i], vocab);
+        lm_ids_append(prompt, req->prompt_ids, req->n_prompt_ids);
+        return LM_OK;
+    }
+    const char *param = req->endpoint == LM_API_CHAT ? "messages" : "prompt";
+    struct lm_buf text = {0};
+    if (req->endpoint == LM_API_CHAT) {
+        lm_status st = lm_model_render_chat(m, req->messages, req->n_messages, &req->chat, &text);
+        if (st) {
+            lm_buf_free(&text);
+            if (st == LM_ERR_NOMEM) return lm_api_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
+            return lm_api_errorf(err, 400, INVALID, NULL, param, "messages: %s", lm_error_message());
+        }
+    } else {
+        lm_buf_puts(&text, req->prompt);
+    }
+    lm_status st = lm_tokenizer_encode(lm_model_tokenizer(m), text.p ? text.p : "", text.len, 0, prompt);
+    if (!st && rendered) lm_buf_append(rendered, text.p ? text.p : "", text.len);
+    lm_buf_free(&text);
+    if (st) return lm_api_errorf(err, 400, INVALID, NULL, param, "%s: %s", param, lm_error_message());
+    return LM_OK;
+}
+
 lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_request *req,
                                  int ctx, struct lm_ids *prompt, int *max_tokens,
-                                 struct lm_api_error *err) {
-    struct lm_buf text = {0};
-    lm_status st = lm_model_render_chat(m, req->messages, req->n_messages, &req->chat, &text);
-    if (st) {
-        lm_buf_free(&text);
-        if (st == LM_ERR_NOMEM) return lm_api_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
-        return lm_api_errorf(err, 400, INVALID, NULL, "messages", "messages: %s", lm_error_message());
-    }
+                                 struct lm_buf *rendered, struct lm_api_error *err) {
     size_t before = prompt->n;
-    st = lm_tokenizer_encode(lm_model_tokenizer(m), text.p ? text.p : "", text.len, 0, prompt);
-    lm_buf_free(&text);
-    if (st)
-        return lm_api_errorf(err, 400, INVALID, NULL, "messages", "messages: %s", lm_error_message());
+    lm_status st = prompt_ids(m, req, prompt, rendered, err);
+    if (st) return st;
+    const char *param = req->endpoint == LM_API_CHAT ? "messages" : "prompt";
     long long n = (long long)(prompt->n - before);
     if (req->max_tokens > 0) {
         if (n + req->max_tokens > ctx)
-            return lm_api_errorf(err, 400, INVALID, "context_length_exceeded", "messages",
+            return lm_api_errorf(err, 400, INVALID, "context_length_exceeded", param,
                                  "prompt has %lld tokens and max_tokens is %d; the context holds %d",
                                  n, req->max_tokens, ctx);
         *max_tokens = req->max_tokens;
     } else {
         if (n >= ctx)
-            return lm_api_errorf(err, 400, INVALID, "context_length_exceeded", "messages",
+            return lm_api_errorf(err, 400, INVALID, "context_length_exceeded", param,
                                  "prompt has %lld tokens; the context holds %d, which leaves no "
                                  "room for a completion",
                                  n, ctx);
         *max_tokens = ctx - (int)n;
+        if (req->endpoint == LM_API_COMPLETIONS && *max_tokens > LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS)
+            *max_tokens = LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS;
     }
     return LM_OK;
 }
 
 struct lm_sampling_params lm_chat_request_sampling(const struct lm_chat_request *req,
-                                                   const struct lm_gen_defaults *d) {
+                                                   const struct lm_gen_defaults *d, int choice) {
     struct lm_sampling_params p = {.temperature = 0, .top_p = 1, .top_k = 0};
     if (req->temperature >= 0) p.temperature = (float)req->temperature;
     else if (d && d->temperature >= 0) p.temperature = d->temperature;
@@ -396,8 +507,48 @@ struct lm_sampling_params lm_chat_request_sampling(const struct lm_chat_request 
     if (req->has_top_k) p.top_k = req->top_k;
     else if (d && d->top_k >= 0) p.top_k = d->top_k;
     p.seeded = req->has_seed;
-    p.seed = req->seed;
+    p.seed = req->seed + (uint64_t)(choice > 0 ? choice : 0);
+    p.min_p = (float)req->min_p;
+    p.presence_penalty = (float)req->presence_penalty;
+    p.frequency_penalty = (float)req->frequency_penalty;
+    p.repetition_penalty = (float)req->repetition_penalty;
+    p.logprobs = req->logprobs;
+    p.top_logprobs = req->top_logprobs;
     return p;
+}
+
+/* ---- capabilities ------------------------------------------------------------------------- */
+
+unsigned lm_api_endpoint_task(enum lm_api_endpoint e) {
+    return e == LM_API_COMPLETIONS ? LM_TASK_TEXT_GENERATION : LM_TASK_TEXT_CONVERSATION;
+}
+
+const char *lm_task_name(unsigned task) {
+    switch (task) {
+    case LM_TASK_TEXT_GENERATION: return "text_generation";
+    case LM_TASK_TEXT_CONVERSATION: return "text_conversation";
+    }
+    return NULL;
+}
+
+static json_t *task_list(unsigned tasks) {
+    json_t *a = json_array();
+    for (unsigned b = 1; b; b <<= 1)
+        if ((tasks & b) && lm_task_name(b)) json_array_append_new(a, json_string(lm_task_name(b)));
+    return a;
+}
+
+lm_status lm_api_check_task(unsigned tasks, unsigned need, const char *model, struct lm_api_error *err) {
+    if ((tasks & need) == need) return LM_OK;
+    struct lm_buf has = {0};
+    for (unsigned b = 1; b; b <<= 1)
+        if ((tasks & b) && lm_task_name(b)) lm_buf_printf(&has, "%s%s", has.len ? ", " : "", lm_task_name(b));
+    lm_status st = lm_api_errorf(err, 400, INVALID, "model_not_capable", "model",
+                                 "model %s does not support the task %s (it declares: %s)", model,
+                                 lm_task_name(need) ? lm_task_name(need) : "?",
+                                 has.len ? has.p : "none");
+    lm_buf_free(&has);
+    return st;
 }
 
 /* ---- responses -------------------------------------------------------------------------- */
@@ -433,19 +584,27 @@ static json_t *utf8_string(const char *s, size_t len) {
     return j ? j : json_string("");
 }
 
+/* Compact JSON; reals (logprobs, float32 values) with 9 significant digits, which round-trip a
+ * float32. */
 static char *dump(json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(j);
     if (!s) abort(); /* only on allocation failure, as lm_buf does */
     return s;
 }
 
-static json_t *usage_obj(int prompt_tokens, int completion_tokens) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt_tokens, "completion_tokens",
-                     completion_tokens, "total_tokens", prompt_tokens + completion_tokens);
+static json_t *usage_obj(const struct lm_openai_usage *u) {
+    json_t *o = json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
+                          u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    if (u->cached_tokens >= 0)
+        json_object_set_new(o, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", u->cached_tokens));
+    return o;
 }
 
-static json_t *base_obj(const struct lm_openai_meta *meta, const char *object) {
+static bool is_chat(const struct lm_openai_meta *meta) { return meta->endpoint == LM_API_CHAT; }
+
+static json_t *base_obj(const struct lm_openai_meta *meta, bool chunk) {
+    const char *object = is_chat(meta) ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     return json_pack("{s:s, s:s, s:I, s:s}", "id", meta->id, "object", object, "created",
                      (json_int_t)meta->created, "model", meta->model);
 }
@@ -454,15 +613,102 @@ const char *lm_openai_finish_reason(enum lm_finish f) {
     return f == LM_FINISH_LENGTH ? "length" : "stop";
 }
 
-char *lm_openai_chat_completion(const struct lm_openai_meta *meta, const char *text, size_t len,
-                                const char *finish_reason, int prompt_tokens,
-                                int completion_tokens) {
-    json_t *o = base_obj(meta, "chat.completion");
-    json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", utf8_string(text, len));
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", msg, "logprobs",
-                               "finish_reason", finish_reason);
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens));
+/* A logprob as JSON: -inf (a masked token) becomes -9999.0, as OpenAI and vLLM report it. */
+static json_t *logprob_num(float lp) { return json_real(lp > -9999.0f ? (double)lp : -9999.0); }
+
+/* The text of one token (special tokens spelled out), lossy UTF-8 as vLLM's decode gives it. */
+static void token_text(const struct lm_openai_meta *meta, int32_t id, struct lm_buf *out) {
+    lm_buf_reset(out);
+    if (meta->tok) lm_tokenizer_decode(meta->tok, &id, 1, false, out);
+    if (!out->p) lm_buf_puts(out, "");
+}
+
+static json_t *bytes_array(const struct lm_buf *b) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < b->len; i++) json_array_append_new(a, json_integer((unsigned char)b->p[i]));
+    return a;
+}
+
+/* Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static json_t *chat_logprobs(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp, size_t n) {
+    json_t *content = json_array();
+    struct lm_buf t = {0};
+    for (size_t i = 0; i < n; i++) {
+        token_text(meta, lp[i].id, &t);
+        json_t *top = json_array();
+        for (int k = 0; k < lp[i].n_top; k++) {
+            struct lm_buf tt = {0};
+            token_text(meta, lp[i].top_id[k], &tt);
+            json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token", utf8_string(tt.p, tt.len),
+                                                 "logprob", logprob_num(lp[i].top_logprob[k]), "bytes",
+                                                 bytes_array(&tt)));
+            lm_buf_free(&tt);
+        }
+        json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", utf8_string(t.p, t.len),
+                                                 "logprob", logprob_num(lp[i].logprob), "bytes", bytes_array(&t),
+                                                 "top_logprobs", top));
+    }
+    lm_buf_free(&t);
+    return json_pack("{s:o}", "content", content);
+}
+
+/* Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; the
+ * sampled token is always in its top_logprobs entry (up to logprobs + 1 entries, as OpenAI). */
+static json_t *completion_logprobs(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp,
+                                   size_t n, size_t offset0) {
+    json_t *tokens = json_array(), *values = json_array(), *tops = json_array(), *offs = json_array();
+    struct lm_buf t = {0}, tt = {0};
+    size_t off = offset0;
+    for (size_t i = 0; i < n; i++) {
+        token_text(meta, lp[i].id, &t);
+        json_array_append_new(tokens, utf8_string(t.p, t.len));
+        json_array_append_new(values, logprob_num(lp[i].logprob));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += t.len;
+        json_t *top = json_object();
+        for (int k = 0; k < lp[i].n_top; k++) {
+            token_text(meta, lp[i].top_id[k], &tt);
+            json_object_set_new(top, tt.p, logprob_num(lp[i].top_logprob[k]));
+        }
+        if (!json_object_get(top, t.p)) json_object_set_new(top, t.p, logprob_num(lp[i].logprob));
+        json_array_append_new(tops, top);
+    }
+    lm_buf_free(&t);
+    lm_buf_free(&tt);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+static json_t *logprobs_obj(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp, size_t n,
+                            size_t offset0) {
+    if (!lp) return json_null();
+    return is_chat(meta) ? chat_logprobs(meta, lp, n) : completion_logprobs(meta, lp, n, offset0);
+}
+
+char *lm_openai_response(const struct lm_openai_meta *meta, const struct lm_openai_choice *choices,
+                         size_t n, const struct lm_openai_usage *usage) {
+    json_t *o = base_obj(meta, false);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const struct lm_openai_choice *c = &choices[i];
+        json_t *choice;
+        if (is_chat(meta)) {
+            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", utf8_string(c->text, c->len));
+            if (c->reasoning)
+                json_object_set_new(msg, "reasoning_content",
+                                    c->reasoning_len ? utf8_string(c->reasoning, c->reasoning_len) : json_null());
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message", msg, "logprobs",
+                               logprobs_obj(meta, c->logprobs, c->n_logprobs, 0), "finish_reason",
+                               c->finish_reason);
+        } else {
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "text", utf8_string(c->text, c->len),
+                               "logprobs", logprobs_obj(meta, c->logprobs, c->n_logprobs, 0), "finish_reason",
+                               c->finish_reason);
+        }
+        json_array_append_new(arr, choice);
+    }
+    json_object_set_new(o, "choices", arr);
+    json_object_set_new(o, "usage", usage_obj(usage));
     return dump(o);
 }
 
@@ -474,24 +720,34 @@ static void sse(struct lm_buf *out, json_t *j) {
     free(s);
 }
 
-void lm_openai_chunk(struct lm_buf *out, const struct lm_openai_meta *meta, const char *role,
-                     const char *content, size_t len, const char *finish_reason, bool usage_null) {
-    json_t *o = base_obj(meta, "chat.completion.chunk");
-    json_t *delta = json_object();
-    if (role) json_object_set_new(delta, "role", json_string(role));
-    if (content) json_object_set_new(delta, "content", utf8_string(content, len));
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
-                               "finish_reason", finish_reason ? json_string(finish_reason) : json_null());
+void lm_openai_chunk(struct lm_buf *out, const struct lm_openai_meta *meta,
+                     const struct lm_openai_delta *d, bool usage_null) {
+    json_t *o = base_obj(meta, true);
+    json_t *choice;
+    json_t *fr = d->finish_reason ? json_string(d->finish_reason) : json_null();
+    if (is_chat(meta)) {
+        json_t *delta = json_object();
+        if (d->role) json_object_set_new(delta, "role", json_string(d->role));
+        if (d->content) json_object_set_new(delta, "content", utf8_string(d->content, d->len));
+        if (d->reasoning)
+            json_object_set_new(delta, "reasoning_content", utf8_string(d->reasoning, d->reasoning_len));
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "delta", delta, "logprobs",
+                           logprobs_obj(meta, d->logprobs, d->n_logprobs, 0), "finish_reason", fr);
+    } else {
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "text",
+                           utf8_string(d->content ? d->content : "", d->content ? d->len : 0), "logprobs",
+                           logprobs_obj(meta, d->logprobs, d->n_logprobs, 0), "finish_reason", fr);
+    }
     json_object_set_new(o, "choices", json_pack("[o]", choice));
     if (usage_null) json_object_set_new(o, "usage", json_null());
     sse(out, o);
 }
 
 void lm_openai_usage_chunk(struct lm_buf *out, const struct lm_openai_meta *meta,
-                           int prompt_tokens, int completion_tokens) {
-    json_t *o = base_obj(meta, "chat.completion.chunk");
+                           const struct lm_openai_usage *usage) {
+    json_t *o = base_obj(meta, true);
     json_object_set_new(o, "choices", json_array());
-    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens));
+    json_object_set_new(o, "usage", usage_obj(usage));
     sse(out, o);
 }
 
@@ -505,9 +761,108 @@ char *lm_openai_error_json(const struct lm_api_error *e) {
     return dump(json_pack("{s:o}", "error", err));
 }
 
-char *lm_openai_models(const char *name, long long created, int max_model_len) {
-    json_t *m = json_pack("{s:o, s:s, s:I, s:s, s:i}", "id", utf8_string(name, strlen(name)),
+char *lm_openai_models(const char *name, long long created, int max_model_len, unsigned tasks) {
+    json_t *m = json_pack("{s:o, s:s, s:I, s:s, s:i, s:o}", "id", utf8_string(name, strlen(name)),
                           "object", "model", "created", (json_int_t)created, "owned_by", "lumen",
-                          "max_model_len", max_model_len);
+                          "max_model_len", max_model_len, "capabilities", task_list(tasks));
     return dump(json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+/* ---- /tokenize and /detokenize ------------------------------------------------------------ */
+
+lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const char *body, size_t len,
+                             int ctx, char **out, struct lm_api_error *err) {
+    *out = NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                   jerr.column);
+    lm_status st = LM_OK;
+    struct lm_ids ids = {0};
+    struct lm_chat_request req = {0};
+    json_t *prompt = field(root, "prompt"), *msgs = field(root, "messages");
+    if (!json_is_object(root)) {
+        st = bad(err, "", "request body must be a JSON object, not %s", json_kind(root));
+    } else if (prompt && msgs) {
+        st = bad(err, "messages", "give either prompt or messages, not both");
+    } else if (prompt) {
+        bool special = true; /* add_special_tokens: Qwen3's tokenizer adds none either way */
+        if (!json_is_string(prompt))
+            st = bad(err, "prompt", "prompt must be a string, not %s", json_kind(prompt));
+        else if (!(st = get_bool(root, "add_special_tokens", "add_special_tokens", &special, err)) &&
+                 lm_tokenizer_encode(lm_model_tokenizer(m), json_string_value(prompt), json_string_length(prompt),
+                                     0, &ids))
+            st = bad(err, "prompt", "prompt: %s", lm_error_message());
+    } else if (msgs) {
+        if (!(st = lm_api_check_task(tasks, LM_TASK_TEXT_CONVERSATION, lm_model_name(m), err)) &&
+            !(st = lm_chat_request_parse(body, len, &req, err))) {
+            bool agp = true;
+            if (!(st = get_bool(root, "add_generation_prompt", "add_generation_prompt", &agp, err))) {
+                req.chat.add_generation_prompt = agp;
+                int ignored;
+                st = lm_chat_request_prompt(m, &req, INT32_MAX, &ids, &ignored, NULL, err);
+            }
+        }
+    } else {
+        st = bad(err, "prompt", "give prompt (a string) or messages (a conversation)");
+    }
+    if (!st) {
+        json_t *t = json_array();
+        for (size_t i = 0; i < ids.n; i++) json_array_append_new(t, json_integer(ids.v[i]));
+        *out = dump(json_pack("{s:i, s:i, s:o}", "count", (int)ids.n, "max_model_len", ctx, "tokens", t));
+    }
+    lm_chat_request_free(&req);
+    lm_ids_free(&ids);
+    json_decref(root);
+    return st;
+}
+
+lm_status lm_openai_detokenize(const struct lm_model *m, const char *body, size_t len, char **out,
+                               struct lm_api_error *err) {
+    *out = NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                   jerr.column);
+    lm_status st = LM_OK;
+    json_t *tokens = json_is_object(root) ? field(root, "tokens") : NULL;
+    struct lm_ids ids = {0};
+    int vocab = lm_model_config(m)->vocab_size;
+    if (!json_is_object(root)) {
+        st = bad(err, "", "request body must be a JSON object, not %s", json_kind(root));
+    } else if (!tokens) {
+        st = bad(err, "tokens", "tokens is required");
+    } else if (!json_is_array(tokens)) {
+        st = bad(err, "tokens", "tokens must be an array of token ids, not %s", json_kind(tokens));
+    } else {
+        size_t i;
+        json_t *v;
+        json_array_foreach(tokens, i, v) {
+            char param[32];
+            snprintf(param, sizeof param, "tokens[%zu]", i);
+            if (!json_is_integer(v)) {
+                st = bad(err, param, "%s must be an integer, not %s", param, json_kind(v));
+                break;
+            }
+            json_int_t id = json_integer_value(v);
+            if (id < 0 || id >= vocab) {
+                st = bad(err, param, "%s is %lld; token ids are in [0, %d)", param, (long long)id, vocab);
+                break;
+            }
+            lm_ids_push(&ids, (int32_t)id);
+        }
+    }
+    if (!st) {
+        struct lm_buf text = {0};
+        if (lm_tokenizer_decode(lm_model_tokenizer(m), ids.v, ids.n, false, &text))
+            st = bad(err, "tokens", "tokens: %s", lm_error_message());
+        else
+            *out = dump(json_pack("{s:o}", "prompt", utf8_string(text.p, text.len)));
+        lm_buf_free(&text);
+    }
+    lm_ids_free(&ids);
+    json_decref(root);
+    return st;
 }

@@ -1,8 +1,11 @@
 /* server.h: `lumen serve`, an OpenAI-compatible HTTP server over one loaded model.
  *
- * Routes: POST /v1/chat/completions (streaming and not), GET /v1/models, GET /health.
- * Transport: libmicrohttpd (http.c); request logic: openai.h; engine thread and queue: worker.h.
- * Requests run one at a time on the engine thread; others wait in a bounded queue (429 beyond
+ * Routes: POST /v1/chat/completions and POST /v1/completions (streaming and not), GET
+ * /v1/models (with each model's capabilities), POST /tokenize and /detokenize (vLLM's), GET
+ * /metrics (Prometheus), GET /health. A generation route runs only when the model's family
+ * declares its task (text_conversation, text_generation); otherwise 400.
+ * Transport: libmicrohttpd (http.c); request logic: openai.h; engine and queue: worker.h;
+ * request records: records.h; metrics: metrics.h. Requests wait in a bounded queue (429 beyond
  * it). A client that disconnects cancels its request. */
 #ifndef LM_SERVER_SERVER_H
 #define LM_SERVER_SERVER_H
@@ -20,6 +23,17 @@ struct lm_server_params {
     int max_queue;     /* requests that may wait behind the running one; default 64 */
     size_t max_body;   /* largest request body in bytes (413 beyond); default 8 MiB */
     bool log_requests; /* one line per request on stderr; default true */
+    /* Engine limits (worker.h); 0 = the engine's default. */
+    int max_seqs;              /* requests running at once (continuous batching); default 16 */
+    int max_batch_tokens;      /* tokens per forward step, decodes + prefill chunks; default 512 */
+    long kv_tokens;            /* KV cache size in tokens; default ctx_size * max_seqs, capped at
+                                  a quarter of the available memory */
+    double shutdown_timeout_s; /* stop lets in-flight requests finish this long; default 10 (a
+                                  negative value: cancel at once) */
+    const char *records_path; /* append one JSONL record per generation request (records.h);
+                                 NULL (default): none */
+    bool reasoning;    /* split chat output into reasoning_content and content with the family's
+                          reasoning parser, when it has one; default true */
 };
 struct lm_server_params lm_server_default_params(void); /* ctx_size is 0: the caller sets it */
 
@@ -27,7 +41,7 @@ struct lm_server;
 
 /* Binds, starts the engine thread and the HTTP threads, and returns at once. `m` is borrowed and
  * must outlive the server. LM_ERR_IO when the address cannot be bound (message names it and
- * errno); errors from lm_seq_create (LM_ERR_RANGE, LM_ERR_NOMEM). *out is caller-owned
+ * errno) or the records file cannot be opened; errors from lm_seq_create (LM_ERR_RANGE, LM_ERR_NOMEM). *out is caller-owned
  * (lm_server_stop). */
 lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
                           struct lm_server **out);

@@ -9,7 +9,7 @@
  * time from the target flags (the build uses -march=native); lm_cpu_ops_fast()->name says which.
  *
  * Activations are float32, row-major. Weights may be float32, float16 or bfloat16 and are
- * widened to float32 on the fly. All pointers are borrowed for the duration of the call; output
+ * widened to float32 on the fly, or Q8_0 blocks (see the matmul's contract). All pointers are borrowed for the duration of the call; output
  * rows must not alias input rows unless a kernel says it works in place. A NULL pool runs on
  * the calling thread. Kernels never allocate. */
 #ifndef LM_BACKEND_CPU_OPS_H
@@ -26,10 +26,15 @@ enum lm_dtype {
     LM_DTYPE_F32,
     LM_DTYPE_F16,  /* IEEE 754 binary16 */
     LM_DTYPE_BF16, /* bfloat16: the top 16 bits of a float32 */
+    LM_DTYPE_Q8_0, /* GGUF/ggml Q8_0: blocks of 32 weights, a float16 scale d then 32 int8 q,
+                      weight = d * q (backend/cpu/quant.h); rows are whole blocks (k % 32 == 0) */
 };
 
-const char *lm_dtype_name(enum lm_dtype t); /* "f32", "f16", "bf16" */
-size_t lm_dtype_size(enum lm_dtype t);      /* bytes per element */
+const char *lm_dtype_name(enum lm_dtype t); /* "f32", "f16", "bf16", "q8_0" */
+/* Bytes per element: 4 or 2; for a block type (Q8_0), 0 (use lm_dtype_row_bytes). */
+size_t lm_dtype_size(enum lm_dtype t);
+/* Bytes of a row of n elements (n a multiple of the block for block types). */
+size_t lm_dtype_row_bytes(enum lm_dtype t, long n);
 
 /* Exact widening of a bfloat16. */
 static inline float lm_bf16_to_f32(uint16_t h) {
@@ -45,13 +50,24 @@ uint16_t lm_f32_to_bf16(float f);
 /* Rounds to nearest even with overflow to inf, as the F16C instruction does. */
 uint16_t lm_f32_to_f16(float f);
 
+/* One sequence's share of a batched, paged attention call (lm_cpu_ops.attention_paged). */
+struct lm_attn_seq {
+    int n;                 /* its query rows: consecutive in q and out, after the previous
+                              sequence's rows */
+    int pos0;              /* position of its first query; query i attends to 0..pos0+i */
+    const int32_t *blocks; /* block table: position t is row blocks[t / block_size] *
+                              block_size + t % block_size of the K and V arrays; borrowed */
+};
+
 struct lm_cpu_ops {
     const char *name; /* "scalar", "avx512", "avx2", "generic" */
 
     /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
      * x: float32 rows of k; w: m rows of k elements of dtype wt; y: float32 rows of m.
      * The fast version splits the m weight rows over the pool and tiles tokens so that each
-     * weight row is read once per block of tokens. */
+     * weight row is read once per block of tokens. Batch invariance (the engine's batching
+     * relies on it): row i of y depends only on row i of x and on w, bit for bit, whatever n
+     * and the other rows are (tests/test_batch.c checks n = 1..16 against n = 1). */
     void (*matmul)(struct lm_pool *pool, float *y, const float *x, const void *w,
                    enum lm_dtype wt, int n, int k, int m);
 
@@ -84,6 +100,19 @@ struct lm_cpu_ops {
     void (*attention)(struct lm_pool *pool, float *out, const float *q, const float *k,
                       const float *v, int n, int pos0, int n_heads, int n_kv_heads, int head_dim,
                       int kv_stride, float scale, float *scratch);
+
+    /* Causal grouped-query attention of several sequences' new queries over a paged KV cache
+     * (vLLM's PagedAttention layout, Kwon et al. 2023). q: [sum of n, n_heads * head_dim];
+     * k, v: cache rows [*, kv_stride] float32, row r holding the n_kv_heads heads of one
+     * position at offsets g * head_dim; each sequence finds its positions through its block
+     * table (struct lm_attn_seq). out: like q. scratch: lm_pool_size(pool) * max(pos0 + n)
+     * floats. Batch invariance: each (query, head) is computed with exactly the operations of
+     * `attention` over the same positions, whatever the other sequences and the block layout,
+     * so a sequence gets the same bits alone or batched (tests/test_batch.c). */
+    void (*attention_paged)(struct lm_pool *pool, float *out, const float *q, const float *k,
+                            const float *v, const struct lm_attn_seq *seqs, int n_seqs,
+                            int n_heads, int n_kv_heads, int head_dim, int kv_stride,
+                            int block_size, float scale, float *scratch);
 
     /* y[0..n) = float32(w[0..n)) of dtype wt (an embedding row). */
     void (*convert_row)(float *y, const void *w, enum lm_dtype wt, int n);

@@ -1,18 +1,23 @@
 /* ops_fast.c: the SIMD kernels of ops.h, threaded over rows with the pool.
  *
  * One source serves three targets through a small vector layer (VL lanes of float32):
- * AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes), or GCC vector extensions (8 lanes, any CPU).
+ * AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes), or GCC vector extensions (4 lanes, any CPU).
  * The choice is made at compile time from the target flags (-march=native).
  *
- * matmul: each thread owns a range of weight rows (multiples of 4). Tokens are processed in
+ * matmul: each thread owns a range of weight rows (multiples of MM_R). Tokens are processed in
  * blocks that fit in L2, so a weight row is read from memory once per block of tokens; inside a
- * block a register tile of 4 weight rows x 3 tokens (12 accumulators; 4 x 1 with two k-streams
- * for decode) loads each weight vector once for 3 tokens. Weights are widened to float32 in
- * registers (bf16: zero-extend and shift left 16; f16: vcvtph2ps). */
+ * block a register tile of MM_R weight rows x 3 tokens loads each weight vector once for 3
+ * tokens. A single token (decode) reads each weight row as one sequential stream: decode is
+ * bound by memory bandwidth, and one forward stream keeps the hardware prefetcher ahead. Every
+ * output element is computed in one fixed order, whatever the batch (batch invariance, see the
+ * matmul section), so the tile and the stream use the same two accumulators. Weights are widened to float32 in registers (bf16: zero-extend and
+ * shift left 16; f16: vcvtph2ps). */
 #include <assert.h>
 #include <math.h>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -65,7 +70,8 @@ static inline float hmax256(__m256 v) {
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #else
-#define VL 8
+/* 16-byte vectors: SSE2 on any x86-64, NEON on AArch64, lowered to scalars elsewhere. */
+#define VL 4
 #define TARGET_NAME "generic"
 typedef float vf __attribute__((vector_size(VL * 4)));
 static inline vf g_load(const float *p) {
@@ -148,114 +154,10 @@ static void vaxpy(float *y, float a, const float *x, int n) {
 
 /* ---- matmul ---- */
 
-/* One register tile: y[t * ldy + r] = dot(x[t], w[r]) for r < R weight rows, t < T tokens.
- * R <= MM_R, T <= MM_T are compile-time constants after inlining; with T == 1 two accumulator
- * sets run over alternate vectors of k to hide the FMA latency. */
-#define MM_R 4
-#define MM_T 3
-#define DEFINE_MM_TILE(SUF, WT, VLOADW, SLOADW)                                                  \
-    ALWAYS_INLINE void mm_tile_##SUF(const int R, const int T, float *y, long ldy, const float *x, \
-                                     int k, const WT *w) {                                       \
-        const int U = T == 1 ? 2 : 1;                                                            \
-        vf acc[2][MM_R][MM_T];                                                                   \
-        _Pragma("GCC unroll 2") for (int u = 0; u < U; u++)                                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                  \
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[u][r][t] = V_ZERO();     \
-        int l = 0;                                                                               \
-        for (; l + U * VL <= k; l += U * VL) {                                                   \
-            _Pragma("GCC unroll 2") for (int u = 0; u < U; u++) {                                \
-                vf wv[MM_R];                                                                     \
-                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) wv[r] =                      \
-                    VLOADW(w + (long)r * k + l + u * VL);                                        \
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                            \
-                    vf xv = V_LOAD(x + (long)t * k + l + u * VL);                                \
-                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[u][r][t] =           \
-                        V_FMA(wv[r], xv, acc[u][r][t]);                                          \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-        if (U == 2 && l + VL <= k) {                                                             \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                \
-                vf wv = VLOADW(w + (long)r * k + l);                                             \
-                acc[0][r][0] = V_FMA(wv, V_LOAD(x + l), acc[0][r][0]);                           \
-            }                                                                                    \
-            l += VL;                                                                             \
-        }                                                                                        \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                      \
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                \
-                vf a = acc[0][r][t];                                                             \
-                if (U == 2) a = V_ADD(a, acc[1][r][t]);                                          \
-                float s = V_HSUM(a);                                                             \
-                for (int j = l; j < k; j++) s += SLOADW(w + (long)r * k + j) * x[(long)t * k + j]; \
-                y[(long)t * ldy + r] = s;                                                        \
-            }                                                                                    \
-    }                                                                                            \
-    static void mm_block_##SUF(int R, int T, float *y, long ldy, const float *x, int k,         \
-                               const WT *w) {                                                    \
-        switch (R * 16 + T) {                                                                    \
-        MM_CASES_R(SUF)                                                                          \
-        }                                                                                        \
-    }
-
-#define MM_CASE(SUF, R, T)                                                                       \
-    case R * 16 + T: mm_tile_##SUF(R, T, y, ldy, x, k, w); break;
-#define MM_CASES_T(SUF, R) MM_CASE(SUF, R, 1) MM_CASE(SUF, R, 2) MM_CASE(SUF, R, 3)
-#define MM_CASES_R(SUF) MM_CASES_T(SUF, 1) MM_CASES_T(SUF, 2) MM_CASES_T(SUF, 3) MM_CASES_T(SUF, 4)
-
-#define S_LOAD_F32P(p) (*(p))
-#define S_LOAD_U16BF(p) lm_bf16_to_f32(*(p))
-#define S_LOAD_U16F(p) lm_f16_to_f32(*(p))
-DEFINE_MM_TILE(f32, float, V_LOAD, S_LOAD_F32P)
-DEFINE_MM_TILE(bf16, uint16_t, V_LOAD_BF16, S_LOAD_U16BF)
-DEFINE_MM_TILE(f16, uint16_t, V_LOAD_F16, S_LOAD_U16F)
-
-struct mm_args {
-    float *y;
-    const float *x;
-    const void *w;
-    enum lm_dtype wt;
-    int n, k, m;
-    int tblock; /* tokens per block */
-};
-
-static void mm_task(void *p, int ith, int nth) {
-    const struct mm_args *a = p;
-    long r0, r1;
-    lm_pool_split(a->m, ith, nth, MM_R, &r0, &r1);
-    const int k = a->k;
-    for (int t0 = 0; t0 < a->n; t0 += a->tblock) {
-        int t1 = t0 + a->tblock < a->n ? t0 + a->tblock : a->n;
-        for (long r = r0; r < r1; r += MM_R) {
-            int R = r1 - r < MM_R ? (int)(r1 - r) : MM_R;
-            for (int t = t0; t < t1; t += MM_T) {
-                int T = t1 - t < MM_T ? t1 - t : MM_T;
-                float *y = a->y + (long)t * a->m + r;
-                const float *x = a->x + (long)t * k;
-                switch (a->wt) {
-                case LM_DTYPE_F32: mm_block_f32(R, T, y, a->m, x, k, (const float *)a->w + r * k); break;
-                case LM_DTYPE_BF16:
-                    mm_block_bf16(R, T, y, a->m, x, k, (const uint16_t *)a->w + r * k);
-                    break;
-                case LM_DTYPE_F16:
-                    mm_block_f16(R, T, y, a->m, x, k, (const uint16_t *)a->w + r * k);
-                    break;
-                }
-            }
-        }
-    }
-}
-
+/* The matmul of every weight dtype lives in matmul.c (batch invariant; see matmul.h). */
 static void f_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                      enum lm_dtype wt, int n, int k, int m) {
-    /* A block of activations of about 192 KB stays in L2 while the weight rows stream past. */
-    int tb = (int)((192 * 1024) / ((long)k * 4));
-    tb = tb / MM_T * MM_T;
-    if (tb < MM_T) tb = MM_T;
-    struct mm_args a = {y, x, w, wt, n, k, m, tb};
-    if ((long)n * k * m < PAR_MIN_WORK || m < 8)
-        mm_task(&a, 0, 1);
-    else
-        lm_pool_run(pool, mm_task, &a);
+    lm_cpu_matmul_fast(pool, y, x, w, wt, n, k, m);
 }
 
 /* ---- rmsnorm ---- */
@@ -451,6 +353,70 @@ static void f_attention(struct lm_pool *pool, float *out, const float *q, const 
         lm_pool_run(pool, attn_task, &a);
 }
 
+/* Paged attention: the same per-(query, head) arithmetic as attn_task, with K/V rows found
+ * through each sequence's block table. Items (row, head) over all sequences are dealt
+ * round-robin to the threads. */
+struct attn_paged_args {
+    float *out;
+    const float *q, *k, *v;
+    const struct lm_attn_seq *seqs;
+    int n_seqs, n_heads, n_kv_heads, head_dim, kv_stride, block_size, max_len;
+    float scale;
+    float *scratch;
+};
+
+static void attn_paged_task(void *p, int ith, int nth) {
+    const struct attn_paged_args *a = p;
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, bs = a->block_size;
+    float *sc = a->scratch + (long)ith * a->max_len;
+    long base = 0; /* first item of the current sequence */
+    for (int s = 0; s < a->n_seqs; s++) {
+        const struct lm_attn_seq *sq = &a->seqs[s];
+        long items = (long)sq->n * a->n_heads;
+        long first = ((ith - base) % nth + nth) % nth;
+        for (long li = first; li < items; li += nth) {
+            int i = (int)(li / a->n_heads), h = (int)(li % a->n_heads), g = h / group;
+            int len = sq->pos0 + i + 1;
+            long it = base + li;
+            const float *qi = a->q + it * hd;
+            float *oi = a->out + it * hd;
+            const float *kb = a->k + (long)g * hd, *vb = a->v + (long)g * hd;
+            for (int t = 0; t < len; t++) {
+                long row = (long)sq->blocks[t / bs] * bs + t % bs;
+                sc[t] = vdot(qi, kb + row * a->kv_stride, hd) * a->scale;
+            }
+            f_softmax(sc, len);
+            for (int d = 0; d < hd; d++) oi[d] = 0;
+            for (int t = 0; t < len; t++) {
+                long row = (long)sq->blocks[t / bs] * bs + t % bs;
+                vaxpy(oi, sc[t], vb + row * a->kv_stride, hd);
+            }
+        }
+        base += items;
+    }
+}
+
+static void f_attention_paged(struct lm_pool *pool, float *out, const float *q, const float *k,
+                              const float *v, const struct lm_attn_seq *seqs, int n_seqs,
+                              int n_heads, int n_kv_heads, int head_dim, int kv_stride,
+                              int block_size, float scale, float *scratch) {
+    assert(n_heads % n_kv_heads == 0 && block_size > 0);
+    long work = 0;
+    int max_len = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        int len = seqs[s].pos0 + seqs[s].n;
+        if (len > max_len) max_len = len;
+        work += (long)seqs[s].n * n_heads * len * head_dim;
+    }
+    struct attn_paged_args a = {out,       q,          k,        v,        seqs,
+                                n_seqs,    n_heads,    n_kv_heads, head_dim, kv_stride,
+                                block_size, max_len,   scale,    scratch};
+    if (work < 2 * PAR_MIN_WORK)
+        attn_paged_task(&a, 0, 1);
+    else
+        lm_pool_run(pool, attn_paged_task, &a);
+}
+
 /* ---- convert ---- */
 
 static void f_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
@@ -471,6 +437,7 @@ static void f_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
         }
         for (; i < n; i++) y[i] = lm_f16_to_f32(((const uint16_t *)w)[i]);
         return;
+    case LM_DTYPE_Q8_0: lm_q8_0_dequantize_row(w, y, n); return;
     }
 }
 
@@ -482,6 +449,7 @@ static const struct lm_cpu_ops k_fast = {
     .swiglu = f_swiglu,
     .softmax = f_softmax,
     .attention = f_attention,
+    .attention_paged = f_attention_paged,
     .convert_row = f_convert_row,
 };
 

@@ -4,17 +4,26 @@
 #include <math.h>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant.h"
 
 const char *lm_dtype_name(enum lm_dtype t) {
     switch (t) {
     case LM_DTYPE_F32: return "f32";
     case LM_DTYPE_F16: return "f16";
     case LM_DTYPE_BF16: return "bf16";
+    case LM_DTYPE_Q8_0: return "q8_0";
     }
     return "?";
 }
 
-size_t lm_dtype_size(enum lm_dtype t) { return t == LM_DTYPE_F32 ? 4 : 2; }
+size_t lm_dtype_size(enum lm_dtype t) {
+    return t == LM_DTYPE_F32 ? 4 : t == LM_DTYPE_Q8_0 ? 0 : 2;
+}
+
+size_t lm_dtype_row_bytes(enum lm_dtype t, long n) {
+    if (t == LM_DTYPE_Q8_0) return (size_t)(n / LM_Q8_0_BLOCK) * sizeof(struct lm_block_q8_0);
+    return (size_t)n * lm_dtype_size(t);
+}
 
 float lm_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
@@ -69,6 +78,10 @@ static float load_elem(const void *w, enum lm_dtype t, size_t i) {
     case LM_DTYPE_F32: return ((const float *)w)[i];
     case LM_DTYPE_F16: return lm_f16_to_f32(((const uint16_t *)w)[i]);
     case LM_DTYPE_BF16: return lm_bf16_to_f32(((const uint16_t *)w)[i]);
+    case LM_DTYPE_Q8_0: { /* element i of a row-major run of blocks */
+        const struct lm_block_q8_0 *b = (const struct lm_block_q8_0 *)w + i / LM_Q8_0_BLOCK;
+        return lm_f16_to_f32(b->d) * (float)b->qs[i % LM_Q8_0_BLOCK];
+    }
     }
     return 0;
 }
@@ -154,6 +167,39 @@ static void s_attention(struct lm_pool *pool, float *out, const float *q, const 
         }
 }
 
+static void s_attention_paged(struct lm_pool *pool, float *out, const float *q, const float *k,
+                              const float *v, const struct lm_attn_seq *seqs, int n_seqs,
+                              int n_heads, int n_kv_heads, int head_dim, int kv_stride,
+                              int block_size, float scale, float *scratch) {
+    assert(n_heads % n_kv_heads == 0 && block_size > 0);
+    int group = n_heads / n_kv_heads;
+    long row0 = 0; /* first query row of the current sequence */
+    for (int s = 0; s < n_seqs; s++) {
+        const struct lm_attn_seq *sq = &seqs[s];
+        for (int i = 0; i < sq->n; i++)
+            for (int h = 0; h < n_heads; h++) {
+                const float *qi = q + ((size_t)(row0 + i) * n_heads + h) * head_dim;
+                float *oi = out + ((size_t)(row0 + i) * n_heads + h) * head_dim;
+                int g = h / group, len = sq->pos0 + i + 1;
+                for (int t = 0; t < len; t++) {
+                    size_t row = (size_t)sq->blocks[t / block_size] * block_size + t % block_size;
+                    const float *kt = k + row * kv_stride + (size_t)g * head_dim;
+                    float dot = 0;
+                    for (int d = 0; d < head_dim; d++) dot += qi[d] * kt[d];
+                    scratch[t] = dot * scale;
+                }
+                s_softmax(scratch, len);
+                for (int d = 0; d < head_dim; d++) oi[d] = 0;
+                for (int t = 0; t < len; t++) {
+                    size_t row = (size_t)sq->blocks[t / block_size] * block_size + t % block_size;
+                    const float *vt = v + row * kv_stride + (size_t)g * head_dim;
+                    for (int d = 0; d < head_dim; d++) oi[d] += scratch[t] * vt[d];
+                }
+            }
+        row0 += sq->n;
+    }
+}
+
 static void s_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
     for (int i = 0; i < n; i++) y[i] = load_elem(w, wt, (size_t)i);
 }
@@ -166,6 +212,7 @@ static const struct lm_cpu_ops k_scalar = {
     .swiglu = s_swiglu,
     .softmax = s_softmax,
     .attention = s_attention,
+    .attention_paged = s_attention_paged,
     .convert_row = s_convert_row,
 };
 

@@ -9,9 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Tokens per forward chunk: bounds the scratch; longer inputs run chunk by chunk. */
-enum { CHUNK = 256 };
-
 struct qwen3_layer {
     float *input_layernorm;          /* [hidden] */
     struct lm_mat q_proj;            /* [heads * head_dim, hidden] */
@@ -39,20 +36,24 @@ struct lm_qwen3 {
     struct lm_weight_store *ws;  /* borrowed; owns the tensors above */
 };
 
-struct lm_qwen3_seq {
+struct lm_qwen3_kv {
     struct lm_qwen3 *m;
-    int cap;        /* positions the cache holds */
-    int chunk;      /* tokens per forward chunk (scratch rows) */
-    float *k_cache; /* [n_layers][cap][kv_dim] */
-    float *v_cache; /* [n_layers][cap][kv_dim] */
-    float *x;       /* [chunk, hidden] residual stream */
-    float *xb;      /* [chunk, hidden] normalised input of a block */
-    float *xo;      /* [chunk, hidden] output of o_proj / down_proj */
-    float *q;       /* [chunk, q_dim] queries */
-    float *att;     /* [chunk, q_dim] attention output */
-    float *gate;    /* [chunk, intermediate] */
-    float *up;      /* [chunk, intermediate] */
-    float *scores;  /* [threads, cap] attention scratch */
+    int n_blocks;       /* blocks of LM_KV_BLOCK positions in the pool */
+    int max_batch;      /* tokens per forward step (scratch rows) */
+    int max_ctx;        /* positions a sequence may reach */
+    size_t cache_bytes; /* of each of k_cache and v_cache */
+    float *k_cache;     /* [n_layers][n_blocks * LM_KV_BLOCK][kv_dim] (lm_huge_alloc) */
+    float *v_cache;     /* [n_layers][n_blocks * LM_KV_BLOCK][kv_dim] (lm_huge_alloc) */
+    float *x;           /* [max_batch, hidden] residual stream */
+    float *xb;          /* [max_batch, hidden] normalised input of a block */
+    float *xo;          /* [max_batch, hidden] output of o_proj / down_proj */
+    float *q;           /* [max_batch, q_dim] queries */
+    float *k, *v;       /* [max_batch, kv_dim] new keys and values, before the scatter */
+    float *att;         /* [max_batch, q_dim] attention output */
+    float *gate;        /* [max_batch, intermediate] */
+    float *up;          /* [max_batch, intermediate] */
+    float *scores;      /* [threads, max_ctx] attention scratch */
+    struct lm_attn_seq *attn; /* [max_batch] the step's sequences, for the attention op */
 };
 
 /* ---- load ---- */
@@ -144,7 +145,7 @@ lm_status lm_qwen3_load(const struct lm_family_load_args *a, void **state) {
         MAT(L->down_proj, H, I, "model.layers.%d.mlp.down_proj.weight", l);
     }
     VEC(m->norm, H, "model.norm.weight");
-    if (lm_st_find(ws->st, "lm_head.weight") || !c->tie_word_embeddings)
+    if (lm_weight_store_has(ws, "lm_head.weight") || !c->tie_word_embeddings)
         MAT(m->lm_head, m->vocab, H, "lm_head.weight");
     else
         m->lm_head = m->embed_tokens;
@@ -178,22 +179,25 @@ void lm_qwen3_unload(void *state) {
     free(m);
 }
 
-/* ---- sequences ---- */
+/* ---- KV pool ---- */
 
-void lm_qwen3_seq_destroy(void *seq) {
-    struct lm_qwen3_seq *s = seq;
-    if (!s) return;
-    free(s->k_cache);
-    free(s->v_cache);
-    free(s->x);
-    free(s->xb);
-    free(s->xo);
-    free(s->q);
-    free(s->att);
-    free(s->gate);
-    free(s->up);
-    free(s->scores);
-    free(s);
+void lm_qwen3_kv_destroy(void *kvp) {
+    struct lm_qwen3_kv *kv = kvp;
+    if (!kv) return;
+    lm_huge_free(kv->k_cache, kv->cache_bytes);
+    lm_huge_free(kv->v_cache, kv->cache_bytes);
+    free(kv->x);
+    free(kv->xb);
+    free(kv->xo);
+    free(kv->q);
+    free(kv->k);
+    free(kv->v);
+    free(kv->att);
+    free(kv->gate);
+    free(kv->up);
+    free(kv->scores);
+    free(kv->attn);
+    free(kv);
 }
 
 static float *falloc(size_t n) {
@@ -201,35 +205,54 @@ static float *falloc(size_t n) {
     return aligned_alloc(64, bytes ? bytes : 64);
 }
 
-lm_status lm_qwen3_seq_create(void *state, int max_tokens, void **seq) {
+lm_status lm_qwen3_kv_create(void *state, int n_blocks, int max_batch, int max_ctx, void **out) {
     struct lm_qwen3 *m = state;
-    *seq = NULL;
-    struct lm_qwen3_seq *s = calloc(1, sizeof *s);
-    if (!s) return lm_errorf(LM_ERR_NOMEM, "qwen3: out of memory for a sequence");
-    s->m = m;
-    s->cap = max_tokens;
-    s->chunk = max_tokens < CHUNK ? max_tokens : CHUNK;
-    size_t cache = (size_t)m->n_layers * (size_t)max_tokens * (size_t)m->kv_dim;
-    size_t C = (size_t)s->chunk;
-    s->k_cache = falloc(cache);
-    s->v_cache = falloc(cache);
-    s->x = falloc(C * m->hidden);
-    s->xb = falloc(C * m->hidden);
-    s->xo = falloc(C * m->hidden);
-    s->q = falloc(C * m->q_dim);
-    s->att = falloc(C * m->q_dim);
-    s->gate = falloc(C * m->inter);
-    s->up = falloc(C * m->inter);
-    s->scores = falloc((size_t)lm_pool_size(m->pool) * (size_t)max_tokens);
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xo || !s->q || !s->att || !s->gate ||
-        !s->up || !s->scores) {
-        lm_qwen3_seq_destroy(s);
+    *out = NULL;
+    struct lm_qwen3_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return lm_errorf(LM_ERR_NOMEM, "qwen3: out of memory for a KV cache");
+    kv->m = m;
+    kv->n_blocks = n_blocks;
+    kv->max_batch = max_batch;
+    kv->max_ctx = max_ctx;
+    size_t rows = (size_t)n_blocks * LM_KV_BLOCK;
+    kv->cache_bytes = (size_t)m->n_layers * rows * (size_t)m->kv_dim * sizeof(float);
+    kv->k_cache = lm_huge_alloc(kv->cache_bytes);
+    kv->v_cache = lm_huge_alloc(kv->cache_bytes);
+    size_t B = (size_t)max_batch;
+    kv->x = falloc(B * m->hidden);
+    kv->xb = falloc(B * m->hidden);
+    kv->xo = falloc(B * m->hidden);
+    kv->q = falloc(B * m->q_dim);
+    kv->k = falloc(B * m->kv_dim);
+    kv->v = falloc(B * m->kv_dim);
+    kv->att = falloc(B * m->q_dim);
+    kv->gate = falloc(B * m->inter);
+    kv->up = falloc(B * m->inter);
+    kv->scores = falloc((size_t)lm_pool_size(m->pool) * (size_t)max_ctx);
+    kv->attn = calloc(B, sizeof *kv->attn);
+    if (!kv->k_cache || !kv->v_cache || !kv->x || !kv->xb || !kv->xo || !kv->q || !kv->k ||
+        !kv->v || !kv->att || !kv->gate || !kv->up || !kv->scores || !kv->attn) {
+        lm_qwen3_kv_destroy(kv);
         return lm_errorf(LM_ERR_NOMEM,
-                         "qwen3: cannot allocate a KV cache of %d positions (%.1f MiB)", max_tokens,
-                         2.0 * cache * sizeof(float) / (1024.0 * 1024.0));
+                         "qwen3: cannot allocate a KV cache of %d blocks (%.1f MiB) with scratch "
+                         "for %d tokens",
+                         n_blocks, 2.0 * (double)kv->cache_bytes / (1024.0 * 1024.0), max_batch);
     }
-    *seq = s;
+    *out = kv;
     return LM_OK;
+}
+
+void lm_qwen3_kv_copy(void *kvp, int src, int dst, int n_rows) {
+    struct lm_qwen3_kv *kv = kvp;
+    const struct lm_qwen3 *m = kv->m;
+    size_t layer = (size_t)kv->n_blocks * LM_KV_BLOCK * m->kv_dim;
+    size_t bytes = (size_t)n_rows * m->kv_dim * sizeof(float);
+    for (int l = 0; l < m->n_layers; l++) {
+        size_t so = l * layer + (size_t)src * LM_KV_BLOCK * m->kv_dim;
+        size_t d = l * layer + (size_t)dst * LM_KV_BLOCK * m->kv_dim;
+        memcpy(kv->k_cache + d, kv->k_cache + so, bytes);
+        memcpy(kv->v_cache + d, kv->v_cache + so, bytes);
+    }
 }
 
 /* ---- forward ---- */
@@ -239,76 +262,81 @@ static void residual_add(float *y, const float *x, long n) {
     for (long i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* One chunk of n <= s->chunk tokens at positions pos..pos+n-1. When logits is non-NULL it
- * receives [n, vocab] (all) or [1, vocab] for the chunk's last token. */
-static void forward_chunk(struct lm_qwen3 *m, struct lm_qwen3_seq *s, int pos, const int32_t *ids,
-                          int n, float *logits, bool all) {
+lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *seqs, int n_seqs,
+                           float *logits) {
+    struct lm_qwen3 *m = state;
+    struct lm_qwen3_kv *kv = kvp;
     const struct lm_cpu_ops *ops = m->ops;
     struct lm_pool *pool = m->pool;
     const int H = m->hidden, Q = m->q_dim, KV = m->kv_dim, D = m->head_dim, I = m->inter;
     const float eps = m->cfg.rms_norm_eps, scale = 1.0f / sqrtf((float)D);
-    float *x = s->x, *xb = s->xb, *xo = s->xo;
+    const size_t layer_rows = (size_t)kv->n_blocks * LM_KV_BLOCK;
+    float *x = kv->x, *xb = kv->xb, *xo = kv->xo;
 
-    /* Token embeddings: x[i] = embed_tokens[ids[i]]. */
-    for (int i = 0; i < n; i++)
-        ops->convert_row(x + (long)i * H,
-                         (const char *)m->embed_tokens.data +
-                             (size_t)ids[i] * H * lm_dtype_size(m->embed_tokens.dtype),
-                         m->embed_tokens.dtype, H);
+    /* Token embeddings, the sequences' tokens one after another: x[r] = embed_tokens[id]. */
+    int T = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const struct lm_batch_seq *b = &seqs[s];
+        for (int i = 0; i < b->n; i++, T++)
+            ops->convert_row(x + (long)T * H,
+                             (const char *)m->embed_tokens.data +
+                                 (size_t)b->ids[i] * lm_dtype_row_bytes(m->embed_tokens.dtype, H),
+                             m->embed_tokens.dtype, H);
+        kv->attn[s] = (struct lm_attn_seq){b->n, b->pos, b->blocks};
+    }
 
     for (int l = 0; l < m->n_layers; l++) {
         const struct qwen3_layer *L = &m->layers[l];
-        float *kc = s->k_cache + (size_t)l * s->cap * KV; /* this layer's cache [cap, kv_dim] */
-        float *vc = s->v_cache + (size_t)l * s->cap * KV;
-        float *k_new = kc + (size_t)pos * KV, *v_new = vc + (size_t)pos * KV;
+        float *kc = kv->k_cache + (size_t)l * layer_rows * KV; /* this layer's cache rows */
+        float *vc = kv->v_cache + (size_t)l * layer_rows * KV;
 
-        /* Self-attention block: xb = RMSNorm(x); q, k, v projections (k, v straight into the
-         * cache rows of these positions). */
-        ops->rmsnorm(pool, xb, x, L->input_layernorm, n, H, eps);
-        ops->matmul(pool, s->q, xb, L->q_proj.data, L->q_proj.dtype, n, H, Q);
-        ops->matmul(pool, k_new, xb, L->k_proj.data, L->k_proj.dtype, n, H, KV);
-        ops->matmul(pool, v_new, xb, L->v_proj.data, L->v_proj.dtype, n, H, KV);
-        /* Per-head RMSNorm of q and k, then rotary embedding of both. */
-        ops->rmsnorm(pool, s->q, s->q, L->q_norm, n * m->n_heads, D, eps);
-        ops->rmsnorm(pool, k_new, k_new, L->k_norm, n * m->n_kv_heads, D, eps);
-        ops->rope(pool, s->q, n, m->n_heads, D, pos, m->inv_freq);
-        ops->rope(pool, k_new, n, m->n_kv_heads, D, pos, m->inv_freq);
-        /* Causal grouped-query attention over positions 0..pos+i, then o_proj and residual. */
-        ops->attention(pool, s->att, s->q, kc, vc, n, pos, m->n_heads, m->n_kv_heads, D, KV, scale,
-                       s->scores);
-        ops->matmul(pool, xo, s->att, L->o_proj.data, L->o_proj.dtype, n, Q, H);
-        residual_add(x, xo, (long)n * H);
+        /* Self-attention block: xb = RMSNorm(x); q, k, v projections of every token. */
+        ops->rmsnorm(pool, xb, x, L->input_layernorm, T, H, eps);
+        ops->matmul(pool, kv->q, xb, L->q_proj.data, L->q_proj.dtype, T, H, Q);
+        ops->matmul(pool, kv->k, xb, L->k_proj.data, L->k_proj.dtype, T, H, KV);
+        ops->matmul(pool, kv->v, xb, L->v_proj.data, L->v_proj.dtype, T, H, KV);
+        /* Per-head RMSNorm of q and k, then rotary embedding at each sequence's positions, then
+         * the new keys and values into their block slots. */
+        ops->rmsnorm(pool, kv->q, kv->q, L->q_norm, T * m->n_heads, D, eps);
+        ops->rmsnorm(pool, kv->k, kv->k, L->k_norm, T * m->n_kv_heads, D, eps);
+        for (int s = 0, r = 0; s < n_seqs; r += seqs[s].n, s++) {
+            const struct lm_batch_seq *b = &seqs[s];
+            ops->rope(pool, kv->q + (long)r * Q, b->n, m->n_heads, D, b->pos, m->inv_freq);
+            ops->rope(pool, kv->k + (long)r * KV, b->n, m->n_kv_heads, D, b->pos, m->inv_freq);
+            for (int i = 0; i < b->n; i++) {
+                int p = b->pos + i;
+                size_t row = (size_t)b->blocks[p / LM_KV_BLOCK] * LM_KV_BLOCK + p % LM_KV_BLOCK;
+                memcpy(kc + row * KV, kv->k + (long)(r + i) * KV, sizeof(float) * KV);
+                memcpy(vc + row * KV, kv->v + (long)(r + i) * KV, sizeof(float) * KV);
+            }
+        }
+        /* Causal grouped-query attention of each sequence over its own positions, then o_proj
+         * and the residual. */
+        ops->attention_paged(pool, kv->att, kv->q, kc, vc, kv->attn, n_seqs, m->n_heads,
+                             m->n_kv_heads, D, KV, LM_KV_BLOCK, scale, kv->scores);
+        ops->matmul(pool, xo, kv->att, L->o_proj.data, L->o_proj.dtype, T, Q, H);
+        residual_add(x, xo, (long)T * H);
 
         /* MLP block: xb = RMSNorm(x); down(silu(gate(xb)) * up(xb)); residual. */
-        ops->rmsnorm(pool, xb, x, L->post_attention_layernorm, n, H, eps);
-        ops->matmul(pool, s->gate, xb, L->gate_proj.data, L->gate_proj.dtype, n, H, I);
-        ops->matmul(pool, s->up, xb, L->up_proj.data, L->up_proj.dtype, n, H, I);
-        ops->swiglu(pool, s->gate, s->gate, s->up, (long)n * I);
-        ops->matmul(pool, xo, s->gate, L->down_proj.data, L->down_proj.dtype, n, I, H);
-        residual_add(x, xo, (long)n * H);
+        ops->rmsnorm(pool, xb, x, L->post_attention_layernorm, T, H, eps);
+        ops->matmul(pool, kv->gate, xb, L->gate_proj.data, L->gate_proj.dtype, T, H, I);
+        ops->matmul(pool, kv->up, xb, L->up_proj.data, L->up_proj.dtype, T, H, I);
+        ops->swiglu(pool, kv->gate, kv->gate, kv->up, (long)T * I);
+        ops->matmul(pool, xo, kv->gate, L->down_proj.data, L->down_proj.dtype, T, I, H);
+        residual_add(x, xo, (long)T * H);
     }
-    if (!logits) return;
 
-    /* Final norm and lm_head: every position, or only the last. */
-    int first = all ? 0 : n - 1, rows = n - first;
-    ops->rmsnorm(pool, xb, x + (long)first * H, m->norm, rows, H, eps);
+    /* Final norm and lm_head over the rows that want logits, gathered in order. */
+    int rows = 0;
+    for (int s = 0, r = 0; s < n_seqs; r += seqs[s].n, s++) {
+        const struct lm_batch_seq *b = &seqs[s];
+        int first = b->logits == LM_LOGITS_ALL ? 0 : b->n - 1;
+        if (b->logits == LM_LOGITS_NONE) continue;
+        for (int i = first; i < b->n; i++, rows++)
+            memcpy(xb + (long)rows * H, x + (long)(r + i) * H, sizeof(float) * H);
+    }
+    if (rows == 0) return LM_OK;
+    ops->rmsnorm(pool, xb, xb, m->norm, rows, H, eps);
     ops->matmul(pool, logits, xb, m->lm_head.data, m->lm_head.dtype, rows, H, m->vocab);
-}
-
-lm_status lm_qwen3_forward(void *state, void *seq, int pos, const int32_t *ids, int n,
-                           float *logits, bool all_logits) {
-    struct lm_qwen3 *m = state;
-    struct lm_qwen3_seq *s = seq;
-    for (int done = 0; done < n;) {
-        int c = n - done < s->chunk ? n - done : s->chunk;
-        bool last = done + c == n;
-        float *out = NULL;
-        if (all_logits)
-            out = logits + (size_t)done * m->vocab;
-        else if (last)
-            out = logits;
-        forward_chunk(m, s, pos + done, ids + done, c, out, all_logits);
-        done += c;
-    }
     return LM_OK;
 }

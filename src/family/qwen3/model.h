@@ -17,15 +17,18 @@
 lm_status lm_qwen3_load(const struct lm_family_load_args *args, void **state);
 void lm_qwen3_unload(void *state);
 
-/* A sequence: KV cache float32 [layer][pos < max_tokens][kv_head][head_dim] for K and for V, and
- * scratch for a chunk of up to 256 tokens. LM_ERR_NOMEM. */
-lm_status lm_qwen3_seq_create(void *state, int max_tokens, void **seq);
-void lm_qwen3_seq_destroy(void *seq);
+/* The paged KV pool: float32 K and V, each [layer][n_blocks * LM_KV_BLOCK][kv_heads * head_dim]
+ * (lm_huge_alloc, touched lazily), and the scratch of a forward step of up to max_batch tokens
+ * over sequences of up to max_ctx positions. LM_ERR_NOMEM. */
+lm_status lm_qwen3_kv_create(void *state, int n_blocks, int max_batch, int max_ctx, void **kv);
+void lm_qwen3_kv_destroy(void *kv);
+void lm_qwen3_kv_copy(void *kv, int src, int dst, int n_rows);
 
-/* Runs ids[0..n) at positions pos..pos+n-1, in chunks of at most 256 tokens (prefill as
- * matrix-matrix products; n = 1 is a decode step). Writes K/V to the cache. logits: [n, vocab]
- * when all_logits, else [1, vocab] (last position). No allocation. */
-lm_status lm_qwen3_forward(void *state, void *seq, int pos, const int32_t *ids, int n,
-                           float *logits, bool all_logits);
+/* One batched step (model.h, lm_model_forward): the new tokens of every sequence run as one
+ * [tokens, hidden] activation through every matrix (prefill chunks as matrix-matrix products,
+ * decode tokens as rows of the same product); RoPE, the K/V scatter into the blocks and the
+ * attention go sequence by sequence. No allocation. */
+lm_status lm_qwen3_forward(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
+                           float *logits);
 
 #endif

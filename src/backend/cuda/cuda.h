@@ -1,0 +1,214 @@
+/* cuda.h: the CUDA backend's kernels behind host-callable C wrappers (ops.cu), for NVIDIA GPUs
+ * of compute capability 9.0 (H100/H200; the build also embeds portable compute_90 PTX).
+ *
+ * Built only when CMake finds nvcc (library lm_cuda, macro LM_HAVE_CUDA). Every pointer an op
+ * takes is a DEVICE pointer unless its comment says host; ops are queued on the context's
+ * stream and return before the GPU has run them (lm_cuda_ctx_sync waits and reports faults).
+ * Matrices are bfloat16 (stored as uint16_t, row-major [rows, cols]); activations float32 unless
+ * a name ends in _bf16. Launch errors come back as LM_ERR_IO with the CUDA error's text; shapes
+ * the kernels cannot take as LM_ERR_SHAPE. The scalar CPU kernels (backend/cpu/ops.h) are the
+ * reference each op is tested against (tests/test_cuda.c).
+ *
+ * Kernels, and the choices that make them fast on an H200 (docs/perf-notes.md has the numbers):
+ * - lm_cuda_gemv: y = x . W^T for 1..8 activation rows with the weights streamed once (16-byte
+ *   loads, 8 warps a block, each warp 1-4 weight rows, warp-shuffle reductions), an optional
+ *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
+ *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
+ * - lm_cuda_gemm: cuBLAS bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows.
+ * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
+ *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
+ *   decode and prefill (each token attends to positions 0..pos of its sequence, causal).
+ * - lm_cuda_sample: argmax, or temperature / top-k / top-p sampling with the draw on the device
+ *   (radix selection over the logits' bits, no sort), so only token ids cross to the host. */
+#ifndef LM_BACKEND_CUDA_CUDA_H
+#define LM_BACKEND_CUDA_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "base/status.h"
+
+/* ---- device and memory ---- */
+
+struct lm_cuda_device_info {
+    char name[128];    /* "NVIDIA H200" */
+    int cc_major, cc_minor;
+    int sm_count;      /* multiprocessors */
+    size_t total_mem;  /* bytes of device memory */
+    size_t free_mem;   /* bytes free now */
+    int l2_bytes;      /* L2 cache size */
+    int driver, runtime; /* CUDA versions, 1000 * major + 10 * minor */
+};
+
+/* Number of usable CUDA devices (0 when there is no driver, no device, or the driver is older
+ * than the runtime). Never fails. */
+int lm_cuda_device_count(void);
+/* Facts about device `dev`. LM_ERR_UNSUPPORTED when it does not exist. */
+lm_status lm_cuda_device_info(int dev, struct lm_cuda_device_info *out);
+
+/* cudaMalloc / cudaFree on the current device. LM_ERR_NOMEM with the size in the message. */
+lm_status lm_cuda_malloc(void **p, size_t bytes);
+void lm_cuda_free(void *p); /* accepts NULL */
+/* Synchronous copies (host <-> device) and fill; LM_ERR_IO on failure. */
+lm_status lm_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
+lm_status lm_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
+lm_status lm_cuda_memset(void *dst_dev, int byte, size_t bytes);
+
+/* ---- contexts ---- */
+
+/* A stream, a cuBLAS handle with its workspace, and scratch for the samplers. One thread uses a
+ * context at a time. */
+struct lm_cuda_ctx;
+
+struct lm_cuda_ctx_params {
+    int device;       /* CUDA device index (default 0) */
+    bool pdl;         /* launch with programmatic dependent launch (Hopper): a kernel's blocks
+                         start while its predecessor drains and prefetch their weights before
+                         waiting on it (default true) */
+    int max_rows;     /* rows lm_cuda_sample may take without allocating (default 256) */
+    int gemv_rows;    /* weight rows per warp in lm_cuda_gemv: 0 = automatic, or 1, 2, 4 (for
+                         experiments; SwiGLU epilogues always use 2) */
+    bool pdl_early;   /* with pdl: kernels trigger their successor's launch on entry (default
+                         true; see lm_cuda_set_early_trigger) */
+};
+struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void);
+
+/* Creates a context on params->device (NULL: defaults). LM_ERR_UNSUPPORTED when the device is
+ * missing or older than compute capability 9.0, LM_ERR_NOMEM, LM_ERR_IO. Caller destroys. */
+lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params, struct lm_cuda_ctx **out);
+void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c); /* accepts NULL */
+/* Waits for the queued work; LM_ERR_IO (with the CUDA error) if any of it failed. */
+lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c);
+/* The context's cudaStream_t, as void * so C callers need no CUDA headers. Borrowed. */
+void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
+/* Where kernels let their successor launch under PDL, for the whole process (a __constant__ the
+ * kernels read, so captured graphs follow it too): on entry (true: the successor's blocks become
+ * resident early and stream their weights while this kernel runs), or after a GEMV has staged its
+ * input and at exit for the others (false). LM_ERR_IO on a CUDA failure. */
+lm_status lm_cuda_set_early_trigger(bool on);
+/* Turns programmatic dependent launch on or off for later launches. */
+void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
+void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
+
+/* ---- linear layers ---- */
+
+enum lm_cuda_epilogue {
+    LM_CUDA_EPI_STORE,  /* y[t, j] = acc */
+    LM_CUDA_EPI_ADD,    /* y[t, j] += acc (the residual connection; y may not alias x) */
+    LM_CUDA_EPI_SWIGLU, /* W's rows are interleaved gate/up pairs (row 2i = gate_i, 2i+1 = up_i):
+                           y[t, i] = silu(acc[t, 2i]) * acc[t, 2i+1]; m must be even */
+};
+
+/* acc[t, j] = sum_k xn[t, k] * w[j, k] for t < n, j < m, then the epilogue into y [n, ldy].
+ * x: [n, ldx] float32; w: [m, k] bf16 (16-byte aligned, k a multiple of 8: LM_ERR_SHAPE
+ * otherwise); 1 <= n (any n: rows are taken 8 at a time, the weights are read once per 8).
+ * norm_w: NULL, or [k] float32 RMSNorm weights: then xn = norm_w * (x / sqrt(mean(x^2) + eps))
+ * per row, as the CPU rmsnorm (Zhang & Sennrich 2019), else xn = x.
+ * Accumulation is float32 in a fixed order per output, independent of n. */
+lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                       const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
+                       enum lm_cuda_epilogue epi);
+
+/* y[n, m] (+)= x[n, k] . w[m, k]^T through cuBLAS: x and w bf16, y float32, float32
+ * accumulation; accumulate adds into y (the residual). k a multiple of 8. */
+lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
+                       int n, int k, int m, bool accumulate);
+
+/* y[i, :] = bf16(w * (x[r, :] / sqrt(mean(x[r, :]^2) + eps))) for i < n, r = rows ? rows[i] : i.
+ * x: [*, d] float32; w: [d]; y: [n, d] bf16. rows: device int32 [n] or NULL. */
+lm_status lm_cuda_rmsnorm_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *x, const float *w,
+                               const int32_t *rows, int n, int d, float eps);
+
+/* y[t, i] = bf16(silu(gu[t, 2i]) * gu[t, 2i+1]) for t < n, i < inter (interleaved gate/up, the
+ * layout lm_cuda_gemv's SwiGLU epilogue reads). SwiGLU, Shazeer 2020. */
+lm_status lm_cuda_swiglu_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *gu, int n, int inter);
+
+/* x[t, :] = float32(table[ids[t], :]) for t < n; table [vocab, d] bf16; ids device int32 [n]
+ * (the caller checked them). */
+lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16_t *table, const int32_t *ids,
+                        int n, int d);
+
+/* y[i, :] = x[rows[i], :] for i < n, d float32 per row (gathers the rows that need logits). */
+lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const float *x, const int32_t *rows,
+                              int n, int d);
+
+/* ---- attention over a paged KV cache ---- */
+
+/* The KV cache of one layer is two pools of bf16 blocks, [n_blocks][n_kv_heads][block_size]
+ * [head_dim] for K and the same for V. A sequence's positions live in the blocks its row of the
+ * block table names: position p is slot p % block_size of block block_tables[seq][p / block_size]
+ * (the layout vLLM's PagedAttention uses, Kwon et al. 2023). */
+struct lm_cuda_attn {
+    float *qkv;                  /* [n, ld_qkv] per token: q [n_heads * D], k [n_kv * D], v [n_kv * D] */
+    int ld_qkv;
+    const float *q_norm, *k_norm; /* [D] per-head RMSNorm weights (Qwen3's q_norm / k_norm) */
+    const float *inv_freq;       /* [D / 2] RoPE inverse frequencies, float32 as HF computes them */
+    float eps;                   /* RMSNorm epsilon */
+    float scale;                 /* softmax scale, 1 / sqrt(D) */
+    uint16_t *k_cache, *v_cache; /* this layer's pools */
+    const int32_t *block_tables; /* [n_seqs, bt_width] block ids */
+    int bt_width;
+    const int32_t *seq;          /* [n] block-table row of each token */
+    const int32_t *pos;          /* [n] position of each token in its sequence */
+    int n_heads, n_kv_heads, head_dim, block_size; /* head_dim 16, 32, 64, 128 or 256;
+                                                      n_heads / n_kv_heads <= 8 */
+    void *out;                   /* [n, n_heads * D] float32, or bf16 when out_bf16 */
+    bool out_bf16;
+};
+
+/* For each token t < n: q and k heads <- RoPE(RMSNorm(head) * w) at position pos[t] (q in place
+ * in qkv, rotate-half form as HF's apply_rotary_pos_emb, angle = float32(inv_freq[j] *
+ * float32(pos))), and k, v written (bf16) to the cache slot of (seq[t], pos[t]). */
+lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
+
+/* out[t] = softmax(q_t . K^T * scale) . V over positions 0..pos[t] of sequence seq[t], per query
+ * head h on KV head h / (n_heads / n_kv_heads) (GQA, Ainslie et al. 2023). With fused = false,
+ * q must already be normalised and rotated and every attended position already in the cache
+ * (lm_cuda_qk_norm_rope_store). With fused = true the kernel does that step itself for its own
+ * token first: only valid when no two of the n tokens share a sequence (a decode step). */
+lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n, bool fused);
+
+/* ---- choosing tokens ---- */
+
+/* Per-row sampling parameters, as engine/sampler.h: temperature <= 0 is greedy (argmax, ties to
+ * the lowest id, NaN never wins); else logits / temperature, then top_k (keep logits >= the k-th
+ * largest, ties kept; 0 = off), then top_p (in order of descending logit, ascending id, keep a
+ * token while the probability mass ranked before it is < top_p; at least one; >= 1 = off), then
+ * one draw u = lm_cuda_uniform(seed, counter) in [0, 1): the token where the cumulative
+ * probability of the kept tokens, in the same rank order, first exceeds u * (their mass). */
+struct lm_cuda_sampling {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    uint32_t reserved; /* 0 */
+    uint64_t seed;     /* the request's seed */
+    uint64_t counter;  /* the index of the token being drawn (so a request's draws do not depend on
+                          what it is batched with) */
+};
+
+/* The uniform draw the device makes for (seed, counter): splitmix64 finalizer of
+ * seed + (counter + 1) * 0x9e3779b97f4a7c15, top 53 bits, as a double in [0, 1). */
+double lm_cuda_uniform(uint64_t seed, uint64_t counter);
+
+/* ids[r] = the token chosen from logits row r (r < n_rows; rows ld floats apart, vocab used).
+ * params: device array [n_rows] or NULL (all greedy). n_rows <= the context's max_rows. */
+lm_status lm_cuda_sample(struct lm_cuda_ctx *c, int32_t *ids, const float *logits, int ld,
+                         int n_rows, int vocab, const struct lm_cuda_sampling *params);
+
+/* ---- measuring ---- */
+
+/* Device-to-device copy bandwidth over `bytes` (at least 64 MiB): the median of `reps` timed
+ * cudaMemcpy's after one warm-up, counting bytes read plus bytes written, in bytes per second
+ * (the measured ceiling for memory-bound kernels, as METHOD.md asks). */
+lm_status lm_cuda_bench_copy(int dev, size_t bytes, int reps, double *bytes_per_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,669 @@
+/* qwen3.cu: the Qwen3 model on a CUDA device; see qwen3.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/qwen3.h"
+
+#define LM_TRY(call)                                                                              \
+    do {                                                                                          \
+        lm_status rc_ = (call);                                                                   \
+        if (rc_) return rc_;                                                                      \
+    } while (0)
+
+namespace {
+
+struct layer_dev {
+    float *in_ln, *post_ln, *q_norm, *k_norm; /* float32 vectors */
+    uint16_t *wqkv;                           /* [Q + 2 KV, H] */
+    uint16_t *wo;                             /* [H, Q] */
+    uint16_t *wgu;                            /* [2 I, H], rows gate_0, up_0, gate_1, up_1, ... */
+    uint16_t *wd;                             /* [H, I] */
+};
+
+/* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
+ * tables (int32), then the sampling rows (8-byte aligned). */
+struct layout {
+    size_t ids, pos, seq, out, bt, samp, total;
+};
+
+layout make_layout(int nt, int no, int ns, int W) {
+    layout L;
+    L.ids = 0;
+    L.pos = L.ids + 4 * (size_t)nt;
+    L.seq = L.pos + 4 * (size_t)nt;
+    L.out = L.seq + 4 * (size_t)nt;
+    L.bt = L.out + 4 * (size_t)no;
+    L.samp = (L.bt + 4 * (size_t)ns * W + 15) / 16 * 16;
+    L.total = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
+    return L;
+}
+
+struct graph_slot {
+    cudaGraphExec_t exec;
+};
+
+} // namespace
+
+struct lm_cuda_qwen3 {
+    lm_cuda_qwen3_config cfg;
+    lm_cuda_qwen3_params p;
+    lm_cuda_ctx *ctx;
+    int H, Q, KV, D, I, V, NL, QKV, W, MO;
+    std::vector<void *> allocs;
+    std::vector<layer_dev> layers;
+    uint16_t *embed, *lm_head;
+    float *norm, *inv_freq;
+    uint16_t *k_pool, *v_pool;
+    size_t layer_elems; /* elements of one layer's K (or V) pool */
+    size_t weight_bytes, step_bytes;
+    /* activations */
+    float *x, *qkv, *att, *gu, *h, *xo, *logits;
+    uint16_t *xb, *attb, *hb;
+    int32_t *ids_dev;
+    /* staging */
+    char *in_dev, *in_host;
+    int32_t *ids_host;
+    size_t in_cap;
+    std::vector<graph_slot> graphs; /* [bucket * 2 + sampling] */
+    char device_name[128];
+};
+
+static lm_status dev_alloc(lm_cuda_qwen3 *m, void **p, size_t bytes) {
+    LM_TRY(lm_cuda_malloc(p, bytes));
+    m->allocs.push_back(*p);
+    return LM_OK;
+}
+
+template <typename T>
+static lm_status dev_alloc_t(lm_cuda_qwen3 *m, T **p, size_t n) {
+    void *q;
+    LM_TRY(dev_alloc(m, &q, n * sizeof(T)));
+    *p = (T *)q;
+    return LM_OK;
+}
+
+/* Rows [row0, row0 + src.rows) of the bf16 matrix dst (stride `cols`, every `step`-th row from
+ * row `row0` when interleaving) from a host matrix of any dtype. */
+static void to_bf16_rows(uint16_t *dst, const lm_cuda_matrix &src, int row0, int step) {
+    const size_t cols = (size_t)src.cols;
+    for (int r = 0; r < src.rows; r++) {
+        uint16_t *o = dst + (size_t)(row0 + (size_t)r * step) * cols;
+        const char *in = (const char *)src.data + (size_t)r * lm_dtype_row_bytes(src.dtype, (long)cols);
+        switch (src.dtype) {
+        case LM_DTYPE_BF16: memcpy(o, in, cols * 2); break;
+        case LM_DTYPE_F16:
+            for (size_t c = 0; c < cols; c++) o[c] = lm_f32_to_bf16(lm_f16_to_f32(((const uint16_t *)in)[c]));
+            break;
+        case LM_DTYPE_F32:
+            for (size_t c = 0; c < cols; c++) o[c] = lm_f32_to_bf16(((const float *)in)[c]);
+            break;
+        case LM_DTYPE_Q8_0: /* blocks of a float16 scale and 32 int8 (backend/cpu/quant.h) */
+            for (size_t c = 0; c < cols; c += 32) {
+                const unsigned char *blk = (const unsigned char *)in + c / 32 * 34;
+                uint16_t dh;
+                memcpy(&dh, blk, 2);
+                const float d = lm_f16_to_f32(dh);
+                for (int i = 0; i < 32; i++) o[c + i] = lm_f32_to_bf16(d * (float)(int8_t)blk[2 + i]);
+            }
+            break;
+        }
+    }
+}
+
+/* Uploads the matrices `parts` stacked (interleave = false) or row-interleaved (true). */
+static lm_status upload_matrix(lm_cuda_qwen3 *m, uint16_t **out, const lm_cuda_matrix *parts, int n,
+                               bool interleave, const char *name) {
+    const int cols = parts[0].cols;
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (parts[i].dtype == LM_DTYPE_Q8_0 && parts[i].cols % 32)
+            return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: %s: Q8_0 rows of %d weights (not whole blocks)",
+                             name, parts[i].cols);
+        if (parts[i].cols != cols || !parts[i].data || (interleave && parts[i].rows != parts[0].rows))
+            return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: %s: parts of mismatched shapes", name);
+        rows += parts[i].rows;
+    }
+    const size_t bytes = (size_t)rows * cols * 2;
+    uint16_t *host = (uint16_t *)malloc(bytes);
+    if (!host) return lm_errorf(LM_ERR_NOMEM, "CUDA qwen3: %s: out of host memory", name);
+    int row0 = 0;
+    for (int i = 0; i < n; i++) {
+        if (interleave)
+            to_bf16_rows(host, parts[i], i, n);
+        else
+            to_bf16_rows(host, parts[i], row0, 1);
+        row0 += parts[i].rows;
+    }
+    lm_status rc = dev_alloc_t(m, out, (size_t)rows * cols);
+    if (!rc) rc = lm_cuda_upload(*out, host, bytes);
+    free(host);
+    if (!rc) m->weight_bytes += bytes;
+    return rc;
+}
+
+static lm_status upload_vec(lm_cuda_qwen3 *m, float **out, const float *v, int n, const char *name) {
+    if (!v) return lm_errorf(LM_ERR_MISSING, "CUDA qwen3: %s is missing", name);
+    LM_TRY(dev_alloc_t(m, out, (size_t)n));
+    return lm_cuda_upload(*out, v, sizeof(float) * (size_t)n);
+}
+
+extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
+    lm_cuda_qwen3_params p;
+    memset(&p, 0, sizeof p);
+    p.device = 0;
+    p.max_tokens = 2048;
+    p.max_seqs = 256;
+    p.max_context = 4096;
+    p.block_size = 16;
+    p.n_blocks = 0;
+    p.kv_mib = 4096;
+    p.graphs = true;
+    p.pdl = true;
+    p.gemv_max_rows = 8;
+    return p;
+}
+
+static void drop_graphs(lm_cuda_qwen3 *m) {
+    for (auto &g : m->graphs)
+        if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = NULL;
+}
+
+extern "C" void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m) {
+    if (!m) return;
+    if (m->ctx) cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    for (void *p : m->allocs) cudaFree(p);
+    if (m->in_host) cudaFreeHost(m->in_host);
+    if (m->ids_host) cudaFreeHost(m->ids_host);
+    lm_cuda_ctx_destroy(m->ctx);
+    delete m;
+}
+
+static lm_status check_matrix(const lm_cuda_matrix &x, int rows, int cols, const char *what, int l) {
+    if (!x.data) return lm_errorf(LM_ERR_MISSING, "CUDA qwen3: layer %d %s is missing", l, what);
+    if (x.rows != rows || x.cols != cols)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: layer %d %s is [%d, %d], expected [%d, %d]", l, what,
+                         x.rows, x.cols, rows, cols);
+    return LM_OK;
+}
+
+static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
+    const lm_cuda_qwen3_config &c = w->cfg;
+    lm_cuda_qwen3_params &p = m->p;
+    m->cfg = c;
+    m->H = c.hidden;
+    m->D = c.head_dim;
+    m->Q = c.n_heads * c.head_dim;
+    m->KV = c.n_kv_heads * c.head_dim;
+    m->I = c.intermediate;
+    m->V = c.vocab;
+    m->NL = c.n_layers;
+    m->QKV = m->Q + 2 * m->KV;
+    const int D = m->D;
+    if (D != 16 && D != 32 && D != 64 && D != 128 && D != 256)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "CUDA qwen3: head_dim %d is not 16, 32, 64, 128 or 256", D);
+    if (c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads || c.n_heads / c.n_kv_heads > 8)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "CUDA qwen3: %d query heads over %d KV heads", c.n_heads,
+                         c.n_kv_heads);
+    if (m->H % 8 || m->Q % 8 || m->I % 8)
+        return lm_errorf(LM_ERR_UNSUPPORTED,
+                         "CUDA qwen3: hidden %d, q width %d and intermediate %d must be multiples of 8",
+                         m->H, m->Q, m->I);
+    if (p.max_tokens < 1 || p.max_seqs < 1 || p.max_context < 1 || p.block_size < 1)
+        return lm_errorf(LM_ERR_INVALID, "CUDA qwen3: max_tokens, max_seqs, max_context and block_size "
+                                         "must be positive");
+    if (p.gemv_max_rows > 8) p.gemv_max_rows = 8;
+    if (p.gemv_max_rows < 0) p.gemv_max_rows = 0;
+    m->W = (p.max_context + p.block_size - 1) / p.block_size;
+    m->MO = p.max_seqs;
+
+    lm_cuda_ctx_params cp = lm_cuda_ctx_default_params();
+    cp.device = p.device;
+    cp.pdl = p.pdl;
+    cp.max_rows = m->MO > 8 ? m->MO : 8;
+    LM_TRY(lm_cuda_ctx_create(&cp, &m->ctx));
+    struct lm_cuda_device_info info;
+    LM_TRY(lm_cuda_device_info(p.device, &info));
+    snprintf(m->device_name, sizeof m->device_name, "%s", info.name);
+
+    /* Weights. */
+    if (!w->embed_tokens.data || w->embed_tokens.rows != c.vocab || w->embed_tokens.cols != c.hidden)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: embed_tokens must be [%d, %d]", c.vocab, c.hidden);
+    LM_TRY(upload_matrix(m, &m->embed, &w->embed_tokens, 1, false, "embed_tokens"));
+    if (!w->lm_head.data || w->lm_head.data == w->embed_tokens.data) {
+        m->lm_head = m->embed;
+    } else {
+        if (w->lm_head.rows != c.vocab || w->lm_head.cols != c.hidden)
+            return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: lm_head must be [%d, %d]", c.vocab, c.hidden);
+        LM_TRY(upload_matrix(m, &m->lm_head, &w->lm_head, 1, false, "lm_head"));
+    }
+    LM_TRY(upload_vec(m, &m->norm, w->norm, m->H, "norm"));
+    m->layers.resize(m->NL);
+    for (int l = 0; l < m->NL; l++) {
+        const lm_cuda_qwen3_layer_weights &L = w->layers[l];
+        layer_dev &d = m->layers[l];
+        LM_TRY(check_matrix(L.q_proj, m->Q, m->H, "q_proj", l));
+        LM_TRY(check_matrix(L.k_proj, m->KV, m->H, "k_proj", l));
+        LM_TRY(check_matrix(L.v_proj, m->KV, m->H, "v_proj", l));
+        LM_TRY(check_matrix(L.o_proj, m->H, m->Q, "o_proj", l));
+        LM_TRY(check_matrix(L.gate_proj, m->I, m->H, "gate_proj", l));
+        LM_TRY(check_matrix(L.up_proj, m->I, m->H, "up_proj", l));
+        LM_TRY(check_matrix(L.down_proj, m->H, m->I, "down_proj", l));
+        const lm_cuda_matrix qkv[3] = {L.q_proj, L.k_proj, L.v_proj};
+        const lm_cuda_matrix gu[2] = {L.gate_proj, L.up_proj};
+        LM_TRY(upload_matrix(m, &d.wqkv, qkv, 3, false, "q/k/v_proj"));
+        LM_TRY(upload_matrix(m, &d.wo, &L.o_proj, 1, false, "o_proj"));
+        LM_TRY(upload_matrix(m, &d.wgu, gu, 2, true, "gate/up_proj"));
+        LM_TRY(upload_matrix(m, &d.wd, &L.down_proj, 1, false, "down_proj"));
+        LM_TRY(upload_vec(m, &d.in_ln, L.input_layernorm, m->H, "input_layernorm"));
+        LM_TRY(upload_vec(m, &d.post_ln, L.post_attention_layernorm, m->H, "post_attention_layernorm"));
+        LM_TRY(upload_vec(m, &d.q_norm, L.q_norm, D, "q_norm"));
+        LM_TRY(upload_vec(m, &d.k_norm, L.k_norm, D, "k_norm"));
+    }
+    m->step_bytes = 2 * ((size_t)m->NL * ((size_t)m->QKV * m->H + (size_t)m->H * m->Q +
+                                          2 * (size_t)m->I * m->H + (size_t)m->H * m->I) +
+                         (size_t)m->V * m->H + (size_t)m->H);
+    /* RoPE inverse frequencies, float32 as transformers computes them (see model.c). */
+    {
+        std::vector<float> inv(D / 2);
+        for (int i = 0; i < D / 2; i++) {
+            const float e = (float)(2 * i) / (float)D;
+            const float pw = (float)pow((double)(float)c.rope_theta, (double)e);
+            inv[i] = 1.0f / pw;
+        }
+        LM_TRY(upload_vec(m, &m->inv_freq, inv.data(), D / 2, "inv_freq"));
+    }
+
+    /* KV pool: the caller's blocks plus one scratch block for padding rows. */
+    const size_t per_block = (size_t)m->NL * 2 * c.n_kv_heads * p.block_size * D * 2;
+    if (p.n_blocks <= 0) {
+        const long n = (long)((size_t)(p.kv_mib > 0 ? p.kv_mib : 4096) * 1048576 / per_block);
+        p.n_blocks = n < 1 ? 1 : (n > (1L << 30) ? (1 << 30) : (int)n);
+    }
+    m->layer_elems = (size_t)(p.n_blocks + 1) * c.n_kv_heads * p.block_size * D;
+    LM_TRY(dev_alloc_t(m, &m->k_pool, m->layer_elems * m->NL));
+    LM_TRY(dev_alloc_t(m, &m->v_pool, m->layer_elems * m->NL));
+    LM_TRY(lm_cuda_memset(m->k_pool, 0, m->layer_elems * m->NL * 2));
+    LM_TRY(lm_cuda_memset(m->v_pool, 0, m->layer_elems * m->NL * 2));
+
+    /* Activations for max_tokens rows (logits for max_seqs rows). */
+    const size_t T = (size_t)p.max_tokens, MO = (size_t)m->MO, R = T > MO ? T : MO;
+    LM_TRY(dev_alloc_t(m, &m->x, T * m->H));
+    LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
+    LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
+    LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
+    LM_TRY(dev_alloc_t(m, &m->attb, T * m->Q));
+    LM_TRY(dev_alloc_t(m, &m->gu, T * 2 * m->I));
+    LM_TRY(dev_alloc_t(m, &m->h, T * m->I));
+    LM_TRY(dev_alloc_t(m, &m->hb, T * m->I));
+    LM_TRY(dev_alloc_t(m, &m->xo, MO * m->H));
+    LM_TRY(dev_alloc_t(m, &m->logits, MO * m->V));
+    LM_TRY(dev_alloc_t(m, &m->ids_dev, MO));
+
+    /* Staging: sized for the largest eager call and the largest graph bucket. */
+    const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W);
+    const layout b = make_layout(m->MO, m->MO, m->MO, m->W);
+    m->in_cap = a.total > b.total ? a.total : b.total;
+    LM_TRY(dev_alloc(m, (void **)&m->in_dev, m->in_cap));
+    LM_CU(cudaMallocHost((void **)&m->in_host, m->in_cap));
+    LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * MO));
+    m->graphs.assign((size_t)(m->MO + 16) * 2, graph_slot{NULL});
+    return lm_cuda_ctx_sync(m->ctx);
+}
+
+extern "C" lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
+                                          const struct lm_cuda_qwen3_params *params,
+                                          struct lm_cuda_qwen3 **out) {
+    *out = NULL;
+    lm_cuda_qwen3 *m = new lm_cuda_qwen3();
+    m->p = params ? *params : lm_cuda_qwen3_default_params();
+    lm_status rc = create(m, w);
+    if (rc) {
+        lm_cuda_qwen3_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return LM_OK;
+}
+
+extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out) {
+    memset(out, 0, sizeof *out);
+    out->cfg = m->cfg;
+    snprintf(out->device, sizeof out->device, "%s", m->device_name);
+    out->n_blocks = m->p.n_blocks;
+    out->block_size = m->p.block_size;
+    out->bt_width = m->W;
+    out->max_tokens = m->p.max_tokens;
+    out->max_seqs = m->p.max_seqs;
+    out->weight_bytes = m->weight_bytes;
+    out->step_bytes = m->step_bytes;
+    out->kv_bytes_per_block = (size_t)m->NL * 2 * m->cfg.n_kv_heads * m->p.block_size * m->D * 2;
+}
+
+extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
+                                          int gemv_max_rows) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->p.graphs = graphs;
+    m->p.pdl = pdl;
+    m->ctx->pdl = pdl;
+    m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
+}
+
+/* ---- the forward pass ---- */
+
+/* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
+static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
+                             bool out_identity, bool sampling) {
+    lm_cuda_ctx *c = m->ctx;
+    const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
+    const float eps = m->cfg.rms_norm_eps;
+    const int32_t *ids = (const int32_t *)(m->in_dev + L.ids);
+    const int32_t *out_rows = (const int32_t *)(m->in_dev + L.out);
+    const lm_cuda_sampling *samp = sampling ? (const lm_cuda_sampling *)(m->in_dev + L.samp) : NULL;
+    const bool gemv = nt <= m->p.gemv_max_rows;
+
+    /* The first kernel follows a copy, not a kernel: launch it plainly. */
+    const bool pdl = c->pdl;
+    c->pdl = false;
+    lm_status rc = lm_cuda_embed(c, m->x, m->embed, ids, nt, H);
+    c->pdl = pdl;
+    if (rc) return rc;
+
+    lm_cuda_attn a;
+    memset(&a, 0, sizeof a);
+    a.qkv = m->qkv;
+    a.ld_qkv = QKV;
+    a.inv_freq = m->inv_freq;
+    a.eps = eps;
+    a.scale = 1.0f / sqrtf((float)m->D);
+    a.block_tables = (const int32_t *)(m->in_dev + L.bt);
+    a.bt_width = m->W;
+    a.seq = (const int32_t *)(m->in_dev + L.seq);
+    a.pos = (const int32_t *)(m->in_dev + L.pos);
+    a.n_heads = m->cfg.n_heads;
+    a.n_kv_heads = m->cfg.n_kv_heads;
+    a.head_dim = m->D;
+    a.block_size = m->p.block_size;
+    a.out = gemv ? (void *)m->att : (void *)m->attb;
+    a.out_bf16 = !gemv;
+
+    for (int l = 0; l < m->NL; l++) {
+        const layer_dev &w = m->layers[l];
+        a.q_norm = w.q_norm;
+        a.k_norm = w.k_norm;
+        a.k_cache = m->k_pool + (size_t)l * m->layer_elems;
+        a.v_cache = m->v_pool + (size_t)l * m->layer_elems;
+        if (gemv) {
+            LM_TRY(lm_cuda_gemv(c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
+        } else {
+            LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
+            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv, nt, H, QKV, false));
+        }
+        if (decode) {
+            LM_TRY(lm_cuda_attention(c, &a, nt, true));
+        } else {
+            LM_TRY(lm_cuda_qk_norm_rope_store(c, &a, nt));
+            LM_TRY(lm_cuda_attention(c, &a, nt, false));
+        }
+        if (gemv) {
+            LM_TRY(lm_cuda_gemv(c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
+            LM_TRY(lm_cuda_gemv(c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
+            LM_TRY(lm_cuda_gemv(c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
+        } else {
+            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo, nt, Q, H, true));
+            LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));
+            LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu, nt, H, 2 * I, false));
+            LM_TRY(lm_cuda_swiglu_bf16(c, m->hb, m->gu, nt, I));
+            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd, nt, I, H, true));
+        }
+    }
+    const float *src = m->x;
+    if (!out_identity) {
+        LM_TRY(lm_cuda_gather_rows(c, m->xo, m->x, out_rows, no, H));
+        src = m->xo;
+    }
+    if (no <= m->p.gemv_max_rows) {
+        LM_TRY(lm_cuda_gemv(c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE));
+    } else {
+        LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, src, m->norm, NULL, no, H, eps));
+        LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head, no, H, V, false));
+    }
+    return lm_cuda_sample(c, m->ids_dev, m->logits, V, no, V, samp);
+}
+
+static int bucket_of(const lm_cuda_qwen3 *m, int n) {
+    if (n <= 8) return n;
+    int b = (n + 15) / 16 * 16;
+    return b > m->MO ? m->MO : b;
+}
+
+static lm_status fail_rc(lm_status rc) { return rc; }
+
+extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b) {
+    const lm_cuda_qwen3_params &p = m->p;
+    const int nt = b->n_tokens, ns = b->n_seqs, no = b->n_out, W = m->W, BS = p.block_size;
+    if (nt < 1 || nt > p.max_tokens)
+        return lm_errorf(LM_ERR_RANGE, "CUDA forward: %d tokens (1 to max_tokens %d)", nt, p.max_tokens);
+    if (ns < 1 || ns > p.max_seqs)
+        return lm_errorf(LM_ERR_RANGE, "CUDA forward: %d sequences (1 to max_seqs %d)", ns, p.max_seqs);
+    if (no < 1 || no > nt || no > m->MO)
+        return lm_errorf(LM_ERR_RANGE, "CUDA forward: %d outputs (1 to min(tokens %d, max_seqs %d))",
+                         no, nt, m->MO);
+    /* Validate ids, positions, sequences, outputs and the blocks each sequence uses. */
+    std::vector<int> max_pos(ns, -1);
+    for (int i = 0; i < nt; i++) {
+        if (b->ids[i] < 0 || b->ids[i] >= m->V)
+            return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: id %d is outside [0, %d)", i,
+                             b->ids[i], m->V);
+        if (b->pos[i] < 0 || b->pos[i] >= p.max_context)
+            return lm_errorf(LM_ERR_RANGE, "CUDA forward: token %d: position %d is outside [0, %d)", i,
+                             b->pos[i], p.max_context);
+        if (b->seq[i] < 0 || b->seq[i] >= ns)
+            return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: sequence %d is outside [0, %d)", i,
+                             b->seq[i], ns);
+        if (b->pos[i] > max_pos[b->seq[i]]) max_pos[b->seq[i]] = b->pos[i];
+    }
+    for (int s = 0; s < ns; s++)
+        for (int j = 0; j <= max_pos[s] / BS && max_pos[s] >= 0; j++) {
+            const int blk = b->block_tables[(size_t)s * W + j];
+            if (blk < 0 || blk >= p.n_blocks)
+                return lm_errorf(LM_ERR_INVALID,
+                                 "CUDA forward: sequence %d: block_tables[%d] = %d is outside [0, %d)", s,
+                                 j, blk, p.n_blocks);
+        }
+    bool out_identity = no == nt, any_sampling = false;
+    for (int i = 0; i < no; i++) {
+        if (b->out_tokens[i] < 0 || b->out_tokens[i] >= nt)
+            return lm_errorf(LM_ERR_INVALID, "CUDA forward: out_tokens[%d] = %d is outside [0, %d)", i,
+                             b->out_tokens[i], nt);
+        out_identity = out_identity && b->out_tokens[i] == i;
+        if (b->sampling && b->sampling[i].temperature > 0) any_sampling = true;
+    }
+    bool decode = out_identity;
+    if (decode) { /* every token in its own sequence */
+        std::vector<char> seen(ns, 0);
+        for (int i = 0; i < nt && decode; i++) {
+            if (seen[b->seq[i]]) decode = false;
+            seen[b->seq[i]] = 1;
+        }
+    }
+
+    lm_cuda_ctx *c = m->ctx;
+    const bool use_graph = decode && p.graphs && nt <= m->MO;
+    const int rows = use_graph ? bucket_of(m, nt) : nt;
+    const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
+    const layout L = make_layout(rows, noo, nso, W);
+    char *h = m->in_host;
+    int32_t *ids = (int32_t *)(h + L.ids), *pos = (int32_t *)(h + L.pos), *seq = (int32_t *)(h + L.seq);
+    int32_t *out = (int32_t *)(h + L.out), *bt = (int32_t *)(h + L.bt);
+    lm_cuda_sampling *samp = (lm_cuda_sampling *)(h + L.samp);
+    if (use_graph) {
+        for (int i = 0; i < rows; i++) {
+            const bool real = i < nt;
+            ids[i] = real ? b->ids[i] : 0;
+            pos[i] = real ? b->pos[i] : 0;
+            seq[i] = i;
+            out[i] = i;
+            if (real) {
+                memcpy(bt + (size_t)i * W, b->block_tables + (size_t)b->seq[i] * W, sizeof(int32_t) * W);
+            } else {
+                for (int j = 0; j < W; j++) bt[(size_t)i * W + j] = p.n_blocks; /* the scratch block */
+            }
+            memset(&samp[i], 0, sizeof samp[i]);
+            if (real && b->sampling) samp[i] = b->sampling[i];
+        }
+    } else {
+        memcpy(ids, b->ids, sizeof(int32_t) * nt);
+        memcpy(pos, b->pos, sizeof(int32_t) * nt);
+        memcpy(seq, b->seq, sizeof(int32_t) * nt);
+        memcpy(out, b->out_tokens, sizeof(int32_t) * no);
+        memcpy(bt, b->block_tables, sizeof(int32_t) * (size_t)ns * W);
+        for (int i = 0; i < no; i++) {
+            memset(&samp[i], 0, sizeof samp[i]);
+            if (b->sampling) samp[i] = b->sampling[i];
+        }
+    }
+
+    lm_status rc = LM_OK;
+    if (use_graph) {
+        graph_slot &g = m->graphs[(size_t)rows * 2 + (any_sampling ? 1 : 0)];
+        if (!g.exec) {
+            /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
+             * checks the step), then capture it; replaying the step is harmless (same writes). */
+            LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling));
+            LM_TRY(lm_cuda_ctx_sync(c));
+            cudaGraph_t graph = NULL;
+            LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+            cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream);
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling)
+                                  : lm_cuda_fail(e, "capture: input copy");
+            if (!rc) {
+                e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
+                                    c->stream);
+                if (e != cudaSuccess) rc = lm_cuda_fail(e, "capture: output copy");
+            }
+            cudaError_t e2 = cudaStreamEndCapture(c->stream, &graph);
+            if (!rc && e2 != cudaSuccess) rc = lm_cuda_fail(e2, "cudaStreamEndCapture");
+            if (!rc) {
+                e = cudaGraphInstantiate(&g.exec, graph, 0);
+                if (e != cudaSuccess) {
+                    g.exec = NULL;
+                    rc = lm_cuda_fail(e, "cudaGraphInstantiate");
+                }
+            }
+            if (graph) cudaGraphDestroy(graph);
+            if (rc) return fail_rc(rc);
+        }
+        LM_CU(cudaGraphLaunch(g.exec, c->stream));
+    } else {
+        LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling));
+        LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
+    }
+    if (b->out_logits)
+        LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
+                              cudaMemcpyDeviceToHost, c->stream));
+    LM_TRY(lm_cuda_ctx_sync(c));
+    memcpy(b->out_ids, m->ids_host, sizeof(int32_t) * no);
+    return LM_OK;
+}
+
+extern "C" struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m) { return m->ctx; }
+
+/* One launch of linear layer `what` of layer l (see lm_cuda_qwen3_bench_linear). */
+static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
+    lm_cuda_ctx *c = m->ctx;
+    const layer_dev &w = m->layers[l];
+    const float eps = m->cfg.rms_norm_eps;
+    switch (what) {
+    case 0: return lm_cuda_gemv(c, m->qkv, m->QKV, m->x, m->H, w.wqkv, n, m->H, m->QKV, w.in_ln, eps, LM_CUDA_EPI_STORE);
+    case 1: return lm_cuda_gemv(c, m->x, m->H, m->att, m->Q, w.wo, n, m->Q, m->H, NULL, 0, LM_CUDA_EPI_ADD);
+    case 2: return lm_cuda_gemv(c, m->h, m->I, m->x, m->H, w.wgu, n, m->H, 2 * m->I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU);
+    case 3: return lm_cuda_gemv(c, m->x, m->H, m->h, m->I, w.wd, n, m->I, m->H, NULL, 0, LM_CUDA_EPI_ADD);
+    default: return lm_cuda_gemv(c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
+    }
+}
+
+extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps,
+                                                double *us, double *bytes) {
+    lm_cuda_ctx *c = m->ctx;
+    if (n < 1 || n > 8 || n > m->p.max_tokens) return lm_errorf(LM_ERR_RANGE, "bench_linear: n = %d", n);
+    const double rows_cols[5] = {(double)m->QKV * m->H, (double)m->H * m->Q, 2.0 * m->I * m->H,
+                                 (double)m->H * m->I, (double)m->V * m->H};
+    *bytes = 2 * rows_cols[what < 0 || what > 4 ? 4 : what];
+    const int launches = what == 4 ? 8 : m->NL;
+    /* Inputs must be finite: fill the activations the kernels read with small values. */
+    LM_CU(cudaMemsetAsync(m->x, 0, sizeof(float) * (size_t)n * m->H, c->stream));
+    LM_CU(cudaMemsetAsync(m->att, 0, sizeof(float) * (size_t)n * m->Q, c->stream));
+    LM_CU(cudaMemsetAsync(m->h, 0, sizeof(float) * (size_t)n * m->I, c->stream));
+    for (int l = 0; l < launches; l++) LM_TRY(bench_one(m, what, what == 4 ? 0 : l, n)); /* warm */
+    LM_TRY(lm_cuda_ctx_sync(c));
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    lm_status rc = LM_OK;
+    for (int l = 0; l < launches && !rc; l++) rc = bench_one(m, what, what == 4 ? 0 : l, n);
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!rc && e != cudaSuccess) rc = lm_cuda_fail(e, "capture");
+    if (!rc && (e = cudaGraphInstantiate(&ge, g, 0)) != cudaSuccess) rc = lm_cuda_fail(e, "instantiate");
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    for (int i = -1; i < reps && !rc; i++) {
+        cudaEventRecord(e0, c->stream);
+        cudaGraphLaunch(ge, c->stream);
+        cudaEventRecord(e1, c->stream);
+        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) rc = lm_cuda_fail(e, "bench replay");
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 0) ms.push_back(t);
+    }
+    if (!rc) {
+        std::sort(ms.begin(), ms.end());
+        *us = ms[ms.size() / 2] * 1e3 / launches;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return rc;
+}
+
+extern "C" lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, int reps, double *us) {
+    lm_cuda_ctx *c = m->ctx;
+    const int rows = n >= 1 && n <= m->MO ? bucket_of(m, n) : 0;
+    if (!rows || !m->graphs[(size_t)rows * 2].exec)
+        return lm_errorf(LM_ERR_INVALID, "bench_step: no decode graph captured for %d sequences", n);
+    cudaGraphExec_t ge = m->graphs[(size_t)rows * 2].exec;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> ms;
+    lm_status rc = LM_OK;
+    for (int i = -1; i < reps && !rc; i++) {
+        cudaEventRecord(e0, c->stream);
+        for (int k = 0; k < 10; k++) cudaGraphLaunch(ge, c->stream);
+        cudaEventRecord(e1, c->stream);
+        cudaError_t e = cudaEventSynchronize(e1);
+        if (e != cudaSuccess) rc = lm_cuda_fail(e, "bench_step replay");
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 0) ms.push_back(t / 10);
+    }
+    if (!rc) {
+        std::sort(ms.begin(), ms.end());
+        *us = ms[ms.size() / 2] * 1e3;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return rc;
+}

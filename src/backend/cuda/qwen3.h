@@ -1,0 +1,174 @@
+/* qwen3.h: a Qwen3 model on one CUDA device (qwen3.cu): the weights uploaded once as bf16, a
+ * paged KV cache in device memory, and a batched forward step that the serving engine drives.
+ *
+ * The forward pass is transformers' Qwen3ForCausalLM (models/qwen3/modeling_qwen3.py), the same
+ * as src/family/qwen3/model.c on the CPU: embed -> [RMSNorm -> q/k/v -> q_norm/k_norm -> RoPE ->
+ * attention -> o_proj -> residual -> RMSNorm -> SwiGLU MLP -> residual] x layers -> RMSNorm ->
+ * lm_head -> sampling. What differs, and why:
+ * - q/k/v are one [q + 2 kv, hidden] matrix and gate/up one [2 * intermediate, hidden] matrix with
+ *   interleaved rows, so a step is 4 matrix kernels a layer and SwiGLU is fused into one.
+ * - K/V are stored in bf16 (halves the cache bytes; the CPU keeps float32): logits then differ
+ *   from the CPU's by bf16 rounding (about 1e-3 relative), not by float32 rounding.
+ * - Up to gemv_max_rows tokens a call (decode at small batch) run the linear layers as GEMV with
+ *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
+ *   whatever else is in the batch. Larger calls (prefill, large batches) use cuBLAS with bf16
+ *   activations and float32 accumulation, like other GPU engines: results then match at bf16
+ *   tolerance, not bit for bit.
+ * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
+ *   graph (input copy, every kernel, output copy), so a step is one launch.
+ *
+ * Threads: one thread at a time per model. Errors: LM_ERR_UNSUPPORTED (no CUDA device, or a model
+ * shape the kernels cannot take), LM_ERR_NOMEM (device memory), LM_ERR_INVALID / LM_ERR_RANGE
+ * (a batch that breaks the limits below), LM_ERR_IO (a CUDA failure, with its message). */
+#ifndef LM_BACKEND_CUDA_QWEN3_H
+#define LM_BACKEND_CUDA_QWEN3_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend/cpu/ops.h" /* enum lm_dtype */
+#include "base/status.h"
+
+/* config.json values (Hugging Face names in the comments). */
+struct lm_cuda_qwen3_config {
+    int hidden;        /* hidden_size */
+    int intermediate;  /* intermediate_size */
+    int n_layers;      /* num_hidden_layers */
+    int n_heads;       /* num_attention_heads */
+    int n_kv_heads;    /* num_key_value_heads */
+    int head_dim;      /* head_dim: 16, 32, 64, 128 or 256 */
+    int vocab;         /* vocab_size */
+    float rms_norm_eps;
+    double rope_theta;
+};
+
+/* A host matrix [rows, cols], row-major, in its stored dtype: f32, f16, bf16 or Q8_0 (all
+ * converted to bf16 on upload; Q8_0 is dequantized, so it saves no device memory yet). */
+struct lm_cuda_matrix {
+    const void *data; /* borrowed for the duration of lm_cuda_qwen3_create */
+    enum lm_dtype dtype;
+    int rows, cols;
+};
+
+/* One decoder layer's host weights; float vectors are [hidden] or [head_dim]. */
+struct lm_cuda_qwen3_layer_weights {
+    const float *input_layernorm;
+    struct lm_cuda_matrix q_proj, k_proj, v_proj; /* [heads * D, hidden], [kv * D, hidden] x 2 */
+    const float *q_norm, *k_norm;                 /* [head_dim] */
+    struct lm_cuda_matrix o_proj;                 /* [hidden, heads * D] */
+    const float *post_attention_layernorm;
+    struct lm_cuda_matrix gate_proj, up_proj;     /* [intermediate, hidden] */
+    struct lm_cuda_matrix down_proj;              /* [hidden, intermediate] */
+};
+
+/* The host-side model, laid out as family/qwen3/model.c holds it (struct lm_mat converts to
+ * struct lm_cuda_matrix field by field). Everything is borrowed during create only. */
+struct lm_cuda_qwen3_weights {
+    struct lm_cuda_qwen3_config cfg;
+    struct lm_cuda_matrix embed_tokens; /* [vocab, hidden] */
+    struct lm_cuda_matrix lm_head;      /* [vocab, hidden]; data == embed_tokens.data when tied
+                                           (uploaded once) */
+    const float *norm;                  /* [hidden] final RMSNorm */
+    const struct lm_cuda_qwen3_layer_weights *layers; /* [n_layers] */
+};
+
+struct lm_cuda_qwen3_params {
+    int device;        /* CUDA device index (default 0) */
+    int max_tokens;    /* tokens one forward call may carry (a prefill chunk); default 2048 */
+    int max_seqs;      /* sequences (block-table rows) and logits rows one call may carry, and the
+                          largest decode graph; default 256 */
+    int max_context;   /* positions a sequence may reach; default 4096 */
+    int block_size;    /* tokens per KV block; default 16 */
+    int n_blocks;      /* KV blocks in the pool (ids 0 .. n_blocks-1 are the caller's); 0: as many
+                          as kv_mib holds */
+    int kv_mib;        /* KV pool size when n_blocks is 0; default 4096 */
+    bool graphs;       /* capture decode steps as CUDA graphs (default true) */
+    bool pdl;          /* programmatic dependent launch between kernels (default true) */
+    int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 8,
+                          at most 8; 0 = cuBLAS always) */
+};
+struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void);
+
+struct lm_cuda_qwen3;
+
+/* Uploads the weights (bf16; q/k/v and gate/up concatenated as above) and allocates the KV pool
+ * and the scratch for max_tokens. *out is caller-owned (lm_cuda_qwen3_destroy). */
+lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
+                               const struct lm_cuda_qwen3_params *params, struct lm_cuda_qwen3 **out);
+
+/* Reads a Hugging Face model folder (config.json, model.safetensors or shards; model_type qwen3)
+ * and calls lm_cuda_qwen3_create. Errors name the file and key or tensor. */
+lm_status lm_cuda_qwen3_open_dir(const char *dir, const struct lm_cuda_qwen3_params *params,
+                                 struct lm_cuda_qwen3 **out);
+
+void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m); /* accepts NULL */
+
+struct lm_cuda_qwen3_info {
+    struct lm_cuda_qwen3_config cfg;
+    char device[128];
+    int n_blocks, block_size, bt_width;  /* bt_width = ceil(max_context / block_size) */
+    int max_tokens, max_seqs;
+    size_t weight_bytes;                 /* bf16 bytes of weights on the device */
+    size_t step_bytes;                   /* weight bytes a decode step reads (every matrix once,
+                                            one embedding row): the bandwidth floor's numerator */
+    size_t kv_bytes_per_block;           /* K and V, all layers */
+};
+void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
+
+/* Changes how later steps run (drops captured graphs): graphs on/off, PDL on/off, GEMV limit. */
+void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
+
+/* The model's CUDA context (stream, kernel options such as lm_cuda_ctx_set_gemv_rows). Borrowed,
+ * valid until destroy. */
+struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m);
+
+/* Kernel timing on this model's weights, for benchmarks: the linear layer `what` (0 q/k/v with
+ * its RMSNorm, 1 o_proj + residual, 2 gate/up + SwiGLU with its RMSNorm, 3 down_proj + residual,
+ * 4 lm_head with the final RMSNorm) for `n` activation rows, one launch per layer (lm_head: 8
+ * launches) captured as a graph and replayed `reps` times after a warm-up. *us: median
+ * microseconds per launch; *bytes: weight bytes one launch reads. */
+lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps, double *us,
+                                     double *bytes);
+
+/* GPU time of a decode step alone: replays the captured greedy graph of batch bucket `n` (run a
+ * decode step of n sequences first; the replays repeat it with the same inputs) `reps` times
+ * back to back between two events. *us: median microseconds per replay. LM_ERR_INVALID when no
+ * such graph has been captured. */
+lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, int reps, double *us);
+
+/* Per-row sampling: struct lm_cuda_sampling of backend/cuda/cuda.h. */
+struct lm_cuda_sampling;
+
+/* One forward step over n_tokens tokens of up to max_seqs sequences (host arrays, borrowed):
+ * token i has id ids[i] at position pos[i] of the sequence whose block table is row seq[i] of
+ * block_tables. Each token attends to positions 0..pos[i] of its sequence: the caller has run
+ * every earlier position (in an earlier call or earlier in this one) and its row names a block for
+ * each of them (ids < n_blocks). Tokens of one sequence may appear in any order within a call.
+ * A call whose tokens are all in different sequences, with n_out == n_tokens and
+ * out_tokens[i] == i, is a decode step and runs as a captured graph. */
+struct lm_cuda_batch {
+    int n_tokens;                 /* 1 .. max_tokens */
+    const int32_t *ids;           /* [n_tokens] in [0, vocab) */
+    const int32_t *pos;           /* [n_tokens] in [0, max_context) */
+    const int32_t *seq;           /* [n_tokens] in [0, n_seqs) */
+    int n_seqs;                   /* 1 .. max_seqs */
+    const int32_t *block_tables;  /* [n_seqs][bt_width] */
+    int n_out;                    /* 1 .. min(n_tokens, max_seqs): tokens that produce a choice */
+    const int32_t *out_tokens;    /* [n_out] indices into the tokens */
+    const struct lm_cuda_sampling *sampling; /* [n_out] (host) or NULL: greedy */
+    int32_t *out_ids;             /* [n_out] written: the chosen next ids */
+    float *out_logits;            /* NULL, or [n_out, vocab] written (float32) */
+};
+
+lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,533 @@
+/* sched.c: see sched.h.
+ *
+ * A request becomes a `struct seq`: its tokens (prompt, then the ids generated so far), how many
+ * of them have K/V in the cache (n_computed), its block table, and the hash of its last indexed
+ * block. Running sequences are kept in arrival order: the planner serves them in that order and
+ * preempts from the other end. Everything a sequence allocates is released in finish(). */
+#include "engine/sched.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct seq {
+    struct lm_sched_req *r;
+    long long arrival;    /* submission order: lower runs first and is preempted last */
+    int32_t *tokens;      /* [cap_tokens] prompt then generated ids */
+    int n_tokens, cap_tokens, n_prompt;
+    int n_computed;       /* tokens[0..n_computed) have K/V in the blocks */
+    int32_t *blocks;      /* [cap_blocks] block table */
+    int n_blocks, cap_blocks;
+    int n_indexed;        /* blocks[0..n_indexed) are full and indexed (or known duplicates) */
+    uint64_t chain;       /* chain hash of blocks[n_indexed - 1], LM_KV_ROOT when none */
+    struct lm_rng rng;
+    struct lm_emitter em;
+    bool started;         /* admitted at least once */
+    bool preempt;         /* chosen as a victim during this step's planning */
+    bool flush;           /* ended at EOS or length: release the held text */
+    int chunk;            /* tokens planned for this step */
+    struct seq *next;     /* waiting list */
+};
+
+struct lm_sched {
+    struct lm_model *m;
+    struct lm_sched_params p;
+    struct lm_kv_cache *cache;
+    struct lm_kv kv;
+    struct lm_sampler sampler;
+    const struct lm_gen_defaults *gd;
+    const struct lm_tokenizer *tok;
+    int vocab;
+    float *logits;              /* [max_seqs, vocab] */
+    struct lm_batch_seq *batch; /* [max_seqs] */
+    struct seq **plan;          /* [max_seqs] */
+    struct seq **running;       /* [max_seqs] in arrival order */
+    int n_running;
+    struct seq *wait_head;      /* priority requests first, then arrival order */
+    int n_waiting;
+    long long arrivals;
+    struct lm_sched_stats st;
+};
+
+struct lm_sched_params lm_sched_default_params(void) {
+    return (struct lm_sched_params){.max_seqs = 16, .max_batch_tokens = 512, .n_blocks = 0, .max_ctx = 0};
+}
+
+const struct lm_sched_params *lm_sched_params(const struct lm_sched *s) { return &s->p; }
+
+static void copy_rows(void *ctx, int src, int dst, int n) { lm_kv_cache_copy(ctx, src, dst, n); }
+
+lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p, struct lm_sched **out) {
+    *out = NULL;
+    if (p->max_seqs < 1 || p->max_seqs > 4096)
+        return lm_errorf(LM_ERR_INVALID, "max_seqs %d is not in 1..4096", p->max_seqs);
+    if (p->max_batch_tokens < p->max_seqs)
+        return lm_errorf(LM_ERR_INVALID,
+                         "max_batch_tokens %d is below max_seqs %d (every running sequence decodes "
+                         "one token a step)", p->max_batch_tokens, p->max_seqs);
+    if (p->max_ctx < 1) return lm_errorf(LM_ERR_INVALID, "max_ctx %d is below 1", p->max_ctx);
+    long need = (p->max_ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+    if (p->n_blocks < need)
+        return lm_errorf(LM_ERR_INVALID,
+                         "a KV cache of %d blocks (%ld tokens) cannot hold one sequence of the "
+                         "context size %d",
+                         p->n_blocks, (long)p->n_blocks * LM_KV_BLOCK, p->max_ctx);
+    struct lm_sched *s = calloc(1, sizeof *s);
+    if (!s) return lm_errorf(LM_ERR_NOMEM, "out of memory for the scheduler");
+    s->m = m;
+    s->p = *p;
+    s->gd = lm_model_gen_defaults(m);
+    s->tok = lm_model_tokenizer(m);
+    s->vocab = lm_model_config(m)->vocab_size;
+    lm_status rc = lm_kv_cache_create(m, p->n_blocks, p->max_batch_tokens, p->max_ctx, &s->cache);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    if ((rc = lm_kv_init(&s->kv, p->n_blocks, copy_rows, s->cache))) {
+        lm_kv_cache_destroy(s->cache);
+        free(s);
+        return rc;
+    }
+    lm_sampler_init(&s->sampler, s->vocab);
+    s->logits = malloc(sizeof(float) * (size_t)s->vocab * (size_t)p->max_seqs);
+    s->batch = calloc((size_t)p->max_seqs, sizeof *s->batch);
+    s->plan = calloc((size_t)p->max_seqs, sizeof *s->plan);
+    s->running = calloc((size_t)p->max_seqs, sizeof *s->running);
+    if (!s->logits || !s->batch || !s->plan || !s->running) {
+        lm_sched_destroy(s);
+        return lm_errorf(LM_ERR_NOMEM, "out of memory for the scheduler's logits (%d x %d floats)",
+                         p->max_seqs, s->vocab);
+    }
+    *out = s;
+    return LM_OK;
+}
+
+/* ---- waiting list ---- */
+
+/* Inserts q: at the front (preempted, resumes first), after the priority requests (priority),
+ * or at the end. */
+static void wait_push(struct lm_sched *s, struct seq *q, bool front) {
+    struct seq **pp = &s->wait_head;
+    if (!front) {
+        if (q->r->priority)
+            while (*pp && (*pp)->r->priority) pp = &(*pp)->next;
+        else
+            while (*pp) pp = &(*pp)->next;
+    }
+    q->next = *pp;
+    *pp = q;
+    s->n_waiting++;
+}
+
+static void running_remove(struct lm_sched *s, struct seq *q) {
+    int i = 0;
+    while (i < s->n_running && s->running[i] != q) i++;
+    assert(i < s->n_running);
+    memmove(s->running + i, s->running + i + 1, sizeof *s->running * (size_t)(s->n_running - i - 1));
+    s->n_running--;
+}
+
+/* Keeps `running` in arrival order. */
+static void running_insert(struct lm_sched *s, struct seq *q) {
+    int i = s->n_running;
+    while (i > 0 && s->running[i - 1]->arrival > q->arrival) {
+        s->running[i] = s->running[i - 1];
+        i--;
+    }
+    s->running[i] = q;
+    s->n_running++;
+}
+
+/* ---- blocks of a sequence ---- */
+
+/* Indexes the blocks that are full and computed. */
+static void index_full_blocks(struct lm_sched *s, struct seq *q) {
+    while ((q->n_indexed + 1) * LM_KV_BLOCK <= q->n_computed) {
+        q->chain = lm_kv_commit(&s->kv, q->blocks[q->n_indexed], q->chain,
+                                q->tokens + (size_t)q->n_indexed * LM_KV_BLOCK);
+        q->n_indexed++;
+    }
+}
+
+/* Gives every block back; the partly filled last one is indexed first, so that what was
+ * computed stays reusable (a conversation's next turn, a preempted sequence's return). */
+static void release_blocks(struct lm_sched *s, struct seq *q) {
+    index_full_blocks(s, q);
+    int rows = q->n_computed - q->n_indexed * LM_KV_BLOCK;
+    if (rows > 0 && q->n_indexed < q->n_blocks)
+        lm_kv_commit_partial(&s->kv, q->blocks[q->n_indexed], q->chain,
+                             q->tokens + (size_t)q->n_indexed * LM_KV_BLOCK, rows);
+    /* The tail first: the cached list then evicts a sequence's end before its prefix. */
+    for (int i = q->n_blocks - 1; i >= 0; i--) lm_kv_release(&s->kv, q->blocks[i]);
+    q->n_blocks = q->n_indexed = 0;
+    q->n_computed = 0;
+    q->chain = LM_KV_ROOT;
+}
+
+/* ---- finishing ---- */
+
+static void seq_free(struct seq *q) {
+    lm_emitter_free(&q->em);
+    free(q->tokens);
+    free(q->blocks);
+    free(q);
+}
+
+/* Ends q (running or waiting, already unlinked from both lists) and hands it back. */
+static void finish(struct lm_sched *s, struct seq *q, enum lm_finish how, lm_status status,
+                   const char *error) {
+    struct lm_sched_req *r = q->r;
+    struct lm_gen_result *res = &r->result;
+    /* At EOS or the length limit the held text is flushed (a stop string may still end it);
+     * after a stop string or a cancellation it is dropped. */
+    if (q->flush && lm_emitter_finish(&q->em)) how = LM_FINISH_STOP;
+    res->finish = how;
+    r->status = status;
+    if (status) snprintf(r->error, sizeof r->error, "%s", error ? error : "generation failed");
+    release_blocks(s, q);
+    double now = lm_now_ms();
+    res->times.finish_ms = now;
+    if (res->times.scheduled_ms) {
+        double first = res->times.first_token_ms ? res->times.first_token_ms : now;
+        res->prefill_s = (first - res->times.scheduled_ms) / 1e3;
+        res->decode_s = (now - first) / 1e3;
+    }
+    s->st.requests++;
+    s->st.prompt_tokens += q->n_prompt;
+    s->st.cached_tokens += res->cached_tokens;
+    s->st.generated_tokens += res->completion_tokens;
+    seq_free(q);
+    if (r->on_finish) r->on_finish(r); /* may free r */
+}
+
+static void finish_running(struct lm_sched *s, struct seq *q, enum lm_finish how, lm_status status,
+                           const char *error) {
+    running_remove(s, q);
+    finish(s, q, how, status, error);
+}
+
+/* ---- submit ---- */
+
+lm_status lm_sched_submit(struct lm_sched *s, struct lm_sched_req *r) {
+    const struct lm_gen_request *g = &r->gen;
+    if (g->n_prompt == 0 || !g->prompt) return lm_errorf(LM_ERR_INVALID, "prompt: no tokens");
+    if (g->max_tokens < 0) return lm_errorf(LM_ERR_INVALID, "max_tokens: %d is negative", g->max_tokens);
+    if (g->n_prompt > (size_t)s->p.max_ctx || (size_t)g->max_tokens > (size_t)s->p.max_ctx - g->n_prompt)
+        return lm_errorf(LM_ERR_RANGE,
+                         "prompt (%zu tokens) + max_tokens (%d) = %zu exceeds the context of %d "
+                         "tokens",
+                         g->n_prompt, g->max_tokens, g->n_prompt + (size_t)g->max_tokens, s->p.max_ctx);
+    for (size_t i = 0; i < g->n_prompt; i++)
+        if (g->prompt[i] < 0 || g->prompt[i] >= s->vocab)
+            return lm_errorf(LM_ERR_INVALID, "prompt: token id %d at index %zu is outside the "
+                             "vocabulary [0, %d)", g->prompt[i], i, s->vocab);
+    struct seq *q = calloc(1, sizeof *q);
+    if (!q) return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence");
+    q->cap_tokens = (int)g->n_prompt + g->max_tokens + 1;
+    q->cap_blocks = (q->cap_tokens + LM_KV_BLOCK - 1) / LM_KV_BLOCK + 1;
+    q->tokens = malloc(sizeof *q->tokens * (size_t)q->cap_tokens);
+    q->blocks = malloc(sizeof *q->blocks * (size_t)q->cap_blocks);
+    if (!q->tokens || !q->blocks) {
+        free(q->tokens);
+        free(q->blocks);
+        free(q);
+        return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence of %zu tokens", g->n_prompt);
+    }
+    memcpy(q->tokens, g->prompt, sizeof *q->tokens * g->n_prompt);
+    q->n_tokens = q->n_prompt = (int)g->n_prompt;
+    q->chain = LM_KV_ROOT;
+    q->r = r;
+    q->arrival = s->arrivals++;
+    if (g->sampling.seeded) {
+        lm_rng_seed(&q->rng, g->sampling.seed);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        lm_rng_seed(&q->rng, (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
+                                 (uint64_t)(uintptr_t)q ^ (uint64_t)q->arrival << 32);
+    }
+    double arrival = r->result.times.arrival_ms;
+    memset(&r->result, 0, sizeof r->result);
+    r->result.times.arrival_ms = arrival ? arrival : lm_now_ms();
+    r->result.prompt_tokens = q->n_prompt;
+    r->status = LM_OK;
+    r->error[0] = 0;
+    r->priv = q;
+    lm_emitter_init(&q->em, s->tok, g->stop, g->n_stop, &r->result.text, r->on_text, r->ctx);
+    wait_push(s, q, false);
+    return LM_OK;
+}
+
+/* ---- admission ---- */
+
+/* Tokens of q that should come from the cache: all but the last when a token will be sampled
+ * (its logits are needed), all of them for a prefill-only request. */
+static int match_limit(const struct seq *q) {
+    return q->r->gen.max_tokens > 0 ? q->n_tokens - 1 : q->n_tokens;
+}
+
+/* True when a running sequence is computing a longer prefix of q's tokens than the index holds
+ * now: q waits for it rather than computing the same blocks again (a conversation's next turn
+ * arriving while its prefix-warming request runs, or clients sharing a long system prompt). */
+static bool should_defer(const struct lm_sched *s, const struct seq *q, int have) {
+    for (int i = 0; i < s->n_running; i++) {
+        const struct seq *o = s->running[i];
+        int n = q->n_tokens < o->n_tokens ? q->n_tokens : o->n_tokens;
+        if (n > match_limit(q)) n = match_limit(q);
+        int k = 0;
+        while (k < n && q->tokens[k] == o->tokens[k]) k++;
+        if (o->r->gen.max_tokens == 0) {
+            /* A prefill-only request (prefix warming) indexes everything it computed, its last
+             * partial block too, when it ends a few steps from now: wait for all of it. */
+            if (k > have) return true;
+            continue;
+        }
+        int will = k / LM_KV_BLOCK * LM_KV_BLOCK; /* whole blocks o will index as it goes */
+        if (will >= have + LM_KV_BLOCK && o->n_computed < will) return true;
+    }
+    return false;
+}
+
+static void admit(struct lm_sched *s) {
+    struct seq **pp = &s->wait_head;
+    while (*pp && s->n_running < s->p.max_seqs) {
+        struct seq *q = *pp;
+        int limit = match_limit(q);
+        int have = lm_kv_probe(&s->kv, q->tokens, limit);
+        if (should_defer(s, q, have)) {
+            pp = &q->next;
+            continue;
+        }
+        /* Blocks for the whole current token list, plus one to grow into, beyond the shared
+         * ones (which may themselves sit in the cached list, hence counted twice: a margin). */
+        int total = (q->n_tokens + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+        int shared = have / LM_KV_BLOCK;
+        int need = total - shared + (q->r->gen.max_tokens > 0);
+        if (lm_kv_available(&s->kv) - shared < need) break; /* first come, first served */
+        *pp = q->next;
+        q->next = NULL;
+        s->n_waiting--;
+        int nb = 0;
+        q->n_computed = lm_kv_match(&s->kv, q->tokens, limit, q->blocks, &nb, &q->chain);
+        q->n_blocks = nb;
+        q->n_indexed = q->n_computed / LM_KV_BLOCK;
+        running_insert(s, q);
+        if (!q->started) {
+            q->started = true;
+            q->r->result.times.scheduled_ms = lm_now_ms();
+            q->r->result.cached_tokens = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+            if (q->r->on_start) q->r->on_start(q->r);
+        }
+        if (q->n_computed == q->n_tokens) /* prefill only, and all of it cached already */
+            finish_running(s, q, LM_FINISH_LENGTH, LM_OK, NULL);
+    }
+}
+
+/* ---- planning ---- */
+
+/* Takes q's blocks back and puts it at the front of the waiting list (after the step). */
+static void preempt(struct lm_sched *s, struct seq *q) {
+    release_blocks(s, q);
+    q->preempt = true;
+    q->r->result.preemptions++;
+    s->st.preemptions++;
+}
+
+/* The running sequence that came last and is not yet preempted. */
+static struct seq *victim(struct lm_sched *s) {
+    for (int i = s->n_running - 1; i >= 0; i--)
+        if (!s->running[i]->preempt) return s->running[i];
+    return NULL;
+}
+
+/* Plans this step into s->plan; returns the number of sequences in it. */
+static int plan_step(struct lm_sched *s) {
+    int n_dec = 0;
+    for (int i = 0; i < s->n_running; i++) n_dec += s->running[i]->n_tokens - s->running[i]->n_computed == 1;
+    int budget = s->p.max_batch_tokens - n_dec; /* for prefill chunks */
+    int n_plan = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        struct seq *q = s->running[i];
+        if (q->preempt) continue;
+        int pending = q->n_tokens - q->n_computed;
+        assert(pending >= 1);
+        int chunk = pending == 1 ? 1 : pending < budget ? pending : budget;
+        if (chunk <= 0) continue;
+        int want = (q->n_computed + chunk + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+        bool ok = true;
+        while (ok && q->n_blocks < want) {
+            int b = lm_kv_alloc(&s->kv);
+            if (b >= 0) {
+                q->blocks[q->n_blocks++] = b;
+                continue;
+            }
+            struct seq *v = victim(s);
+            assert(v);
+            preempt(s, v);
+            if (v == q) ok = false;
+        }
+        if (!ok) continue;
+        if (pending > 1) budget -= chunk;
+        q->chunk = chunk;
+        s->plan[n_plan++] = q;
+    }
+    /* Drop victims that were planned before they were chosen (their blocks are gone). */
+    int k = 0;
+    for (int i = 0; i < n_plan; i++)
+        if (!s->plan[i]->preempt) s->plan[k++] = s->plan[i];
+    n_plan = k;
+    /* Victims go back to the front of the waiting list, earliest arrival first. */
+    for (int i = s->n_running - 1; i >= 0; i--) {
+        struct seq *q = s->running[i];
+        if (!q->preempt) continue;
+        q->preempt = false;
+        running_remove(s, q);
+        wait_push(s, q, true);
+    }
+    return n_plan;
+}
+
+/* ---- sampling ---- */
+
+/* Samples q's next token from `row` and streams it; finishes q when it ends. Returns true when
+ * q finished. */
+static bool take_token(struct lm_sched *s, struct seq *q, const float *row) {
+    struct lm_sched_req *r = q->r;
+    struct lm_gen_result *res = &r->result;
+    if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
+    int n_out = q->n_tokens - q->n_prompt;
+    struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt, (size_t)n_out};
+    struct lm_token_logprob lp;
+    int32_t id = lm_sample_next(&s->sampler, row, &r->gen.sampling, &hist, &q->rng,
+                                r->gen.sampling.logprobs ? &lp : NULL);
+    bool eos = false;
+    for (int i = 0; i < s->gd->n_eos; i++) eos |= id == s->gd->eos_token_ids[i];
+    if (eos && !r->gen.ignore_eos) {
+        q->flush = true;
+        finish_running(s, q, LM_FINISH_STOP, LM_OK, NULL);
+        return true;
+    }
+    q->tokens[q->n_tokens++] = id;
+    lm_ids_push(&res->ids, id);
+    if (r->gen.sampling.logprobs) lm_logprob_list_push(&res->logprobs, &lp);
+    res->completion_tokens++;
+    bool stopped = false;
+    lm_status rc = lm_emitter_push(&q->em, id, &stopped);
+    if (rc) {
+        finish_running(s, q, LM_FINISH_NONE, rc, lm_error_message());
+        return true;
+    }
+    if (stopped) {
+        finish_running(s, q, LM_FINISH_STOP, LM_OK, NULL);
+        return true;
+    }
+    if (q->em.cancelled) {
+        finish_running(s, q, LM_FINISH_CANCELLED, LM_OK, NULL);
+        return true;
+    }
+    if (res->completion_tokens >= r->gen.max_tokens) {
+        q->flush = true;
+        finish_running(s, q, LM_FINISH_LENGTH, LM_OK, NULL);
+        return true;
+    }
+    return false;
+}
+
+/* ---- the step ---- */
+
+static bool cancelled(const struct seq *q) { return q->r->gen.cancel && atomic_load(q->r->gen.cancel); }
+
+int lm_sched_step(struct lm_sched *s) {
+    /* 1. Cancellations: running sequences stop, waiting ones never run. */
+    for (int i = s->n_running - 1; i >= 0; i--)
+        if (cancelled(s->running[i])) finish_running(s, s->running[i], LM_FINISH_CANCELLED, LM_OK, NULL);
+    for (struct seq **pp = &s->wait_head; *pp;) {
+        struct seq *q = *pp;
+        if (!cancelled(q)) {
+            pp = &q->next;
+            continue;
+        }
+        *pp = q->next;
+        s->n_waiting--;
+        finish(s, q, LM_FINISH_CANCELLED, LM_OK, NULL);
+    }
+
+    /* 2. Admission, 3. the plan. */
+    admit(s);
+    int n = plan_step(s);
+    if (n == 0) return s->n_running + s->n_waiting;
+
+    /* 4. One forward over every planned sequence. */
+    int tokens = 0;
+    for (int i = 0; i < n; i++) {
+        struct seq *q = s->plan[i];
+        bool last = q->n_computed + q->chunk == q->n_tokens && q->r->gen.max_tokens > 0;
+        s->batch[i] = (struct lm_batch_seq){q->tokens + q->n_computed, q->chunk, q->n_computed,
+                                            q->blocks, last ? LM_LOGITS_LAST : LM_LOGITS_NONE};
+        tokens += q->chunk;
+    }
+    lm_status rc = lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
+    s->st.steps++;
+    s->st.step_tokens += tokens;
+    if (rc) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", lm_error_message());
+        for (int i = 0; i < n; i++) finish_running(s, s->plan[i], LM_FINISH_NONE, rc, msg);
+        return s->n_running + s->n_waiting;
+    }
+
+    /* 5. Index what is new, sample, stream, finish. */
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        struct seq *q = s->plan[i];
+        bool wants = s->batch[i].logits == LM_LOGITS_LAST;
+        q->n_computed += q->chunk;
+        index_full_blocks(s, q);
+        if (q->n_computed < q->n_tokens) continue; /* prefill goes on next step */
+        if (q->r->gen.max_tokens == 0) {
+            finish_running(s, q, LM_FINISH_LENGTH, LM_OK, NULL); /* prefill only: done */
+            continue;
+        }
+        assert(wants);
+        take_token(s, q, s->logits + (size_t)row * s->vocab);
+        row += wants;
+    }
+    return s->n_running + s->n_waiting;
+}
+
+void lm_sched_cancel_all(struct lm_sched *s) {
+    while (s->n_running > 0) finish_running(s, s->running[s->n_running - 1], LM_FINISH_CANCELLED, LM_OK, NULL);
+    while (s->wait_head) {
+        struct seq *q = s->wait_head;
+        s->wait_head = q->next;
+        s->n_waiting--;
+        finish(s, q, LM_FINISH_CANCELLED, LM_OK, NULL);
+    }
+}
+
+void lm_sched_destroy(struct lm_sched *s) {
+    if (!s) return;
+    if (s->running) lm_sched_cancel_all(s);
+    lm_kv_free(&s->kv);
+    lm_kv_cache_destroy(s->cache);
+    lm_sampler_free(&s->sampler);
+    free(s->logits);
+    free(s->batch);
+    free(s->plan);
+    free(s->running);
+    free(s);
+}
+
+void lm_sched_stats(const struct lm_sched *s, struct lm_sched_stats *out) {
+    *out = s->st;
+    out->running = s->n_running;
+    out->waiting = s->n_waiting;
+    out->kv_blocks = s->kv.n_blocks;
+    out->kv_blocks_used = lm_kv_used(&s->kv);
+    out->kv_blocks_cached = s->kv.n_cached;
+    out->kv_blocks_free = s->kv.n_free;
+    out->evictions = s->kv.evictions;
+}

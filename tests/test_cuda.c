@@ -1,0 +1,964 @@
+/* test_cuda.c: the CUDA backend (backend/cuda) against the CPU.
+ * Each op against the scalar CPU reference (backend/cpu/ops.h lm_cpu_ops_scalar) on random inputs
+ * at odd sizes, outputs poisoned with NaN first, errors as ||delta|| / ||ref|| (float32 math:
+ * 1e-5; anything rounded to bf16: 4e-3); the GEMV's batch invariance bit for bit; the sampler
+ * against a float64 reimplementation of its documented rule. Then the tiny Qwen3 checkpoint:
+ * logits against the Hugging Face fixtures and the CPU forward pass, greedy ids equal to the
+ * fixtures, the same ids and bit-identical logits alone and batched, graphs on and off.
+ * Skips (exit 77) when built without nvcc or when no GPU is found.
+ * LM_LINK: lm_family lm_format lm_text lm_backend lm_base
+ * LM_LABEL: cuda */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+#ifndef LM_HAVE_CUDA
+int main(void) {
+    fprintf(stderr, "test_cuda: built without CUDA (no nvcc found): skipped\n");
+    return 77;
+}
+#else
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/qwen3.h"
+#include "base/buf.h"
+#include "base/file.h"
+#include "base/json.h"
+#include "family/model.h"
+
+#define REF_DIR TEST_DATA("fixtures/tiny_qwen3_reference/")
+
+static const struct lm_cpu_ops *g_ref;
+static struct lm_cuda_ctx *g_ctx;
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static uint32_t urand(uint32_t n) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng % n);
+}
+static void fill(float *x, long n, float scale) {
+    for (long i = 0; i < n; i++) x[i] = frand() * scale;
+}
+static float bfr(float x) { return lm_bf16_to_f32(lm_f32_to_bf16(x)); } /* rounded to bf16 */
+
+/* ||a - ref|| / ||ref||; infinity when a holds a NaN (an unwritten, poisoned output). */
+static double rel_l2(const float *a, const float *ref, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(ref[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void *dev(size_t bytes) {
+    void *p = NULL;
+    if (lm_cuda_malloc(&p, bytes)) {
+        fprintf(stderr, "test_cuda: %s\n", lm_error_message());
+        exit(1);
+    }
+    return p;
+}
+static void *dev_from(const void *h, size_t bytes) {
+    void *p = dev(bytes);
+    lm_cuda_upload(p, h, bytes);
+    return p;
+}
+static void poison(void *d, size_t bytes) { lm_cuda_memset(d, 0xff, bytes); } /* NaN in f32 and bf16 */
+static void sync_ok(const char *what) {
+    lm_status rc = lm_cuda_ctx_sync(g_ctx);
+    CHECK(rc == LM_OK, "%s: %s", what, lm_error_message());
+}
+
+/* ---- linear layers ---- */
+
+/* CPU reference of lm_cuda_gemv for one configuration. */
+static void ref_gemv(float *y, int ldy, const float *x, const uint16_t *w, int n, int k, int m,
+                     const float *nw, float eps, enum lm_cuda_epilogue epi) {
+    float *xn = malloc(sizeof(float) * (size_t)n * k), *acc = malloc(sizeof(float) * (size_t)n * m);
+    if (nw)
+        g_ref->rmsnorm(NULL, xn, x, nw, n, k, eps);
+    else
+        memcpy(xn, x, sizeof(float) * (size_t)n * k);
+    g_ref->matmul(NULL, acc, xn, w, LM_DTYPE_BF16, n, k, m);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < m; j++) {
+            float a = acc[(size_t)t * m + j];
+            if (epi == LM_CUDA_EPI_STORE) y[(size_t)t * ldy + j] = a;
+            if (epi == LM_CUDA_EPI_ADD) y[(size_t)t * ldy + j] += a;
+            if (epi == LM_CUDA_EPI_SWIGLU && j % 2 == 0) {
+                float g = a, u = acc[(size_t)t * m + j + 1];
+                g_ref->swiglu(NULL, &y[(size_t)t * ldy + j / 2], &g, &u, 1);
+            }
+        }
+    free(xn);
+    free(acc);
+}
+
+static void test_gemv(void) {
+    static const int shapes[][2] = {{1024, 1001}, {328, 517}, {24, 38}, {3072, 260}, {2048, 4097}};
+    static const int rows[] = {1, 2, 3, 5, 8, 11};
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int k = shapes[si][0], m = shapes[si][1];
+        const int nmax = 11;
+        float *x = malloc(sizeof(float) * nmax * k), *nw = malloc(sizeof(float) * k);
+        float *wf = malloc(sizeof(float) * (size_t)m * k);
+        uint16_t *w = malloc(2 * (size_t)m * k);
+        fill(x, (long)nmax * k, 1.0f);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+        fill(wf, (long)m * k, 0.05f);
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
+        float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
+        uint16_t *dw = dev_from(w, 2 * (size_t)m * k);
+        const int ldy = m + 3;
+        float *dy = dev(sizeof(float) * (size_t)nmax * ldy);
+        float *y = malloc(sizeof(float) * (size_t)nmax * ldy), *ref = malloc(sizeof(float) * (size_t)nmax * ldy);
+        float *base = malloc(sizeof(float) * (size_t)nmax * ldy);
+        fill(base, (long)nmax * ldy, 1.0f);
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            const int n = rows[ri];
+            for (int epi = 0; epi < 3; epi++) {
+                if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
+                for (int norm = 0; norm < 2; norm++) {
+                    const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
+                    memcpy(ref, base, sizeof(float) * (size_t)n * ldy);
+                    ref_gemv(ref, ldy, x, w, n, k, m, norm ? nw : NULL, 1e-6f, epi);
+                    if (epi == LM_CUDA_EPI_ADD)
+                        lm_cuda_upload(dy, base, sizeof(float) * (size_t)n * ldy);
+                    else
+                        poison(dy, sizeof(float) * (size_t)n * ldy);
+                    lm_status rc = lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, n, k, m, norm ? dnw : NULL,
+                                                1e-6f, epi);
+                    CHECK(rc == LM_OK, "gemv: %s", lm_error_message());
+                    sync_ok("gemv");
+                    lm_cuda_download(y, dy, sizeof(float) * (size_t)n * ldy);
+                    double e = 0;
+                    for (int t = 0; t < n; t++) {
+                        double et = rel_l2(y + (size_t)t * ldy, ref + (size_t)t * ldy, mo);
+                        if (et > e) e = et;
+                    }
+                    if (e > worst) worst = e;
+                    CHECK(e <= 1e-5, "gemv n=%d k=%d m=%d epi=%d norm=%d: rel err %.3g", n, k, m, epi,
+                          norm, e);
+                }
+            }
+        }
+        /* Batch invariance: row 2 of a 5-row call equals a 1-row call bit for bit, for every
+         * rows-per-warp setting and with PDL on or off. */
+        float *one = malloc(sizeof(float) * (size_t)m), *five = malloc(sizeof(float) * (size_t)5 * ldy);
+        poison(dy, sizeof(float) * (size_t)5 * ldy);
+        lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
+        sync_ok("gemv five");
+        lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
+        static const int rsets[] = {1, 2, 4, 0};
+        for (int pdl = 0; pdl < 2; pdl++)
+            for (int ri = 0; ri < 4; ri++) {
+                lm_cuda_ctx_set_pdl(g_ctx, pdl);
+                lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[ri]);
+                poison(dy, sizeof(float) * (size_t)m);
+                lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
+                sync_ok("gemv one");
+                lm_cuda_download(one, dy, sizeof(float) * (size_t)m);
+                CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)m),
+                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, pdl %d) differs from the same row "
+                      "in a batch of 5",
+                      k, m, rsets[ri], pdl);
+            }
+        lm_cuda_ctx_set_pdl(g_ctx, true);
+        lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
+        free(one);
+        free(five);
+        free(x), free(nw), free(wf), free(w), free(y), free(ref), free(base);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dw), lm_cuda_free(dy);
+    }
+    CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 12, NULL, 1, 12, 4, NULL, 0, LM_CUDA_EPI_STORE) == LM_ERR_SHAPE,
+          "gemv with k = 12 must be refused");
+    fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
+}
+
+static void test_gemm(void) {
+    const int n = 37, k = 328, m = 517;
+    float *x = malloc(sizeof(float) * n * k), *xr = malloc(sizeof(float) * n * k);
+    float *wf = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * n * m);
+    float *ref = malloc(sizeof(float) * n * m), *base = malloc(sizeof(float) * n * m);
+    uint16_t *xb = malloc(2 * n * k), *w = malloc(2 * m * k);
+    fill(x, n * k, 1.0f);
+    fill(wf, m * k, 0.05f);
+    fill(base, n * m, 1.0f);
+    for (int i = 0; i < n * k; i++) xb[i] = lm_f32_to_bf16(x[i]), xr[i] = lm_bf16_to_f32(xb[i]);
+    for (int i = 0; i < m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
+    uint16_t *dx = dev_from(xb, 2 * n * k), *dw = dev_from(w, 2 * m * k);
+    float *dy = dev(sizeof(float) * n * m);
+    for (int accum = 0; accum < 2; accum++) {
+        g_ref->matmul(NULL, ref, xr, w, LM_DTYPE_BF16, n, k, m);
+        if (accum)
+            for (int i = 0; i < n * m; i++) ref[i] += base[i];
+        if (accum)
+            lm_cuda_upload(dy, base, sizeof(float) * n * m);
+        else
+            poison(dy, sizeof(float) * n * m);
+        CHECK(lm_cuda_gemm(g_ctx, dy, dx, dw, n, k, m, accum) == LM_OK, "gemm: %s", lm_error_message());
+        sync_ok("gemm");
+        lm_cuda_download(y, dy, sizeof(float) * n * m);
+        double e = rel_l2(y, ref, n * m);
+        CHECK(e <= 1e-5, "gemm accumulate=%d: rel err %.3g", accum, e);
+    }
+    free(x), free(xr), free(wf), free(y), free(ref), free(base), free(xb), free(w);
+    lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy);
+}
+
+/* rmsnorm_bf16, swiglu_bf16, embed, gather_rows. */
+static void test_rows(void) {
+    const int n = 7, d = 1000, vocab = 301;
+    float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d);
+    float *ref = malloc(sizeof(float) * n * d), *got = malloc(sizeof(float) * n * 2 * d);
+    uint16_t *yb = malloc(2 * (size_t)n * d);
+    fill(x, n * d, 2.0f);
+    for (int i = 0; i < d; i++) w[i] = 1.0f + 0.3f * frand();
+    float *dx = dev_from(x, sizeof(float) * n * d), *dw = dev_from(w, sizeof(float) * d);
+    uint16_t *dyb = dev(2 * (size_t)n * d);
+    int32_t rows[3] = {5, 0, 5}, *drows = dev_from(rows, sizeof rows);
+
+    /* RMSNorm, all rows and a gather of rows. */
+    for (int g = 0; g < 2; g++) {
+        const int nn = g ? 3 : n;
+        for (int i = 0; i < nn; i++)
+            g_ref->rmsnorm(NULL, ref + (size_t)i * d, x + (size_t)(g ? rows[i] : i) * d, w, 1, d, 1e-6f);
+        poison(dyb, 2 * (size_t)nn * d);
+        lm_cuda_rmsnorm_bf16(g_ctx, dyb, dx, dw, g ? drows : NULL, nn, d, 1e-6f);
+        sync_ok("rmsnorm");
+        lm_cuda_download(yb, dyb, 2 * (size_t)nn * d);
+        for (int i = 0; i < nn * d; i++) got[i] = lm_bf16_to_f32(yb[i]);
+        double e = rel_l2(got, ref, (long)nn * d);
+        CHECK(e <= 4e-3, "rmsnorm_bf16 gather=%d: rel err %.3g", g, e);
+    }
+    /* SwiGLU from interleaved gate/up. */
+    {
+        float *gu = malloc(sizeof(float) * n * 2 * d), *gate = malloc(sizeof(float) * n * d);
+        float *up = malloc(sizeof(float) * n * d);
+        fill(gu, n * 2 * d, 4.0f);
+        for (int i = 0; i < n * d; i++) gate[i] = gu[2 * i], up[i] = gu[2 * i + 1];
+        g_ref->swiglu(NULL, ref, gate, up, (long)n * d);
+        float *dgu = dev_from(gu, sizeof(float) * n * 2 * d);
+        poison(dyb, 2 * (size_t)n * d);
+        lm_cuda_swiglu_bf16(g_ctx, dyb, dgu, n, d);
+        sync_ok("swiglu");
+        lm_cuda_download(yb, dyb, 2 * (size_t)n * d);
+        for (int i = 0; i < n * d; i++) got[i] = lm_bf16_to_f32(yb[i]);
+        double e = rel_l2(got, ref, (long)n * d);
+        CHECK(e <= 4e-3, "swiglu_bf16: rel err %.3g", e);
+        free(gu), free(gate), free(up);
+        lm_cuda_free(dgu);
+    }
+    /* Embedding rows, then gather_rows (exact copies). */
+    {
+        uint16_t *table = malloc(2 * (size_t)vocab * d);
+        for (long i = 0; i < (long)vocab * d; i++) table[i] = lm_f32_to_bf16(frand());
+        int32_t ids[4] = {300, 0, 17, 17}, grows[2] = {3, 0};
+        uint16_t *dt = dev_from(table, 2 * (size_t)vocab * d);
+        int32_t *dids = dev_from(ids, sizeof ids), *dgr = dev_from(grows, sizeof grows);
+        float *de = dev(sizeof(float) * 4 * d), *dg = dev(sizeof(float) * 2 * d);
+        poison(de, sizeof(float) * 4 * d);
+        poison(dg, sizeof(float) * 2 * d);
+        lm_cuda_embed(g_ctx, de, dt, dids, 4, d);
+        lm_cuda_gather_rows(g_ctx, dg, de, dgr, 2, d);
+        sync_ok("embed");
+        lm_cuda_download(got, de, sizeof(float) * 4 * d);
+        int bad = 0;
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < d; i++) bad += got[t * d + i] != lm_bf16_to_f32(table[(size_t)ids[t] * d + i]);
+        CHECK(bad == 0, "embed: %d values differ", bad);
+        lm_cuda_download(got, dg, sizeof(float) * 2 * d);
+        bad = 0;
+        for (int t = 0; t < 2; t++)
+            for (int i = 0; i < d; i++) bad += got[t * d + i] != lm_bf16_to_f32(table[(size_t)ids[grows[t]] * d + i]);
+        CHECK(bad == 0, "gather_rows: %d values differ", bad);
+        lm_cuda_free(dgr);
+        free(table);
+        lm_cuda_free(dt), lm_cuda_free(dids), lm_cuda_free(de), lm_cuda_free(dg);
+    }
+    free(x), free(w), free(ref), free(got), free(yb);
+    lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dyb), lm_cuda_free(drows);
+}
+
+/* ---- attention ---- */
+
+struct attn_case {
+    int D, n_heads, n_kv, block_size;
+};
+
+static void test_attention_case(const struct attn_case *ac) {
+    const int D = ac->D, NH = ac->n_heads, NKV = ac->n_kv, BS = ac->block_size;
+    const int Q = NH * D, KV = NKV * D, QKV = Q + 2 * KV;
+    enum { NS = 3 };
+    const int len[NS] = {1, 37, 300}; /* prompt lengths; then one decode token each */
+    const int max_len = 301, W = (max_len + BS - 1) / BS;
+    int n_blocks = 0;
+    for (int s = 0; s < NS; s++) n_blocks += (len[s] + 1 + BS - 1) / BS;
+    n_blocks += 5;
+    /* Block tables: a random permutation of the pool, so sequences interleave. */
+    int32_t *perm = malloc(sizeof(int32_t) * n_blocks), *bt = malloc(sizeof(int32_t) * NS * W);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)urand((uint32_t)i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int i = 0, used = 0; i < NS; i++)
+        for (int j = 0; j < W; j++) bt[i * W + j] = j < (len[i] + 1 + BS - 1) / BS ? perm[used++] : -1;
+    float *qn = malloc(sizeof(float) * D), *kn = malloc(sizeof(float) * D), *inv = malloc(sizeof(float) * D / 2);
+    for (int i = 0; i < D; i++) qn[i] = 1.0f + 0.3f * frand(), kn[i] = 1.0f + 0.3f * frand();
+    for (int i = 0; i < D / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+    float *dqn = dev_from(qn, sizeof(float) * D), *dkn = dev_from(kn, sizeof(float) * D);
+    float *dinv = dev_from(inv, sizeof(float) * D / 2);
+    const size_t pool = (size_t)n_blocks * NKV * BS * D;
+    uint16_t *dk = dev(2 * pool), *dv = dev(2 * pool);
+    poison(dk, 2 * pool);
+    poison(dv, 2 * pool);
+    int32_t *dbt = dev_from(bt, sizeof(int32_t) * NS * W);
+    const float scale = 1.0f / sqrtf((float)D);
+    /* Host mirror: per sequence, contiguous float32 K/V [max_len, KV] (CPU-computed, bf16-rounded). */
+    float *kc = malloc(sizeof(float) * NS * max_len * KV), *vc = malloc(sizeof(float) * NS * max_len * KV);
+    uint16_t *kp = malloc(2 * pool), *vp = malloc(2 * pool);
+    double worst_cache = 0, worst_out = 0;
+
+    for (int phase = 0; phase < 2; phase++) {
+        /* phase 0: every prompt token of every sequence in one call (store + attention);
+         * phase 1: one decode token per sequence (fused). */
+        int n = 0;
+        for (int s = 0; s < NS; s++) n += phase ? 1 : len[s];
+        float *qkv = malloc(sizeof(float) * n * QKV), *qref = malloc(sizeof(float) * n * Q);
+        int32_t *seq = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * n);
+        /* Tokens in a shuffled order, so a call's tokens of one sequence are not contiguous. */
+        for (int s = 0, t = 0; s < NS; s++)
+            for (int p = phase ? len[s] : 0; p < (phase ? len[s] + 1 : len[s]); p++, t++) seq[t] = s, pos[t] = p;
+        for (int i = n - 1; i > 0 && !phase; i--) {
+            int j = (int)urand((uint32_t)i + 1), a = seq[i], b = pos[i];
+            seq[i] = seq[j], pos[i] = pos[j], seq[j] = a, pos[j] = b;
+        }
+        fill(qkv, (long)n * QKV, 2.0f);
+        /* CPU: q/k RMSNorm per head and RoPE, k/v rounded to bf16 into the mirror. */
+        for (int t = 0; t < n; t++) {
+            const float *row = qkv + (size_t)t * QKV;
+            float *q = qref + (size_t)t * Q, *k = kc + ((size_t)seq[t] * max_len + pos[t]) * KV;
+            float *v = vc + ((size_t)seq[t] * max_len + pos[t]) * KV;
+            g_ref->rmsnorm(NULL, q, row, qn, NH, D, 1e-6f);
+            g_ref->rope(NULL, q, 1, NH, D, pos[t], inv);
+            g_ref->rmsnorm(NULL, k, row + Q, kn, NKV, D, 1e-6f);
+            g_ref->rope(NULL, k, 1, NKV, D, pos[t], inv);
+            for (int i = 0; i < KV; i++) k[i] = bfr(k[i]), v[i] = bfr(row[Q + KV + i]);
+        }
+        float *dqkv = dev_from(qkv, sizeof(float) * n * QKV);
+        int32_t *dseq = dev_from(seq, sizeof(int32_t) * n), *dpos = dev_from(pos, sizeof(int32_t) * n);
+        float *dout = dev(sizeof(float) * n * Q);
+        for (int obf = 0; obf < 2; obf++) {
+            struct lm_cuda_attn a = {0};
+            a.qkv = dqkv;
+            a.ld_qkv = QKV;
+            a.q_norm = dqn, a.k_norm = dkn, a.inv_freq = dinv;
+            a.eps = 1e-6f, a.scale = scale;
+            a.k_cache = dk, a.v_cache = dv;
+            a.block_tables = dbt, a.bt_width = W;
+            a.seq = dseq, a.pos = dpos;
+            a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS;
+            a.out = dout, a.out_bf16 = obf;
+            lm_cuda_upload(dqkv, qkv, sizeof(float) * n * QKV);
+            poison(dout, sizeof(float) * n * Q);
+            lm_status rc = LM_OK;
+            if (phase == 0) rc = lm_cuda_qk_norm_rope_store(g_ctx, &a, n);
+            if (!rc) rc = lm_cuda_attention(g_ctx, &a, n, phase == 1);
+            CHECK(rc == LM_OK, "attention D=%d: %s", D, lm_error_message());
+            sync_ok("attention");
+            /* The cache: what the GPU stored against the CPU's bf16-rounded K/V. */
+            lm_cuda_download(kp, dk, 2 * pool);
+            lm_cuda_download(vp, dv, 2 * pool);
+            float *kg = malloc(sizeof(float) * KV), *qg = malloc(sizeof(float) * n * Q);
+            double ek = 0, ev = 0;
+            for (int t = 0; t < n; t++) {
+                const int blk = bt[seq[t] * W + pos[t] / BS], slot = pos[t] % BS;
+                const float *kr = kc + ((size_t)seq[t] * max_len + pos[t]) * KV;
+                const float *vr = vc + ((size_t)seq[t] * max_len + pos[t]) * KV;
+                float vg[1024];
+                for (int g = 0; g < NKV; g++)
+                    for (int i = 0; i < D; i++) {
+                        size_t o = (((size_t)blk * NKV + g) * BS + slot) * D + i;
+                        kg[g * D + i] = lm_bf16_to_f32(kp[o]);
+                        vg[g * D + i] = lm_bf16_to_f32(vp[o]);
+                    }
+                double e1 = rel_l2(kg, kr, KV), e2 = rel_l2(vg, vr, KV);
+                if (e1 > ek) ek = e1;
+                if (e2 > ev) ev = e2;
+            }
+            if (ek > worst_cache) worst_cache = ek;
+            CHECK(ek <= 4e-3 && ev == 0, "attention D=%d phase %d: stored K rel err %.3g, V %.3g", D,
+                  phase, ek, ev);
+            /* Queries: the unfused path rotates q in place in qkv. */
+            if (phase == 0) {
+                float *qd = malloc(sizeof(float) * n * QKV);
+                lm_cuda_download(qd, dqkv, sizeof(float) * n * QKV);
+                for (int t = 0; t < n; t++) memcpy(qg + (size_t)t * Q, qd + (size_t)t * QKV, sizeof(float) * Q);
+                double eq = rel_l2(qg, qref, (long)n * Q);
+                CHECK(eq <= 1e-5, "attention D=%d: rotated q rel err %.3g", D, eq);
+                free(qd);
+            }
+            /* Output against the CPU attention over the GPU's own cache contents (so this checks the
+             * attention math alone), per token. */
+            float *out = malloc(sizeof(float) * n * Q), *ref = malloc(sizeof(float) * Q);
+            float *ck = malloc(sizeof(float) * max_len * KV), *cv = malloc(sizeof(float) * max_len * KV);
+            float *scratch = malloc(sizeof(float) * (max_len + 1));
+            if (obf) {
+                uint16_t *ob = malloc(2 * (size_t)n * Q);
+                lm_cuda_download(ob, dout, 2 * (size_t)n * Q);
+                for (int i = 0; i < n * Q; i++) out[i] = lm_bf16_to_f32(ob[i]);
+                free(ob);
+            } else {
+                lm_cuda_download(out, dout, sizeof(float) * n * Q);
+            }
+            double eo = 0;
+            for (int t = 0; t < n; t++) {
+                const int s = seq[t], L = pos[t] + 1;
+                for (int p = 0; p < L; p++) {
+                    const int blk = bt[s * W + p / BS], slot = p % BS;
+                    for (int g = 0; g < NKV; g++)
+                        for (int i = 0; i < D; i++) {
+                            size_t o = (((size_t)blk * NKV + g) * BS + slot) * D + i;
+                            ck[(size_t)p * KV + g * D + i] = lm_bf16_to_f32(kp[o]);
+                            cv[(size_t)p * KV + g * D + i] = lm_bf16_to_f32(vp[o]);
+                        }
+                }
+                g_ref->attention(NULL, ref, qref + (size_t)t * Q, ck, cv, 1, pos[t], NH, NKV, D, KV, scale, scratch);
+                double e = rel_l2(out + (size_t)t * Q, ref, Q);
+                if (e > eo) eo = e;
+            }
+            if (!obf && eo > worst_out) worst_out = eo;
+            CHECK(eo <= (obf ? 4e-3 : 2e-5), "attention D=%d heads %d/%d block %d phase %d bf16 out %d: "
+                  "rel err %.3g", D, NH, NKV, BS, phase, obf, eo);
+            free(out), free(ref), free(ck), free(cv), free(scratch), free(kg), free(qg);
+        }
+        free(qkv), free(qref), free(seq), free(pos);
+        lm_cuda_free(dqkv), lm_cuda_free(dseq), lm_cuda_free(dpos), lm_cuda_free(dout);
+    }
+    fprintf(stderr, "attention D=%d heads %d/%d block %d: worst K rel err %.3g, output %.3g\n", D, NH,
+            NKV, BS, worst_cache, worst_out);
+    free(perm), free(bt), free(qn), free(kn), free(inv), free(kc), free(vc), free(kp), free(vp);
+    lm_cuda_free(dqn), lm_cuda_free(dkn), lm_cuda_free(dinv), lm_cuda_free(dk), lm_cuda_free(dv),
+        lm_cuda_free(dbt);
+}
+
+static void test_attention(void) {
+    static const struct attn_case cases[] = {
+        {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+}
+
+/* ---- sampling ---- */
+
+struct rank_item {
+    float v;
+    int id;
+};
+static int by_rank(const void *a, const void *b) {
+    const struct rank_item *x = a, *y = b;
+    if (x->v > y->v) return -1;
+    if (x->v < y->v) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The documented rule of lm_cuda_sample in float64. *margin: distance of the draw from the nearest
+ * boundary of the chosen token's interval, relative to the kept mass. */
+static int ref_sample(const float *l, int V, const struct lm_cuda_sampling *p, double *margin) {
+    *margin = 1;
+    if (!(p->temperature > 0)) {
+        int b = 0;
+        float bv = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (l[i] > bv) bv = l[i], b = i;
+        return b;
+    }
+    struct rank_item *it = malloc(sizeof *it * V);
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if (!isnan(l[i])) it[n].v = l[i], it[n].id = i, n++;
+    qsort(it, (size_t)n, sizeof *it, by_rank);
+    float cut = -INFINITY;
+    if (p->top_k > 0 && p->top_k < n) cut = it[p->top_k - 1].v;
+    int nc = 0;
+    while (nc < n && it[nc].v >= cut && it[nc].v > -INFINITY) nc++;
+    if (nc == 0) {
+        free(it);
+        return 0;
+    }
+    const double mx = it[0].v, inv_t = 1.0 / p->temperature;
+    double *pr = malloc(sizeof(double) * nc), sum = 0;
+    for (int i = 0; i < nc; i++) sum += pr[i] = expf((float)((it[i].v - mx) * (float)inv_t));
+    int keep = nc;
+    double kept = sum;
+    if (p->top_p < 1.0f) {
+        const double target = (p->top_p > 0 ? p->top_p : 0) * sum;
+        double before = 0;
+        keep = 0;
+        for (int i = 0; i < nc; i++) {
+            if (i > 0 && before >= target) break;
+            before += pr[i];
+            keep++;
+        }
+        kept = before;
+    }
+    const double r = lm_cuda_uniform(p->seed, p->counter) * kept;
+    double acc = 0;
+    int id = it[keep - 1].id;
+    for (int i = 0; i < keep; i++) {
+        if (r < acc + pr[i]) {
+            id = it[i].id;
+            double m1 = r - acc, m2 = acc + pr[i] - r;
+            *margin = (m1 < m2 ? m1 : m2) / kept;
+            break;
+        }
+        acc += pr[i];
+    }
+    free(it);
+    free(pr);
+    return id;
+}
+
+static void test_sample(void) {
+    static const int vocabs[] = {1000, 151936};
+    static const struct {
+        float t, p;
+        int k;
+    } cfg[] = {{0, 1, 0}, {0.7f, 0.9f, 20}, {1.0f, 0.5f, 0}, {1.3f, 1.0f, 5}, {1.0f, 0.0f, 0},
+               {0.6f, 0.95f, 20}, {2.0f, 1.0f, 0}, {1.0f, 0.999f, 1000}};
+    const int ncfg = sizeof cfg / sizeof cfg[0];
+    for (int vi = 0; vi < 2; vi++) {
+        const int V = vocabs[vi], R = 64;
+        float *l = malloc(sizeof(float) * V * R);
+        for (int r = 0; r < R; r++) {
+            float *row = l + (size_t)r * V;
+            for (int i = 0; i < V; i++) row[i] = 3.0f * frand();
+            /* Ties at the top, a masked logit and a NaN. */
+            row[(r * 7) % V] = row[(r * 13 + 5) % V] = 3.5f;
+            row[(r * 11 + 3) % V] = -INFINITY;
+            if (r % 4 == 1) row[(r * 17 + 1) % V] = NAN;
+            if (r % 8 == 2) /* many exact ties */
+                for (int i = 0; i < V; i += 3) row[i] = 1.0f;
+        }
+        float *dl = dev_from(l, sizeof(float) * V * R);
+        int32_t *dids = dev(sizeof(int32_t) * R), ids[64];
+        struct lm_cuda_sampling sp[64];
+        int bad = 0, near = 0, total = 0;
+        for (int c = 0; c < ncfg; c++) {
+            for (int r = 0; r < R; r++) {
+                memset(&sp[r], 0, sizeof sp[r]);
+                sp[r].temperature = cfg[c].t;
+                sp[r].top_p = cfg[c].p;
+                sp[r].top_k = cfg[c].k;
+                sp[r].seed = 1234 + (uint64_t)r;
+                sp[r].counter = (uint64_t)c * 1000 + r;
+            }
+            struct lm_cuda_sampling *dsp = dev_from(sp, sizeof sp);
+            poison(dids, sizeof(int32_t) * R);
+            lm_status rc = lm_cuda_sample(g_ctx, dids, dl, V, R, V, dsp);
+            CHECK(rc == LM_OK, "sample: %s", lm_error_message());
+            sync_ok("sample");
+            lm_cuda_download(ids, dids, sizeof(int32_t) * R);
+            for (int r = 0; r < R; r++) {
+                double margin;
+                int want = ref_sample(l + (size_t)r * V, V, &sp[r], &margin);
+                total++;
+                if (ids[r] != want) {
+                    if (margin < 1e-5)
+                        near++;
+                    else if (bad++ < 5)
+                        fprintf(stderr, "sample V=%d cfg %d row %d: got %d, want %d (margin %.3g)\n", V, c,
+                                r, ids[r], want, margin);
+                }
+            }
+            lm_cuda_free(dsp);
+        }
+        CHECK(bad == 0, "sample V=%d: %d of %d draws differ from the reference", V, bad, total);
+        CHECK(near <= total / 100, "sample V=%d: %d draws differ at a boundary", V, near);
+        /* NULL params: all greedy. */
+        poison(dids, sizeof(int32_t) * R);
+        lm_cuda_sample(g_ctx, dids, dl, V, R, V, NULL);
+        sync_ok("argmax");
+        lm_cuda_download(ids, dids, sizeof(int32_t) * R);
+        int badg = 0;
+        for (int r = 0; r < R; r++) {
+            struct lm_cuda_sampling g = {0};
+            double margin;
+            badg += ids[r] != ref_sample(l + (size_t)r * V, V, &g, &margin);
+        }
+        CHECK(badg == 0, "argmax V=%d: %d rows differ", V, badg);
+        free(l);
+        lm_cuda_free(dl), lm_cuda_free(dids);
+    }
+}
+
+/* ---- the tiny Qwen3 model ---- */
+
+struct ref_case {
+    char name[64];
+    struct lm_ids prompt, greedy;
+    double margin[64]; /* greedy_top1_margin */
+    size_t n_margin;
+    char last_file[128];
+};
+
+static double g_max_abs_err; /* largest |logit - HF| seen on the last-logits checks */
+static int g_near_ties;
+
+static int load_cases(struct ref_case **out) {
+    struct lm_buf b = {0};
+    *out = NULL;
+    if (lm_file_read(REF_DIR "cases.jsonl", &b) != LM_OK) return 0;
+    int n = 0;
+    struct ref_case *cs = NULL;
+    for (char *line = b.p; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        json_error_t e;
+        json_t *j = json_loads(line, 0, &e);
+        if (j) {
+            cs = realloc(cs, sizeof *cs * (n + 1));
+            struct ref_case *c = &cs[n++];
+            memset(c, 0, sizeof *c);
+            snprintf(c->name, sizeof c->name, "%s", json_string_value(json_object_get(j, "name")));
+            snprintf(c->last_file, sizeof c->last_file, "%s",
+                     json_string_value(json_object_get(j, "last_logits_file")));
+            lm_json_to_ids(json_object_get(j, "prompt_ids"), "prompt_ids", &c->prompt);
+            lm_json_to_ids(json_object_get(j, "greedy_ids"), "greedy_ids", &c->greedy);
+            json_t *mg = json_object_get(j, "greedy_top1_margin");
+            for (size_t i = 0; i < json_array_size(mg) && i < 64; i++)
+                c->margin[c->n_margin++] = json_number_value(json_array_get(mg, i));
+            json_decref(j);
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    lm_buf_free(&b);
+    *out = cs;
+    return n;
+}
+
+static float *read_f32(const char *file, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", REF_DIR, file);
+    struct lm_buf b = {0};
+    if (lm_file_read(path, &b) != LM_OK || b.len != (size_t)n * 4) {
+        lm_buf_free(&b);
+        return NULL;
+    }
+    float *v = malloc(b.len);
+    memcpy(v, b.p, b.len);
+    lm_buf_free(&b);
+    return v;
+}
+
+/* A sequence on the device: its block table row and length. */
+struct dseq {
+    int32_t *bt; /* [W] */
+    int len;
+};
+
+static struct lm_cuda_qwen3 *g_m;
+static struct lm_cuda_qwen3_info g_info;
+static int g_next_block;
+
+static void dseq_init(struct dseq *s) {
+    s->bt = calloc((size_t)g_info.bt_width, sizeof(int32_t));
+    s->len = 0;
+    for (int j = 0; j < g_info.bt_width; j++) s->bt[j] = -1;
+}
+static void dseq_reserve(struct dseq *s, int len) { /* blocks for positions < len */
+    for (int j = 0; j < (len + g_info.block_size - 1) / g_info.block_size; j++)
+        if (s->bt[j] < 0) s->bt[j] = g_next_block++;
+}
+
+/* Runs tokens ids[0..n) of sequence s from its current length in chunks of `chunk`; the last
+ * token's logits and greedy id are returned. */
+static lm_status prefill(struct dseq *s, const int32_t *ids, int n, int chunk, float *logits, int32_t *next) {
+    const int W = g_info.bt_width;
+    dseq_reserve(s, s->len + n);
+    int32_t *pos = malloc(sizeof(int32_t) * chunk), *seq = calloc((size_t)chunk, sizeof(int32_t));
+    lm_status rc = LM_OK;
+    for (int done = 0; done < n && !rc; done += chunk) {
+        const int c = n - done < chunk ? n - done : chunk;
+        for (int i = 0; i < c; i++) pos[i] = s->len + done + i;
+        int32_t out_tok = c - 1;
+        struct lm_cuda_batch b = {0};
+        b.n_tokens = c, b.ids = ids + done, b.pos = pos, b.seq = seq;
+        b.n_seqs = 1, b.block_tables = s->bt;
+        b.n_out = 1, b.out_tokens = &out_tok;
+        b.out_ids = next;
+        b.out_logits = done + c == n ? logits : NULL;
+        rc = lm_cuda_qwen3_forward(g_m, &b);
+        (void)W;
+    }
+    if (!rc) s->len += n;
+    free(pos);
+    free(seq);
+    return rc;
+}
+
+/* One decode step of n sequences (ids[i] at position ss[i]->len). */
+static lm_status decode(struct dseq **ss, int n, const int32_t *ids, const struct lm_cuda_sampling *sp,
+                        int32_t *next, float *logits) {
+    const int W = g_info.bt_width;
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)n * W), *pos = malloc(sizeof(int32_t) * n);
+    int32_t *seq = malloc(sizeof(int32_t) * n), *outt = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) {
+        dseq_reserve(ss[i], ss[i]->len + 1);
+        memcpy(bt + (size_t)i * W, ss[i]->bt, sizeof(int32_t) * W);
+        pos[i] = ss[i]->len, seq[i] = i, outt[i] = i;
+    }
+    struct lm_cuda_batch b = {0};
+    b.n_tokens = n, b.ids = ids, b.pos = pos, b.seq = seq, b.n_seqs = n, b.block_tables = bt;
+    b.n_out = n, b.out_tokens = outt, b.sampling = sp, b.out_ids = next, b.out_logits = logits;
+    lm_status rc = lm_cuda_qwen3_forward(g_m, &b);
+    if (!rc)
+        for (int i = 0; i < n; i++) ss[i]->len++;
+    free(bt), free(pos), free(seq), free(outt);
+    return rc;
+}
+
+static float *cpu_last_logits(struct lm_model *cm, const struct lm_ids *prompt, int vocab) {
+    struct lm_seq *s;
+    float *l = malloc(sizeof(float) * vocab);
+    if (lm_seq_create(cm, (int)prompt->n + 1, &s)) return l;
+    lm_seq_forward(s, prompt->v, (int)prompt->n, l, false);
+    lm_seq_destroy(s);
+    return l;
+}
+
+static void test_model(void) {
+    struct lm_cuda_qwen3_params p = lm_cuda_qwen3_default_params();
+    p.max_tokens = 1024;
+    p.max_seqs = 16;
+    p.max_context = 2048;
+    p.n_blocks = 2000;
+    lm_status rc = lm_cuda_qwen3_open_dir(TINY_MODEL, &p, &g_m);
+    CHECK(rc == LM_OK, "open tiny model: %s", lm_error_message());
+    if (rc) return;
+    lm_cuda_qwen3_info(g_m, &g_info);
+    const int V = g_info.cfg.vocab;
+    struct ref_case *cs;
+    const int nc = load_cases(&cs);
+    CHECK(nc >= 10, "fixture cases: %d", nc);
+    struct lm_model *cm = NULL;
+    CHECK(lm_model_open(TINY_MODEL, NULL, &cm) == LM_OK, "CPU model: %s", lm_error_message());
+    float *logits = malloc(sizeof(float) * V * 16);
+    /* Per case, per greedy step: the logits of the alone run (for the batch comparison). */
+    float **alone = calloc((size_t)nc, sizeof *alone);
+    double worst_hf = 0, worst_cpu = 0, worst_gemm = 0;
+
+    /* 1. Alone, float32 GEMV path: prefill in chunks of 8, then greedy decode as graphs. */
+    for (int i = 0; i < nc; i++) {
+        struct ref_case *c = &cs[i];
+        const int G = (int)c->greedy.n;
+        alone[i] = malloc(sizeof(float) * (size_t)V * G);
+        struct dseq s;
+        dseq_init(&s);
+        int32_t next;
+        rc = prefill(&s, c->prompt.v, (int)c->prompt.n, 8, alone[i], &next);
+        CHECK(rc == LM_OK, "%s: prefill: %s", c->name, lm_error_message());
+        float *ref = read_f32(c->last_file, V), *cpu = cpu_last_logits(cm, &c->prompt, V);
+        if (ref) {
+            for (int v = 0; v < V; v++)
+                if (fabs(alone[i][v] - ref[v]) > g_max_abs_err) g_max_abs_err = fabs(alone[i][v] - ref[v]);
+            double e = rel_l2(alone[i], ref, V), e2 = rel_l2(alone[i], cpu, V);
+            if (e > worst_hf) worst_hf = e;
+            if (e2 > worst_cpu) worst_cpu = e2;
+            CHECK(e <= 1e-2, "%s: last logits vs HF: rel err %.3g", c->name, e);
+            CHECK(e2 <= 1e-2, "%s: last logits vs CPU: rel err %.3g", c->name, e2);
+        }
+        free(ref), free(cpu);
+        int bad = -1;
+        for (int t = 0; t < G; t++) {
+            /* K/V are bf16, so a step whose reference top-1 margin is within the logit error may
+             * flip: excused only there (the margin list comes with the fixture). */
+            if (next != c->greedy.v[t] && bad < 0) {
+                if (t < (int)c->n_margin && c->margin[t] < 2 * g_max_abs_err) {
+                    fprintf(stderr, "%s: greedy step %d differs at a near tie (reference margin %.4f, "
+                            "logit error up to %.4f)\n", c->name, t, c->margin[t], g_max_abs_err);
+                    g_near_ties++;
+                } else {
+                    bad = t;
+                }
+            }
+            if (t + 1 == G) break;
+            struct dseq *sp = &s;
+            int32_t id = c->greedy.v[t]; /* follow the reference even after a miss */
+            rc = decode(&sp, 1, &id, NULL, &next, alone[i] + (size_t)(t + 1) * V);
+            CHECK(rc == LM_OK, "%s: decode: %s", c->name, lm_error_message());
+        }
+        CHECK(bad < 0, "%s: greedy id %d differs from the HF reference", c->name, bad);
+        free(s.bt);
+    }
+    fprintf(stderr, "model: last logits vs HF worst rel err %.3g (max abs %.4f), vs CPU %.3g; %d greedy "
+            "steps excused as near ties\n", worst_hf, g_max_abs_err, worst_cpu, g_near_ties);
+    CHECK(g_near_ties <= 1, "%d near-tie greedy differences (at most 1 expected)", g_near_ties);
+
+    /* 2. Batched decode on the GEMV path (5 sequences): ids equal and logits bit-identical to the
+     * alone runs; then graphs off must give the same bits. */
+    for (int graphs = 1; graphs >= 0; graphs--) {
+        lm_cuda_qwen3_set_options(g_m, graphs, true, 8);
+        const int B = nc < 5 ? nc : 5;
+        struct dseq s[5], *sp[5];
+        int32_t next[5], ids[5];
+        int G = 1 << 30;
+        for (int i = 0; i < B; i++) {
+            dseq_init(&s[i]);
+            sp[i] = &s[i];
+            rc = prefill(&s[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, logits, &next[i]);
+            if ((int)cs[i].greedy.n < G) G = (int)cs[i].greedy.n;
+        }
+        int diff_bits = 0, diff_ids = 0;
+        for (int t = 0; t + 1 < G; t++) {
+            for (int i = 0; i < B; i++) ids[i] = cs[i].greedy.v[t];
+            rc = decode(sp, B, ids, NULL, next, logits);
+            CHECK(rc == LM_OK, "batched decode: %s", lm_error_message());
+            for (int i = 0; i < B; i++) {
+                diff_ids += next[i] != cs[i].greedy.v[t + 1];
+                diff_bits += memcmp(logits + (size_t)i * V, alone[i] + (size_t)(t + 1) * V, sizeof(float) * V) != 0;
+            }
+        }
+        CHECK(diff_ids == 0, "batch of %d (graphs %d): %d greedy ids differ from HF", B, graphs, diff_ids);
+        CHECK(diff_bits == 0, "batch of %d (graphs %d): %d logits rows differ from the alone runs", B,
+              graphs, diff_bits);
+        for (int i = 0; i < B; i++) free(s[i].bt);
+    }
+    lm_cuda_qwen3_set_options(g_m, true, true, 8);
+
+    /* 3. The cuBLAS path (bf16 activations): whole prompts in one call, all cases decoded together. */
+    {
+        struct dseq *sp = calloc((size_t)nc, sizeof *sp), **pp = calloc((size_t)nc, sizeof *pp);
+        int32_t *next = calloc((size_t)nc, sizeof *next), *ids = calloc((size_t)nc, sizeof *ids);
+        int G = 1 << 30, diff_ids = 0;
+        for (int i = 0; i < nc; i++) {
+            dseq_init(&sp[i]);
+            pp[i] = &sp[i];
+            rc = prefill(&sp[i], cs[i].prompt.v, (int)cs[i].prompt.n, 1024, logits, &next[i]);
+            CHECK(rc == LM_OK, "%s: one-call prefill: %s", cs[i].name, lm_error_message());
+            float *ref = read_f32(cs[i].last_file, V);
+            if (ref && cs[i].prompt.n > 8) {
+                double e = rel_l2(logits, ref, V);
+                if (e > worst_gemm) worst_gemm = e;
+                CHECK(e <= 2e-2, "%s: one-call prefill logits vs HF: rel err %.3g", cs[i].name, e);
+            }
+            free(ref);
+            diff_ids += next[i] != cs[i].greedy.v[0] && !(cs[i].n_margin && cs[i].margin[0] < 2 * g_max_abs_err);
+            if ((int)cs[i].greedy.n < G) G = (int)cs[i].greedy.n;
+        }
+        const int B = nc < 16 ? nc : 16;
+        for (int t = 0; t + 1 < G; t++) {
+            for (int i = 0; i < B; i++) ids[i] = cs[i].greedy.v[t];
+            rc = decode(pp, B, ids, NULL, next, NULL);
+            CHECK(rc == LM_OK, "batch of %d: %s", B, lm_error_message());
+            for (int i = 0; i < B; i++)
+                diff_ids += next[i] != cs[i].greedy.v[t + 1] &&
+                            !(t + 1 < (int)cs[i].n_margin && cs[i].margin[t + 1] < 2 * g_max_abs_err);
+        }
+        fprintf(stderr, "model: cuBLAS path (bf16 activations): prefill logits vs HF worst %.3g, "
+                "%d greedy ids of %d x %d differ (near ties excused)\n", worst_gemm, diff_ids, B, G);
+        CHECK(diff_ids == 0, "cuBLAS path: %d greedy ids differ from HF", diff_ids);
+        for (int i = 0; i < nc; i++) free(sp[i].bt);
+        free(sp), free(pp), free(next), free(ids);
+    }
+
+    /* 4. Seeded sampling: the same draws alone and in a batch of 4. */
+    {
+        struct lm_cuda_sampling sp = {0};
+        sp.temperature = 0.8f, sp.top_p = 0.95f, sp.top_k = 50, sp.seed = 99;
+        int32_t alone_ids[8], batch_ids[8][4];
+        struct dseq s[4], *pp[4];
+        int32_t next[4] = {0, 0, 0, 0};
+        for (int r = 0; r < 2; r++) { /* r = 0 alone (seq 0), r = 1 batched */
+            const int B = r ? 4 : 1;
+            for (int i = 0; i < B; i++) {
+                dseq_init(&s[i]);
+                pp[i] = &s[i];
+                prefill(&s[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, logits, &next[i]);
+            }
+            int32_t ids[4];
+            struct lm_cuda_sampling sps[4];
+            for (int i = 0; i < 4; i++) ids[i] = next[i];
+            for (int t = 0; t < 8; t++) {
+                for (int i = 0; i < B; i++) sps[i] = sp, sps[i].seed = 99 + i, sps[i].counter = t;
+                rc = decode(pp, B, ids, sps, next, NULL);
+                CHECK(rc == LM_OK, "sampled decode: %s", lm_error_message());
+                for (int i = 0; i < B; i++) ids[i] = next[i];
+                if (r)
+                    for (int i = 0; i < 4; i++) batch_ids[t][i] = next[i];
+                else
+                    alone_ids[t] = next[0];
+            }
+            for (int i = 0; i < B; i++) free(s[i].bt);
+        }
+        int diff = 0;
+        for (int t = 0; t < 8; t++) diff += alone_ids[t] != batch_ids[t][0];
+        CHECK(diff == 0, "seeded sampling: %d of 8 ids differ alone vs batched", diff);
+    }
+
+    /* 5. Errors: ids, positions and blocks out of range. */
+    {
+        struct dseq s;
+        dseq_init(&s);
+        int32_t id = V, next, pos = 0, seq = 0, out = 0;
+        s.bt[0] = 0;
+        struct lm_cuda_batch b = {0};
+        b.n_tokens = 1, b.ids = &id, b.pos = &pos, b.seq = &seq, b.n_seqs = 1, b.block_tables = s.bt;
+        b.n_out = 1, b.out_tokens = &out, b.out_ids = &next;
+        CHECK(lm_cuda_qwen3_forward(g_m, &b) == LM_ERR_INVALID, "id = vocab must be refused");
+        id = 1;
+        pos = 17; /* block 1 unset */
+        CHECK(lm_cuda_qwen3_forward(g_m, &b) == LM_ERR_INVALID, "an unset block must be refused");
+        pos = 1 << 20;
+        CHECK(lm_cuda_qwen3_forward(g_m, &b) == LM_ERR_RANGE, "a position past max_context must be refused");
+        free(s.bt);
+    }
+    for (int i = 0; i < nc; i++) {
+        free(alone[i]);
+        lm_ids_free(&cs[i].prompt);
+        lm_ids_free(&cs[i].greedy);
+    }
+    free(alone);
+    free(cs);
+    free(logits);
+    lm_model_close(cm);
+    lm_cuda_qwen3_destroy(g_m);
+}
+
+int main(void) {
+    if (lm_cuda_device_count() == 0) {
+        fprintf(stderr, "test_cuda: no CUDA device: skipped\n");
+        return 77;
+    }
+    struct lm_cuda_device_info info;
+    if (lm_cuda_device_info(0, &info) == LM_OK)
+        fprintf(stderr, "test_cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB\n", info.name,
+                info.cc_major, info.cc_minor, info.sm_count, info.total_mem / 1073741824.0);
+    if (lm_cuda_ctx_create(NULL, &g_ctx)) {
+        fprintf(stderr, "test_cuda: %s: skipped\n", lm_error_message());
+        return 77;
+    }
+    g_ref = lm_cpu_ops_scalar();
+    test_gemv();
+    test_gemm();
+    test_rows();
+    test_attention();
+    test_sample();
+    test_model();
+    lm_cuda_ctx_destroy(g_ctx);
+    return check_exit("test_cuda");
+}
+#endif

@@ -1,0 +1,412 @@
+/* cmd_cudabench.c: `lumen cudabench`: the CUDA backend's speed on a GPU, printed as tables.
+ *
+ * - the measured ceiling: device-to-device copy bandwidth, and from it the decode floor (bytes a
+ *   step reads / bandwidth);
+ * - tg<N>: batch-1 decode of N tokens from an empty cache (llama-bench's tg), one token a step;
+ * - pp<P>: one forward call over a P-token prompt (llama-bench's pp);
+ * - batched decode throughput: B sequences each prefilled with --in random tokens (timed on its
+ *   own), then --out decode steps of all B together (llama-batched-bench's S_PP, S_TG and S);
+ * - --micro: each linear layer's GEMV kernel against the copy bandwidth;
+ * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off and with 1, 2 or
+ *   4 weight rows per warp, and batch 8 on the GEMV vs the cuBLAS path.
+ * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
+ * timings include the host side of each step (input copy, launch, waiting for the ids). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+
+#ifndef LM_HAVE_CUDA
+int lm_cmd_cudabench(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "lumen cudabench: this lumen was built without CUDA (nvcc was not found)\n");
+    return 1;
+}
+#else
+
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/qwen3.h"
+#include "base/status.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
+            "                       [--in 128] [--out 128] [--micro] [--variants] [--device N]\n\n"
+            "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
+            "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
+            "repetitions, next to the bandwidth floor.\n\n"
+            "  --model DIR     Hugging Face Qwen3 folder (config.json, model.safetensors)\n"
+            "  -r, --reps R    timed repetitions of each test (default 5)\n"
+            "  -p, --prompt P  prefill test over a P-token prompt (0 skips; default 512)\n"
+            "  -n, --gen N     batch-1 decode test of N steps (0 skips; default 128)\n"
+            "  --batches LIST  batch sizes of the throughput test, comma-separated (default\n"
+            "                  1,8,32,64,128,256; empty skips)\n"
+            "  --in N          prompt tokens per sequence in the throughput test (default 128)\n"
+            "  --out N         decode steps in the throughput test (default 128)\n"
+            "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
+            "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants\n"
+            "  --device N      CUDA device (default 0)\n"
+            "  -h, --help      show this help\n");
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t g_rng = 42;
+static int32_t rand_id(int vocab) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return 1 + (int32_t)(g_rng % (uint64_t)(vocab - 1));
+}
+
+struct bench {
+    struct lm_cuda_qwen3 *m;
+    struct lm_cuda_qwen3_info info;
+    int32_t *bt;      /* [max_seqs][W]: sequence i owns blocks i*per .. */
+    int per;          /* blocks per sequence */
+};
+
+/* Prefill sequences [0, B) with in_len tokens each (ids [B][in_len]), packing as many sequences
+ * into one call as max_tokens allows; next[B] gets each one's greedy next id. */
+static lm_status prefill(struct bench *b, int B, int in_len, const int32_t *ids, int32_t *next) {
+    const int W = b->info.bt_width, T = b->info.max_tokens;
+    int per_call = T / in_len;
+    if (per_call < 1) return lm_errorf(LM_ERR_RANGE, "prompt of %d tokens exceeds max_tokens %d", in_len, T);
+    if (per_call > b->info.max_seqs) per_call = b->info.max_seqs;
+    int32_t *pos = malloc(sizeof(int32_t) * T), *seq = malloc(sizeof(int32_t) * T);
+    int32_t *out = malloc(sizeof(int32_t) * per_call);
+    lm_status rc = LM_OK;
+    for (int s0 = 0; s0 < B && !rc; s0 += per_call) {
+        const int k = B - s0 < per_call ? B - s0 : per_call;
+        for (int j = 0; j < k; j++) {
+            for (int p = 0; p < in_len; p++) pos[j * in_len + p] = p, seq[j * in_len + p] = j;
+            out[j] = (j + 1) * in_len - 1;
+        }
+        struct lm_cuda_batch bb = {0};
+        bb.n_tokens = k * in_len;
+        bb.ids = ids + (size_t)s0 * in_len;
+        bb.pos = pos;
+        bb.seq = seq;
+        bb.n_seqs = k;
+        bb.block_tables = b->bt + (size_t)s0 * W;
+        bb.n_out = k;
+        bb.out_tokens = out;
+        bb.out_ids = next + s0;
+        rc = lm_cuda_qwen3_forward(b->m, &bb);
+    }
+    free(pos);
+    free(seq);
+    free(out);
+    return rc;
+}
+
+/* `steps` decode steps of sequences [0, B) from position start; ids in/out in next[B]. */
+static lm_status decode(struct bench *b, int B, int start, int steps, int32_t *next) {
+    const int W = b->info.bt_width;
+    int32_t *pos = malloc(sizeof(int32_t) * B), *seq = malloc(sizeof(int32_t) * B);
+    int32_t *ids = malloc(sizeof(int32_t) * B);
+    for (int i = 0; i < B; i++) seq[i] = i;
+    struct lm_cuda_batch bb = {0};
+    bb.n_tokens = B;
+    bb.ids = ids;
+    bb.pos = pos;
+    bb.seq = seq;
+    bb.n_seqs = B;
+    bb.block_tables = b->bt;
+    bb.n_out = B;
+    bb.out_tokens = seq;
+    bb.out_ids = next;
+    lm_status rc = LM_OK;
+    for (int t = 0; t < steps && !rc; t++) {
+        for (int i = 0; i < B; i++) pos[i] = start + t, ids[i] = next[i];
+        rc = lm_cuda_qwen3_forward(b->m, &bb);
+    }
+    (void)W;
+    free(pos);
+    free(seq);
+    free(ids);
+    return rc;
+}
+
+/* tg<n>: median tokens per second of `reps` runs (one warm-up). */
+static lm_status bench_tg(struct bench *b, int n, int reps, double *tps, double *lo, double *hi) {
+    double *v = malloc(sizeof(double) * reps);
+    lm_status rc = LM_OK;
+    for (int r = -1; r < reps && !rc; r++) {
+        int32_t next = 1000;
+        double t0 = now_s();
+        rc = decode(b, 1, 0, n, &next);
+        double dt = now_s() - t0;
+        if (r >= 0) v[r] = n / dt;
+    }
+    if (!rc) {
+        *tps = median(v, reps);
+        *lo = v[0];
+        *hi = v[reps - 1];
+    }
+    free(v);
+    return rc;
+}
+
+static void row(const char *test, int B, double med, double lo, double hi, double floor_tps) {
+    char range[48], pct[16] = "";
+    snprintf(range, sizeof range, "%.0f - %.0f", lo, hi);
+    if (floor_tps > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * med / floor_tps);
+    printf("| %-22s | %4d | %12.0f | %21s | %9.1f | %9s |\n", test, B, med, range,
+           B * 1e6 / med, pct);
+    fflush(stdout);
+}
+
+int lm_cmd_cudabench(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"prompt", required_argument, 0, 'p'},
+                                         {"gen", required_argument, 0, 'n'},
+                                         {"batches", required_argument, 0, 'b'},
+                                         {"in", required_argument, 0, 'I'},
+                                         {"out", required_argument, 0, 'O'},
+                                         {"micro", no_argument, 0, 'M'},
+                                         {"variants", no_argument, 0, 'V'},
+                                         {"device", required_argument, 0, 'd'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *model = NULL, *batches = "1,8,32,64,128,256";
+    int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
+    bool micro = false, variants = false;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hr:p:n:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'r': reps = atoi(optarg); break;
+        case 'p': pp = atoi(optarg); break;
+        case 'n': tg = atoi(optarg); break;
+        case 'b': batches = optarg; break;
+        case 'I': in_len = atoi(optarg); break;
+        case 'O': out_len = atoi(optarg); break;
+        case 'M': micro = true; break;
+        case 'V': variants = true; break;
+        case 'd': device = atoi(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !model || reps < 1 || pp < 0 || tg < 0 || in_len < 1 || out_len < 1) {
+        fprintf(stderr, "lumen cudabench: %s\n", !model ? "--model DIR is required" : "bad arguments");
+        usage(stderr);
+        return 2;
+    }
+    int blist[32], nb = 0, maxb = 1;
+    for (const char *s = batches; *s && nb < 32;) {
+        int v = atoi(s);
+        if (v < 1) {
+            fprintf(stderr, "lumen cudabench: --batches: '%s' is not a list of positive integers\n", batches);
+            return 2;
+        }
+        blist[nb++] = v;
+        if (v > maxb) maxb = v;
+        const char *comma = strchr(s, ',');
+        if (!comma) break;
+        s = comma + 1;
+    }
+
+    struct lm_cuda_device_info di;
+    if (lm_cuda_device_info(device, &di)) return lm_cmd_fail("cudabench", NULL);
+    printf("device: %s, compute capability %d.%d, %d SMs, %.1f GiB, L2 %d MiB, driver %d, runtime %d\n",
+           di.name, di.cc_major, di.cc_minor, di.sm_count, di.total_mem / 1073741824.0,
+           di.l2_bytes >> 20, di.driver, di.runtime);
+    double bw = 0;
+    if (lm_cuda_bench_copy(device, (size_t)2 << 30, 10, &bw)) return lm_cmd_fail("cudabench", NULL);
+    printf("copy bandwidth (device to device, read + write, 2 GiB, median of 10): %.3f TB/s\n", bw / 1e12);
+
+    /* The model, sized for the largest test. */
+    struct lm_cuda_qwen3_params p = lm_cuda_qwen3_default_params();
+    p.device = device;
+    int max_len = in_len + out_len;
+    if (tg > max_len) max_len = tg;
+    if (pp > max_len) max_len = pp;
+    p.max_context = max_len + 16;
+    p.max_seqs = maxb > 8 ? maxb : 8;
+    p.max_tokens = pp > 2048 ? pp : 2048;
+    const int bs = p.block_size, per = (p.max_context + bs - 1) / bs;
+    p.n_blocks = per * p.max_seqs;
+    struct bench b = {0};
+    double t0 = now_s();
+    if (lm_cuda_qwen3_open_dir(model, &p, &b.m)) return lm_cmd_fail("cudabench", NULL);
+    lm_cuda_qwen3_info(b.m, &b.info);
+    const struct lm_cuda_qwen3_config *cf = &b.info.cfg;
+    printf("model: %s: %d layers, hidden %d, %d/%d heads, head_dim %d, intermediate %d, vocab %d; "
+           "%.3f GB of bf16 weights on the device (loaded in %.1f s); KV cache bf16, %d blocks of %d\n",
+           model, cf->n_layers, cf->hidden, cf->n_heads, cf->n_kv_heads, cf->head_dim, cf->intermediate,
+           cf->vocab, b.info.weight_bytes / 1e9, now_s() - t0, b.info.n_blocks, b.info.block_size);
+    const double floor_us = b.info.step_bytes / bw * 1e6, floor_tps = 1e6 / floor_us;
+    printf("floor: a decode step reads %.3f GB of weights -> %.1f us at %.3f TB/s = %.0f tok/s at batch 1\n\n",
+           b.info.step_bytes / 1e9, floor_us, bw / 1e12, floor_tps);
+    b.per = per;
+    b.bt = malloc(sizeof(int32_t) * (size_t)p.max_seqs * b.info.bt_width);
+    for (int s = 0; s < p.max_seqs; s++)
+        for (int j = 0; j < b.info.bt_width; j++)
+            b.bt[(size_t)s * b.info.bt_width + j] = j < per ? s * per + j : 0;
+
+    lm_status st = LM_OK;
+    printf("| %-22s | %4s | %12s | %21s | %9s | %9s |\n", "test", "B", "t/s (median)", "t/s (min - max)",
+           "us/step", "of floor");
+    printf("| ---------------------- | ---: | -----------: | --------------------: | --------: | --------: |\n");
+    if (tg) {
+        double med, lo, hi;
+        char name[32];
+        snprintf(name, sizeof name, "tg%d", tg);
+        if (!(st = bench_tg(&b, tg, reps, &med, &lo, &hi))) row(name, 1, med, lo, hi, floor_tps);
+        /* The same step's GPU time alone (graph replays at the last position): the rest is host. */
+        double us;
+        if (!st && !lm_cuda_qwen3_bench_step(b.m, 1, reps * 4, &us))
+            printf("| %-22s | %4d | %12.0f | %21s | %9.1f | %8.0f%% |\n", "  step on the GPU", 1, 1e6 / us,
+                   "(graph replays)", us, 100.0 * (1e6 / us) / floor_tps);
+    }
+    if (pp && !st) {
+        int32_t *ids = malloc(sizeof(int32_t) * pp), next;
+        for (int i = 0; i < pp; i++) ids[i] = rand_id(cf->vocab);
+        double *v = malloc(sizeof(double) * reps);
+        for (int r = -1; r < reps && !st; r++) {
+            double ts = now_s();
+            st = prefill(&b, 1, pp, ids, &next);
+            if (r >= 0) v[r] = pp / (now_s() - ts);
+        }
+        if (!st) {
+            double med = median(v, reps);
+            char name[32];
+            snprintf(name, sizeof name, "pp%d", pp);
+            printf("| %-22s | %4d | %12.0f | %21s | %9.1f | %9s |\n", name, 1, med, "", pp * 1e6 / med, "");
+        }
+        free(ids);
+        free(v);
+    }
+    /* Batched: prefill B x in_len, then out_len decode steps of all B. */
+    if (nb && !st) {
+        printf("\nbatched (%d in / %d out per sequence): prefill and decode timed apart; total = all tokens "
+               "over both times\n",
+               in_len, out_len);
+        printf("| %4s | %14s | %14s | %14s | %12s | %12s |\n", "B", "prefill t/s", "decode t/s", "total t/s",
+               "ms/step", "GPU ms/step");
+        printf("| ---: | -------------: | -------------: | -------------: | -----------: | -----------: |\n");
+        for (int i = 0; i < nb && !st; i++) {
+            const int B = blist[i];
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * in_len), *next = malloc(sizeof(int32_t) * B);
+            for (long j = 0; j < (long)B * in_len; j++) ids[j] = rand_id(cf->vocab);
+            double *vp = malloc(sizeof(double) * reps), *vd = malloc(sizeof(double) * reps);
+            double *vt = malloc(sizeof(double) * reps);
+            for (int r = -1; r < reps && !st; r++) {
+                double ts = now_s();
+                st = prefill(&b, B, in_len, ids, next);
+                double tp = now_s() - ts;
+                if (!st) st = decode(&b, B, in_len, out_len, next);
+                double td = now_s() - ts - tp;
+                if (r >= 0) {
+                    vp[r] = (double)B * in_len / tp;
+                    vd[r] = (double)B * out_len / td;
+                    vt[r] = (double)B * (in_len + out_len) / (tp + td);
+                }
+            }
+            if (!st) {
+                double md = median(vd, reps), us = 0;
+                lm_cuda_qwen3_bench_step(b.m, B, reps, &us);
+                printf("| %4d | %14.0f | %14.0f | %14.0f | %12.3f | %12.3f |\n", B, median(vp, reps), md,
+                       median(vt, reps), B * 1e3 / md, us / 1e3);
+                fflush(stdout);
+            }
+            free(ids), free(next), free(vp), free(vd), free(vt);
+        }
+    }
+    if (micro && !st) {
+        static const char *names[] = {"q/k/v + rmsnorm", "o_proj + residual", "gate/up + swiglu",
+                                      "down + residual", "lm_head + norm"};
+        printf("\nGEMV kernels (one launch per layer in a graph; median of %d replays)\n", reps * 4);
+        printf("| %-18s | %4s | %9s | %9s | %9s | %9s |\n", "matrix", "rows", "MB", "us", "TB/s", "of copy");
+        printf("| ------------------ | ---: | --------: | --------: | --------: | --------: |\n");
+        static const int ns[] = {1, 8};
+        for (int w = 0; w < 5 && !st; w++)
+            for (int k = 0; k < 2 && !st; k++) {
+                double us, bytes;
+                if ((st = lm_cuda_qwen3_bench_linear(b.m, w, ns[k], reps * 4, &us, &bytes))) break;
+                printf("| %-18s | %4d | %9.2f | %9.2f | %9.3f | %8.0f%% |\n", names[w], ns[k], bytes / 1e6, us,
+                       bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
+                fflush(stdout);
+            }
+    }
+    if (variants && !st && tg) {
+        printf("\nvariants of tg%d (batch 1) and of batch 8\n", tg);
+        printf("| %-34s | %12s | %9s | %9s |\n", "variant", "t/s (median)", "us/step", "of floor");
+        printf("| ---------------------------------- | -----------: | --------: | --------: |\n");
+        struct {
+            const char *name;
+            bool graphs, pdl, early;
+            int rows;
+        } vs[] = {{"graphs + PDL, early trigger", true, true, true, 0},
+                  {"graphs + PDL, trigger late", true, true, false, 0},
+                  {"graphs, no PDL", true, false, false, 0},
+                  {"no graphs, PDL early", false, true, true, 0},
+                  {"no graphs, no PDL", false, false, false, 0},
+                  {"graphs + PDL early, 1 row/warp", true, true, true, 1},
+                  {"graphs + PDL early, 2 rows/warp", true, true, true, 2},
+                  {"graphs + PDL early, 4 rows/warp", true, true, true, 4}};
+        for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
+            lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
+            lm_cuda_set_early_trigger(vs[i].early);
+            lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
+            double med, lo, hi;
+            if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
+            printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
+            fflush(stdout);
+        }
+        lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
+        lm_cuda_set_early_trigger(true);
+        /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
+        static const int smallb[] = {2, 4, 8};
+        for (int k = 0; k < 3 && !st; k++)
+            for (int g = 0; g < 2 && !st; g++) {
+                const int B = smallb[k];
+                if (B > maxb) break;
+                lm_cuda_qwen3_set_options(b.m, true, true, g ? 0 : 8);
+                double *v = malloc(sizeof(double) * reps);
+                int32_t next[8];
+                for (int r = -1; r < reps && !st; r++) {
+                    for (int j = 0; j < B; j++) next[j] = 1000 + j;
+                    double ts = now_s();
+                    st = decode(&b, B, 0, tg, next);
+                    if (r >= 0) v[r] = (double)B * tg / (now_s() - ts);
+                }
+                if (!st) {
+                    char name[64];
+                    snprintf(name, sizeof name, "batch %d, %s", B, g ? "cuBLAS path" : "GEMV path");
+                    double med = median(v, reps);
+                    printf("| %-34s | %12.0f | %9.1f | %9s |\n", name, med, B * 1e6 / med, "");
+                    fflush(stdout);
+                }
+                free(v);
+            }
+        lm_cuda_qwen3_set_options(b.m, true, true, 8);
+    }
+    int rc = st ? lm_cmd_fail("cudabench", NULL) : 0;
+    if (!rc)
+        printf("\n%d repetitions after one warm-up; greedy; host time per step included; batch-1 floor %.0f tok/s\n",
+               reps, floor_tps);
+    free(b.bt);
+    lm_cuda_qwen3_destroy(b.m);
+    return rc;
+}
+#endif
