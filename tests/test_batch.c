@@ -38,7 +38,8 @@ static void test_matmul_invariance(struct lm_pool *pool) {
         int k = shapes[c][0], m = shapes[c][1];
         float *x = malloc(sizeof(float) * 16 * k), *wf = malloc(sizeof(float) * m * k);
         uint16_t *wb = malloc(sizeof(uint16_t) * m * k);
-        for (int i = 0; i < 16 * k; i++) x[i] = frand();
+        for (int i = 0; i < 16 * k; i++)
+            x[i] = frand();
         for (int i = 0; i < m * k; i++) {
             wf[i] = frand();
             wb[i] = lm_f32_to_bf16(wf[i]);
@@ -47,13 +48,15 @@ static void test_matmul_invariance(struct lm_pool *pool) {
         for (int dt = 0; dt < 2; dt++) {
             const void *w = dt ? (const void *)wb : (const void *)wf;
             enum lm_dtype t = dt ? LM_DTYPE_BF16 : LM_DTYPE_F32;
-            for (int i = 0; i < 16; i++) f->matmul(pool, alone + (size_t)i * m, x + (size_t)i * k, w, t, 1, k, m);
+            for (int i = 0; i < 16; i++)
+                f->matmul(pool, alone + (size_t)i * m, x + (size_t)i * k, w, t, 1, k, m);
             int bad = 0;
             for (int n = 2; n <= 16; n++) {
                 f->matmul(pool, batch, x, w, t, n, k, m);
                 if (memcmp(batch, alone, sizeof(float) * n * m)) bad = n;
             }
-            CHECK(bad == 0, "matmul k=%d m=%d %s: rows of n=%d differ from n=1", k, m, lm_dtype_name(t), bad);
+            CHECK(bad == 0, "matmul k=%d m=%d %s: rows of n=%d differ from n=1", k, m,
+                  lm_dtype_name(t), bad);
         }
         free(x), free(wf), free(wb), free(alone), free(batch);
     }
@@ -66,10 +69,14 @@ static void test_paged_attention(struct lm_pool *pool) {
     const int len_a = 42, len_b = 9, n_blocks = 8;
     float *kc = calloc((size_t)n_blocks * bs * stride, sizeof(float));
     float *vc = calloc((size_t)n_blocks * bs * stride, sizeof(float));
-    float *ka = malloc(sizeof(float) * len_a * stride), *va = malloc(sizeof(float) * len_a * stride);
-    float *kb = malloc(sizeof(float) * len_b * stride), *vb = malloc(sizeof(float) * len_b * stride);
-    for (int i = 0; i < len_a * stride; i++) ka[i] = frand(), va[i] = frand();
-    for (int i = 0; i < len_b * stride; i++) kb[i] = frand(), vb[i] = frand();
+    float *ka = malloc(sizeof(float) * len_a * stride),
+          *va = malloc(sizeof(float) * len_a * stride);
+    float *kb = malloc(sizeof(float) * len_b * stride),
+          *vb = malloc(sizeof(float) * len_b * stride);
+    for (int i = 0; i < len_a * stride; i++)
+        ka[i] = frand(), va[i] = frand();
+    for (int i = 0; i < len_b * stride; i++)
+        kb[i] = frand(), vb[i] = frand();
     int32_t ta[3] = {5, 0, 3}, tb[1] = {6}; /* shuffled block tables */
     for (int t = 0; t < len_a; t++) {
         size_t row = (size_t)ta[t / bs] * bs + t % bs;
@@ -83,8 +90,10 @@ static void test_paged_attention(struct lm_pool *pool) {
     }
     const int na = 5, nb = 9, q_dim = nh * hd;
     float *q = malloc(sizeof(float) * (na + nb) * q_dim);
-    for (int i = 0; i < (na + nb) * q_dim; i++) q[i] = frand();
-    float *o_paged = malloc(sizeof(float) * (na + nb) * q_dim), *o_ref = malloc(sizeof(float) * (na + nb) * q_dim);
+    for (int i = 0; i < (na + nb) * q_dim; i++)
+        q[i] = frand();
+    float *o_paged = malloc(sizeof(float) * (na + nb) * q_dim),
+          *o_ref = malloc(sizeof(float) * (na + nb) * q_dim);
     float *o_scalar = malloc(sizeof(float) * (na + nb) * q_dim);
     float *scr = malloc(sizeof(float) * 64 * 64);
     struct lm_attn_seq seqs[2] = {{na, len_a - na, ta}, {nb, 0, tb}};
@@ -92,8 +101,8 @@ static void test_paged_attention(struct lm_pool *pool) {
     sc->attention_paged(NULL, o_scalar, q, kc, vc, seqs, 2, nh, nkv, hd, stride, bs, 0.25f, scr);
     /* Contiguous reference: each sequence alone with the fast `attention`. */
     f->attention(pool, o_ref, q, ka, va, na, len_a - na, nh, nkv, hd, stride, 0.25f, scr);
-    f->attention(pool, o_ref + (size_t)na * q_dim, q + (size_t)na * q_dim, kb, vb, nb, 0, nh, nkv, hd,
-                 stride, 0.25f, scr);
+    f->attention(pool, o_ref + (size_t)na * q_dim, q + (size_t)na * q_dim, kb, vb, nb, 0, nh, nkv,
+                 hd, stride, 0.25f, scr);
     CHECK(!memcmp(o_paged, o_ref, sizeof(float) * (na + nb) * q_dim),
           "paged attention (shuffled blocks, two sequences) differs from contiguous attention");
     double err = 0, mx = 0;
@@ -104,9 +113,10 @@ static void test_paged_attention(struct lm_pool *pool) {
     CHECK(err <= 1e-5 * mx, "fast vs scalar paged attention: %g", err / mx);
     /* The scalar paged kernel against the scalar contiguous one. */
     sc->attention(NULL, o_ref, q, ka, va, na, len_a - na, nh, nkv, hd, stride, 0.25f, scr);
-    sc->attention(NULL, o_ref + (size_t)na * q_dim, q + (size_t)na * q_dim, kb, vb, nb, 0, nh, nkv, hd,
-                  stride, 0.25f, scr);
-    CHECK(!memcmp(o_scalar, o_ref, sizeof(float) * (na + nb) * q_dim), "scalar paged vs scalar contiguous");
+    sc->attention(NULL, o_ref + (size_t)na * q_dim, q + (size_t)na * q_dim, kb, vb, nb, 0, nh, nkv,
+                  hd, stride, 0.25f, scr);
+    CHECK(!memcmp(o_scalar, o_ref, sizeof(float) * (na + nb) * q_dim),
+          "scalar paged vs scalar contiguous");
     free(kc), free(vc), free(ka), free(va), free(kb), free(vb), free(q), free(o_paged), free(o_ref);
     free(o_scalar), free(scr);
 }
@@ -146,10 +156,12 @@ static float *prefill_last(struct lm_model *m, const struct lm_ids *ids, int pie
     int nb = (n + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
     CHECK(lm_kv_cache_create(m, nb + 3, 1024, n, &kv) == LM_OK, "kv: %s", lm_error_message());
     int32_t *blocks = malloc(sizeof *blocks * nb);
-    for (int i = 0; i < nb; i++) blocks[i] = nb + 2 - i; /* reversed: not the identity */
+    for (int i = 0; i < nb; i++)
+        blocks[i] = nb + 2 - i; /* reversed: not the identity */
     for (int done = 0; done < n;) {
         int k = n - done < piece ? n - done : piece;
-        struct lm_batch_seq b = {ids->v + done, k, done, blocks, done + k == n ? LM_LOGITS_LAST : LM_LOGITS_NONE};
+        struct lm_batch_seq b = {ids->v + done, k, done, blocks,
+                                 done + k == n ? LM_LOGITS_LAST : LM_LOGITS_NONE};
         CHECK(lm_model_forward(m, kv, &b, 1, out) == LM_OK, "forward: %s", lm_error_message());
         done += k;
     }
@@ -164,8 +176,8 @@ static void test_chunked_prefill(struct lm_model *m, const struct ref_case *lc) 
     const int pieces[] = {1, 7, 16, 100, 512};
     for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) {
         float *c = prefill_last(m, &lc->prompt, pieces[i]);
-        CHECK(!memcmp(one, c, sizeof(float) * vocab), "prefill in pieces of %d: last logits differ from one call",
-              pieces[i]);
+        CHECK(!memcmp(one, c, sizeof(float) * vocab),
+              "prefill in pieces of %d: last logits differ from one call", pieces[i]);
         free(c);
     }
     /* And the same bits through lm_seq (a private cache, chunks of 256). */
@@ -186,21 +198,32 @@ struct job {
     bool done, started;
 };
 
-static void on_finish(struct lm_sched_req *r) { ((struct job *)r->ctx)->done = true; }
-static void on_start(struct lm_sched_req *r) { ((struct job *)r->ctx)->started = true; }
+static void on_finish(struct lm_sched_req *r) {
+    ((struct job *)r->ctx)->done = true;
+}
+static void on_start(struct lm_sched_req *r) {
+    ((struct job *)r->ctx)->started = true;
+}
 
-static void job_init(struct job *j, const struct lm_ids *prompt, int max_tokens, struct lm_sampling_params sp) {
+static void job_init(struct job *j, const struct lm_ids *prompt, int max_tokens,
+                     struct lm_sampling_params sp) {
     memset(j, 0, sizeof *j);
-    j->r.gen = (struct lm_gen_request){.prompt = prompt->v, .n_prompt = prompt->n, .max_tokens = max_tokens,
-                                       .sampling = sp, .ignore_eos = true};
+    j->r.gen = (struct lm_gen_request){.prompt = prompt->v,
+                                       .n_prompt = prompt->n,
+                                       .max_tokens = max_tokens,
+                                       .sampling = sp,
+                                       .ignore_eos = true};
     j->r.on_finish = on_finish;
     j->r.on_start = on_start;
     j->r.ctx = j;
 }
 
-static struct lm_sampling_params greedy(void) { return (struct lm_sampling_params){.temperature = 0, .top_p = 1}; }
+static struct lm_sampling_params greedy(void) {
+    return (struct lm_sampling_params){.temperature = 0, .top_p = 1};
+}
 static struct lm_sampling_params seeded(uint64_t seed) {
-    return (struct lm_sampling_params){.temperature = 0.9f, .top_p = 0.95f, .top_k = 50, .seed = seed, .seeded = true};
+    return (struct lm_sampling_params){
+        .temperature = 0.9f, .top_p = 0.95f, .top_k = 50, .seed = seed, .seeded = true};
 }
 
 static void run_until_idle(struct lm_sched *s) {
@@ -246,8 +269,10 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
         job_init(&j, &cases[i].prompt, T, greedy());
         lm_sched_submit(s, &j.r);
         run_until_idle(s);
-        CHECK(j.done && j.r.status == LM_OK && j.r.result.finish == LM_FINISH_LENGTH, "case %d alone", i);
-        CHECK(same(&j.r.result.ids, &cases[i].greedy), "case %d alone: greedy ids differ from transformers", i);
+        CHECK(j.done && j.r.status == LM_OK && j.r.result.finish == LM_FINISH_LENGTH,
+              "case %d alone", i);
+        CHECK(same(&j.r.result.ids, &cases[i].greedy),
+              "case %d alone: greedy ids differ from transformers", i);
         alone[i] = j.r.result.ids;
         j.r.result.ids = (struct lm_ids){0};
         lm_gen_result_free(&j.r.result);
@@ -257,7 +282,8 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
     struct job jobs[16];
     for (int conc = 1; conc <= 16; conc++) {
         for (int stagger = 0; stagger < 2; stagger++) {
-            for (int i = 0; i < conc; i++) job_init(&jobs[i], &cases[(i * 7 + conc) % n_cases].prompt, T, greedy());
+            for (int i = 0; i < conc; i++)
+                job_init(&jobs[i], &cases[(i * 7 + conc) % n_cases].prompt, T, greedy());
             run_jobs(s, jobs, conc, stagger ? 1 : conc, stagger ? 3 : 1);
             for (int i = 0; i < conc; i++) {
                 int c = (i * 7 + conc) % n_cases;
@@ -270,10 +296,14 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
     }
     struct lm_sched_stats st;
     lm_sched_stats(s, &st);
-    CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0, "idle: %d blocks used", st.kv_blocks_used);
-    CHECK(st.cached_tokens > 0, "repeated prompts reused the prefix cache: %lld tokens", st.cached_tokens);
-    fprintf(stderr, "test_batch: %lld steps, %.1f tokens a step, %lld of %lld prompt tokens from the cache\n",
-            st.steps, (double)st.step_tokens / (double)st.steps, st.cached_tokens, st.prompt_tokens);
+    CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0, "idle: %d blocks used",
+          st.kv_blocks_used);
+    CHECK(st.cached_tokens > 0, "repeated prompts reused the prefix cache: %lld tokens",
+          st.cached_tokens);
+    fprintf(
+        stderr,
+        "test_batch: %lld steps, %.1f tokens a step, %lld of %lld prompt tokens from the cache\n",
+        st.steps, (double)st.step_tokens / (double)st.steps, st.cached_tokens, st.prompt_tokens);
 
     /* Seeded sampling: alone vs beside 7 others (greedy and sampled with other seeds). */
     struct lm_ids ref[4] = {{0}};
@@ -287,15 +317,19 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
         lm_gen_result_free(&j.r.result);
     }
     for (int i = 0; i < 8; i++)
-        job_init(&jobs[i], &cases[(i + 3) % n_cases].prompt, 32, i < 4 ? seeded(100 + (i + 3) % 4) : greedy());
+        job_init(&jobs[i], &cases[(i + 3) % n_cases].prompt, 32,
+                 i < 4 ? seeded(100 + (i + 3) % 4) : greedy());
     /* jobs 0..3 use cases 3..6 with seeds of cases (3..6)%4: rebuild them as the reference pairs */
-    for (int i = 0; i < 4; i++) job_init(&jobs[i], &cases[i].prompt, 32, seeded(100 + i));
+    for (int i = 0; i < 4; i++)
+        job_init(&jobs[i], &cases[i].prompt, 32, seeded(100 + i));
     run_jobs(s, jobs, 8, 3, 2);
     for (int i = 0; i < 4; i++) {
-        CHECK(same(&jobs[i].r.result.ids, &ref[i]), "seeded case %d: batched ids differ from alone", i);
+        CHECK(same(&jobs[i].r.result.ids, &ref[i]), "seeded case %d: batched ids differ from alone",
+              i);
         lm_ids_free(&ref[i]);
     }
-    for (int i = 0; i < 8; i++) lm_gen_result_free(&jobs[i].r.result);
+    for (int i = 0; i < 8; i++)
+        lm_gen_result_free(&jobs[i].r.result);
 
     /* Cancellation: a running request stops within a step and frees its blocks; a waiting one
      * never runs. */
@@ -305,15 +339,18 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
     job_init(&jobs[0], &cases[0].prompt, 500, greedy());
     jobs[0].r.gen.cancel = &flag_a;
     lm_sched_submit(s, &jobs[0].r);
-    for (int i = 0; i < 40; i++) lm_sched_step(s);
+    for (int i = 0; i < 40; i++)
+        lm_sched_step(s);
     lm_sched_stats(s, &st);
-    CHECK(st.running == 1 && st.kv_blocks_used > 0, "long request running with %d blocks", st.kv_blocks_used);
+    CHECK(st.running == 1 && st.kv_blocks_used > 0, "long request running with %d blocks",
+          st.kv_blocks_used);
     atomic_store(&flag_a, true);
     lm_sched_step(s);
     lm_sched_stats(s, &st);
-    CHECK(jobs[0].done && jobs[0].r.result.finish == LM_FINISH_CANCELLED && st.kv_blocks_used == 0 &&
-              st.running == 0,
-          "cancelled within one step, blocks freed: done %d, %d blocks used", jobs[0].done, st.kv_blocks_used);
+    CHECK(jobs[0].done && jobs[0].r.result.finish == LM_FINISH_CANCELLED &&
+              st.kv_blocks_used == 0 && st.running == 0,
+          "cancelled within one step, blocks freed: done %d, %d blocks used", jobs[0].done,
+          st.kv_blocks_used);
     lm_gen_result_free(&jobs[0].r.result);
     job_init(&jobs[1], &cases[1].prompt, 8, greedy());
     jobs[1].r.gen.cancel = &flag_b;
@@ -351,19 +388,24 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
         lm_gen_result_free(&jobs[i].r.result);
     }
     for (int i = 0; i < 8; i++)
-        job_init(&jobs[i], &cases[small[i % n_small]].prompt, 120, i % n_small % 2 ? seeded(7 + i % n_small) : greedy());
+        job_init(&jobs[i], &cases[small[i % n_small]].prompt, 120,
+                 i % n_small % 2 ? seeded(7 + i % n_small) : greedy());
     run_jobs(s, jobs, 8, 8, 1);
     lm_sched_stats(s, &st);
     for (int i = 0; i < 8; i++) {
         CHECK(jobs[i].done && same(&jobs[i].r.result.ids, &small_ref[i % n_small]),
-              "small pool, request %d: ids differ (preempted %d times)", i, jobs[i].r.result.preemptions);
+              "small pool, request %d: ids differ (preempted %d times)", i,
+              jobs[i].r.result.preemptions);
         lm_gen_result_free(&jobs[i].r.result);
     }
-    for (int i = 0; i < n_small; i++) lm_ids_free(&small_ref[i]);
+    for (int i = 0; i < n_small; i++)
+        lm_ids_free(&small_ref[i]);
     CHECK(st.preemptions > 0, "the small pool preempted (%lld)", st.preemptions);
-    fprintf(stderr, "test_batch: small pool: %lld preemptions, %lld evictions\n", st.preemptions, st.evictions);
+    fprintf(stderr, "test_batch: small pool: %lld preemptions, %lld evictions\n", st.preemptions,
+            st.evictions);
     lm_sched_destroy(s);
-    for (int i = 0; i < n_cases; i++) lm_ids_free(&alone[i]);
+    for (int i = 0; i < n_cases; i++)
+        lm_ids_free(&alone[i]);
 }
 
 int main(void) {
@@ -387,7 +429,8 @@ int main(void) {
     test_chunked_prefill(m, lc);
     test_sched(m, cases, n_cases);
     lm_model_close(m);
-    for (int i = 0; i < n_cases; i++) lm_ids_free(&cases[i].prompt), lm_ids_free(&cases[i].greedy);
+    for (int i = 0; i < n_cases; i++)
+        lm_ids_free(&cases[i].prompt), lm_ids_free(&cases[i].greedy);
     free(cases);
     return check_exit("test_batch");
 }

@@ -27,7 +27,9 @@
 #include "bench/verify.h"
 #include "check.h"
 
-static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * (1 + fabs(b)); }
+static bool near(double a, double b) {
+    return fabs(a - b) <= 1e-9 * (1 + fabs(b));
+}
 
 /* ---- SSE framing ---- */
 
@@ -51,7 +53,8 @@ static void test_sse_framing(void) {
     struct lm_sse_parser p;
     lm_sse_init(&p);
     struct events e = {0};
-    for (int i = 0; i < 4; i++) lm_sse_feed(&p, parts[i], strlen(parts[i]), collect, &e);
+    for (int i = 0; i < 4; i++)
+        lm_sse_feed(&p, parts[i], strlen(parts[i]), collect, &e);
     CHECK(e.n == 2, "events before finish: %d", e.n);
     lm_sse_finish(&p, collect, &e);
     CHECK(e.n == 3, "events after finish: %d", e.n);
@@ -66,12 +69,18 @@ static void test_sse_framing(void) {
 static const char *k_stream =
     "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,"
     "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n"
-    "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hmm\"},\"finish_reason\":null}]}\r\n\r\n"
-    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n"
+    "data: "
+    "{\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hmm\"},\"finish_reason\":null}]}"
+    "\r\n\r\n"
+    "data: "
+    "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n"
     ": keep-alive\n\n"
-    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\", w\\u00f6rld\"},\"finish_reason\":null}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\", "
+    "w\\u00f6rld\"},\"finish_reason\":null}]}\n\n"
     "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n"
-    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":17,\"completion_tokens\":3,\"total_tokens\":20}}\n\n"
+    "data: "
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":17,\"completion_tokens\":3,\"total_tokens\":20}}"
+    "\n\n"
     "data: [DONE]\n\n";
 
 /* Offset just after the blank line that ends the event containing `needle`. */
@@ -90,8 +99,8 @@ static void check_stream_record(const struct lm_bench_record *r, const char *how
     CHECK(r->content.p && !strcmp(r->content.p, "Hello, w\xc3\xb6rld"), "%s: content '%s'", how,
           r->content.p ? r->content.p : "");
     CHECK(r->reasoning.p && !strcmp(r->reasoning.p, "hmm"), "%s: reasoning", how);
-    CHECK(r->output_tokens == 3 && r->input_tokens == 17, "%s: usage %ld %ld", how, r->output_tokens,
-          r->input_tokens);
+    CHECK(r->output_tokens == 3 && r->input_tokens == 17, "%s: usage %ld %ld", how,
+          r->output_tokens, r->input_tokens);
     CHECK(r->finish_reason && !strcmp(r->finish_reason, "length"), "%s: finish_reason", how);
     CHECK(r->done && r->n_events == 7, "%s: done %d events %zu", how, r->done, r->n_events);
     if (isfinite(ttft)) CHECK(near(r->ttft_ms, ttft), "%s: ttft %g want %g", how, r->ttft_ms, ttft);
@@ -104,7 +113,8 @@ static void test_stream_split(void) {
     struct lm_bench_record r = {0};
     struct lm_bench_stream s;
     lm_bench_stream_init(&s, &r);
-    for (size_t i = 0; i < n; i++) lm_bench_stream_feed(&s, k_stream + i, 1, (double)i);
+    for (size_t i = 0; i < n; i++)
+        lm_bench_stream_feed(&s, k_stream + i, 1, (double)i);
     lm_bench_stream_finish(&s, (double)n + 5);
     lm_bench_stream_free(&s);
     check_stream_record(&r, "bytewise", event_end("hmm"));
@@ -113,8 +123,8 @@ static void test_stream_split(void) {
           "chunk times %g %g", r.chunks[1].t_ms, r.chunks[2].t_ms);
     /* AIPerf ITL: (latency - TTFT) / (3 - 1) */
     CHECK(near(lm_bench_record_itl_ms(&r), (r.latency_ms - r.ttft_ms) / 2), "itl");
-    CHECK(near(r.ttfo_ms, event_end("Hello")), "TTFO %g: the first content chunk, after the reasoning",
-          r.ttfo_ms);
+    CHECK(near(r.ttfo_ms, event_end("Hello")),
+          "TTFO %g: the first content chunk, after the reasoning", r.ttfo_ms);
     CHECK(r.server_id && !strcmp(r.server_id, "x"), "server id from the chunks");
     CHECK(near(lm_bench_record_chunk_gap_ms(&r, 2), r.chunks[2].t_ms - r.chunks[1].t_ms), "gap");
     r.chunks[2].tokens = 4;
@@ -169,16 +179,18 @@ static void test_stream_errors(void) {
     lm_bench_record_free(&r);
 
     /* a role-only stream has no TTFT */
-    feed_all(&r, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":\"stop\"}]}"
-                 "\n\ndata: [DONE]\n\n");
+    feed_all(&r,
+             "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":\"stop\"}]}"
+             "\n\ndata: [DONE]\n\n");
     CHECK(!r.error && isnan(r.ttft_ms) && r.n_chunks == 0, "empty answer");
     CHECK(isnan(lm_bench_record_itl_ms(&r)), "no ITL without output");
     lm_bench_record_free(&r);
 
     /* a server that ignored "stream" */
     r.output_tokens = r.input_tokens = -1;
-    const char *full = "{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},"
-                       "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}";
+    const char *full =
+        "{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},"
+        "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}";
     lm_bench_record_full_response(&r, full, strlen(full), 9);
     CHECK(!r.error && r.n_chunks == 1 && !strcmp(r.content.p, "hi") && r.output_tokens == 1,
           "full response");
@@ -214,15 +226,16 @@ static void test_stats(void) {
 
 /* ---- datasets ---- */
 
-
 /* ---- SHA-256 ---- */
 
 static void test_digest(void) {
     char hex[LM_SHA256_HEX];
     lm_bench_sha256_hex("abc", 3, hex); /* FIPS 180-4 example */
-    CHECK(!strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "abc: %s", hex);
+    CHECK(!strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+          "abc: %s", hex);
     lm_bench_sha256_hex(NULL, 0, hex);
-    CHECK(!strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"), "empty: %s", hex);
+    CHECK(!strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+          "empty: %s", hex);
     int32_t ids[] = {1, -2, 151645};
     unsigned char le[] = {1, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0x5d, 0x50, 0x02, 0x00};
     char want[LM_SHA256_HEX];
@@ -230,8 +243,10 @@ static void test_digest(void) {
     lm_bench_sha256_ids(ids, 3, hex);
     CHECK(!strcmp(hex, want), "ids as little-endian int32");
     size_t size = 0;
-    CHECK(lm_bench_sha256_file(LM_SOURCE_DIR "/data/mt_bench/question.jsonl", hex, &size) == LM_OK &&
-              !strcmp(hex, "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7") && size == 48929,
+    CHECK(lm_bench_sha256_file(LM_SOURCE_DIR "/data/mt_bench/question.jsonl", hex, &size) ==
+                  LM_OK &&
+              !strcmp(hex, "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7") &&
+              size == 48929,
           "MT-Bench file hash (data/SOURCES.md): %s", hex);
 }
 
@@ -257,10 +272,13 @@ static const char *ledger_reason(const struct lm_bench_dataset *ds, const char *
 
 static void test_datasets(void) {
     struct lm_bench_dataset ds;
-    lm_status st = lm_bench_dataset_load(&ds, "mt_bench", LM_SOURCE_DIR "/data/mt_bench/question.jsonl");
+    lm_status st =
+        lm_bench_dataset_load(&ds, "mt_bench", LM_SOURCE_DIR "/data/mt_bench/question.jsonl");
     CHECK(st == LM_OK, "load: %s", lm_error_message());
-    CHECK(ds.n == 80 && ds.n_considered == 80 && json_array_size(ds.ledger) == 80, "%zu conversations", ds.n);
-    CHECK(!strcmp(ds.sha256, "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7"), "sha256");
+    CHECK(ds.n == 80 && ds.n_considered == 80 && json_array_size(ds.ledger) == 80,
+          "%zu conversations", ds.n);
+    CHECK(!strcmp(ds.sha256, "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7"),
+          "sha256");
     size_t two = 0, writing = 0;
     for (size_t i = 0; i < ds.n; i++) {
         two += ds.convs[i].n_turns == 2 && ds.convs[i].turns[1][0];
@@ -270,10 +288,11 @@ static void test_datasets(void) {
     if (ds.n == 80) {
         CHECK(!strcmp(ds.convs[0].id, "81") && !strcmp(ds.convs[79].id, "160"), "ids %s %s",
               ds.convs[0].id, ds.convs[79].id);
-        CHECK(!strncmp(ds.convs[0].turns[0], "Compose an engaging travel blog post", 36) &&
-                  !strcmp(ds.convs[0].turns[1],
-                          "Rewrite your previous response. Start every sentence with the letter A."),
-              "question 81");
+        CHECK(
+            !strncmp(ds.convs[0].turns[0], "Compose an engaging travel blog post", 36) &&
+                !strcmp(ds.convs[0].turns[1],
+                        "Rewrite your previous response. Start every sentence with the letter A."),
+            "question 81");
         CHECK(!ds.convs[0].answers[0] && !ds.convs[0].system, "no answers or system prompt");
     }
     lm_bench_dataset_free(&ds);
@@ -288,9 +307,12 @@ static void test_datasets(void) {
     o.path = LM_SOURCE_DIR "/data/spec_bench/question.jsonl";
     st = lm_bench_dataset_open(&ds, &o);
     size_t two_turn = 0;
-    for (size_t i = 0; i < ds.n; i++) two_turn += ds.convs[i].n_turns == 2;
-    CHECK(st == LM_OK && ds.n == 480 && two_turn == 80, "spec_bench %zu, two-turn %zu", ds.n, two_turn);
-    CHECK(!strcmp(ds.sha256, "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"), "sha256");
+    for (size_t i = 0; i < ds.n; i++)
+        two_turn += ds.convs[i].n_turns == 2;
+    CHECK(st == LM_OK && ds.n == 480 && two_turn == 80, "spec_bench %zu, two-turn %zu", ds.n,
+          two_turn);
+    CHECK(!strcmp(ds.sha256, "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"),
+          "sha256");
     lm_bench_dataset_free(&ds);
     o.categories = "qa,mt_bench";
     st = lm_bench_dataset_open(&ds, &o);
@@ -300,13 +322,15 @@ static void test_datasets(void) {
     lm_bench_dataset_free(&ds);
     o.categories = "writing";
     st = lm_bench_dataset_open(&ds, &o);
-    CHECK(st == LM_OK && ds.n == 10 && !strcmp(ds.convs[0].category, "writing"), "writing: %zu", ds.n);
+    CHECK(st == LM_OK && ds.n == 10 && !strcmp(ds.convs[0].category, "writing"), "writing: %zu",
+          ds.n);
     lm_bench_dataset_free(&ds);
 
     char path[] = "/tmp/lm_test_bench_XXXXXX";
     int fd = mkstemp(path);
     close(fd);
-    write_file(path, "{\"question_id\": 1, \"turns\": [\"a\"]}\n\n{\"question_id\": 2, \"turns\": [3]}\n");
+    write_file(
+        path, "{\"question_id\": 1, \"turns\": [\"a\"]}\n\n{\"question_id\": 2, \"turns\": [3]}\n");
     st = lm_bench_dataset_load(&ds, "mt_bench", path);
     CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), ":3: turns[0]"), "bad line: %s",
           lm_error_message());
@@ -315,46 +339,60 @@ static void test_datasets(void) {
     /* ShareGPT selection: one conversation per ledger reason, and the budget */
     const char *sg =
         "[{\"id\":\"gpt-first\",\"conversations\":[{\"from\":\"gpt\",\"value\":\"orphan\"},"
-        "{\"from\":\"human\",\"value\":\"q1\"},{\"from\":\"gpt\",\"value\":\"a1\"},{\"from\":\"human\",\"value\":\"q2\"}]},"
-        "{\"id\":\"one-turn\",\"conversations\":[{\"from\":\"human\",\"value\":\"q1\"},{\"from\":\"gpt\",\"value\":\"a1\"}]},"
-        "{\"id\":\"empty\",\"conversations\":[{\"from\":\"human\",\"value\":\"q1\"},{\"from\":\"gpt\",\"value\":\" \"},"
+        "{\"from\":\"human\",\"value\":\"q1\"},{\"from\":\"gpt\",\"value\":\"a1\"},{\"from\":"
+        "\"human\",\"value\":\"q2\"}]},"
+        "{\"id\":\"one-turn\",\"conversations\":[{\"from\":\"human\",\"value\":\"q1\"},{\"from\":"
+        "\"gpt\",\"value\":\"a1\"}]},"
+        "{\"id\":\"empty\",\"conversations\":[{\"from\":\"human\",\"value\":\"q1\"},{\"from\":"
+        "\"gpt\",\"value\":\" \"},"
         "{\"from\":\"human\",\"value\":\"q2\"}]},"
-        "{\"id\":\"ok\",\"conversations\":[{\"from\":\"system\",\"value\":\"Be brief.\"},{\"from\":\"human\",\"value\":\"Hello there\"},"
-        "{\"from\":\"gpt\",\"value\":\"Hi! How can I help?\"},{\"from\":\"human\",\"value\":\"Tell me a joke\"},"
+        "{\"id\":\"ok\",\"conversations\":[{\"from\":\"system\",\"value\":\"Be "
+        "brief.\"},{\"from\":\"human\",\"value\":\"Hello there\"},"
+        "{\"from\":\"gpt\",\"value\":\"Hi! How can I help?\"},{\"from\":\"human\",\"value\":\"Tell "
+        "me a joke\"},"
         "{\"from\":\"gpt\",\"value\":\"never sent\"},{\"from\":\"human\",\"value\":\"third\"}]},"
-        "{\"id\":\"long\",\"conversations\":[{\"from\":\"human\",\"value\":\"word word word word word word word word "
-        "word word word word word word word word word word word word word word word word word word word word word "
-        "word word word word word word word word word word word word word word word word word word word\"},"
+        "{\"id\":\"long\",\"conversations\":[{\"from\":\"human\",\"value\":\"word word word word "
+        "word word word word "
+        "word word word word word word word word word word word word word word word word word word "
+        "word word word "
+        "word word word word word word word word word word word word word word word word word word "
+        "word\"},"
         "{\"from\":\"gpt\",\"value\":\"a\"},{\"from\":\"human\",\"value\":\"q\"}]}]";
     write_file(path, sg);
     o = lm_bench_dataset_default_opts();
     o.name = "sharegpt";
     o.path = path;
     st = lm_bench_dataset_open(&ds, &o);
-    CHECK(st == LM_ERR_INVALID && strstr(lm_error_message(), "tokenizer"), "sharegpt needs a tokenizer");
+    CHECK(st == LM_ERR_INVALID && strstr(lm_error_message(), "tokenizer"),
+          "sharegpt needs a tokenizer");
     lm_bench_dataset_free(&ds);
     o.prompt = &g_prompt;
     o.max_tokens = 16;
     o.context_tokens = 80;
     st = lm_bench_dataset_open(&ds, &o);
-    CHECK(st == LM_OK && ds.n == 1 && ds.n_considered == 5, "sharegpt: %s, %zu selected", lm_error_message(), ds.n);
+    CHECK(st == LM_OK && ds.n == 1 && ds.n_considered == 5, "sharegpt: %s, %zu selected",
+          lm_error_message(), ds.n);
     CHECK(!strcmp(ledger_reason(&ds, "gpt-first"), "starts_with_gpt") &&
               !strcmp(ledger_reason(&ds, "one-turn"), "too_few_turns") &&
               !strcmp(ledger_reason(&ds, "empty"), "empty_turn") &&
-              !strcmp(ledger_reason(&ds, "ok"), "selected") && !strcmp(ledger_reason(&ds, "long"), "too_long"),
-          "ledger reasons: %s %s %s %s %s", ledger_reason(&ds, "gpt-first"), ledger_reason(&ds, "one-turn"),
-          ledger_reason(&ds, "empty"), ledger_reason(&ds, "ok"), ledger_reason(&ds, "long"));
+              !strcmp(ledger_reason(&ds, "ok"), "selected") &&
+              !strcmp(ledger_reason(&ds, "long"), "too_long"),
+          "ledger reasons: %s %s %s %s %s", ledger_reason(&ds, "gpt-first"),
+          ledger_reason(&ds, "one-turn"), ledger_reason(&ds, "empty"), ledger_reason(&ds, "ok"),
+          ledger_reason(&ds, "long"));
     if (ds.n == 1) {
         const struct lm_bench_conversation *c = &ds.convs[0];
-        CHECK(c->n_turns == 2 && !strcmp(c->turns[0], "Hello there") && !strcmp(c->turns[1], "Tell me a joke") &&
-                  !strcmp(c->answers[0], "Hi! How can I help?") && c->system && !strcmp(c->system, "Be brief."),
+        CHECK(c->n_turns == 2 && !strcmp(c->turns[0], "Hello there") &&
+                  !strcmp(c->turns[1], "Tell me a joke") &&
+                  !strcmp(c->answers[0], "Hi! How can I help?") && c->system &&
+                  !strcmp(c->system, "Be brief."),
               "selected conversation: the first two human turns");
         /* the budget: the rendered history, counted here from the template's known shape
          * (<|im_start|> role \n content <|im_end|> \n per message: 5 tokens around the content,
          * plus 3 for the generation prompt) */
         long want = 3;
-        const char *parts[] = {"system", "Be brief.", "user", "Hello there", "assistant",
-                               "Hi! How can I help?", "user", "Tell me a joke"};
+        const char *parts[] = {"system",    "Be brief.",           "user", "Hello there",
+                               "assistant", "Hi! How can I help?", "user", "Tell me a joke"};
         for (int k = 0; k < 8; k += 2)
             want += 5 + lm_bench_prompt_count(&g_prompt, parts[k + 1], strlen(parts[k + 1]));
         CHECK(c->history_tokens == want, "history tokens %ld, want %ld", c->history_tokens, want);
@@ -370,7 +408,8 @@ static void test_datasets(void) {
     o.context_tokens = 4096;
     st = lm_bench_dataset_open(&ds, &o);
     bool three = false;
-    for (size_t i = 0; i < ds.n; i++) three |= !strcmp(ds.convs[i].id, "ok") && ds.convs[i].n_turns == 3;
+    for (size_t i = 0; i < ds.n; i++)
+        three |= !strcmp(ds.convs[i].id, "ok") && ds.convs[i].n_turns == 3;
     CHECK(st == LM_OK && three && !strcmp(ledger_reason(&ds, "one-turn"), "selected"), "turns 0");
     lm_bench_dataset_free(&ds);
 
@@ -394,8 +433,9 @@ static void test_datasets(void) {
     json_array_foreach(ds.ledger, k_, e_) {
         json_t *need = json_object_get(e_, "needed_tokens");
         bool sel = !strcmp(json_string_value(json_object_get(e_, "status")), "selected");
-        if (need) CHECK(sel == (json_integer_value(need) <= 256), "budget decision of %s",
-                        json_string_value(json_object_get(e_, "id")));
+        if (need)
+            CHECK(sel == (json_integer_value(need) <= 256), "budget decision of %s",
+                  json_string_value(json_object_get(e_, "id")));
     }
     lm_bench_dataset_free(&ds);
 
@@ -410,7 +450,8 @@ static void test_datasets(void) {
     o.osl_mean = 20;
     o.seed = 7;
     st = lm_bench_dataset_open(&ds, &o);
-    CHECK(st == LM_OK && ds.n == 5 && ds.convs[0].n_turns == 2, "synthetic: %s", lm_error_message());
+    CHECK(st == LM_OK && ds.n == 5 && ds.convs[0].n_turns == 2, "synthetic: %s",
+          lm_error_message());
     struct lm_bench_dataset ds2;
     lm_bench_dataset_open(&ds2, &o);
     for (size_t i = 0; i < ds.n && i < ds2.n; i++) {
@@ -418,17 +459,22 @@ static void test_datasets(void) {
         CHECK(ds.convs[i].max_tokens >= 1, "max_tokens drawn");
         /* every word (" word") is one token: the count equals the word count */
         size_t words = 0;
-        for (const char *q = ds.convs[i].turns[0]; *q; q++) words += *q == ' ';
-        long n = lm_bench_prompt_count(&g_prompt, ds.convs[i].turns[0], strlen(ds.convs[i].turns[0]));
+        for (const char *q = ds.convs[i].turns[0]; *q; q++)
+            words += *q == ' ';
+        long n =
+            lm_bench_prompt_count(&g_prompt, ds.convs[i].turns[0], strlen(ds.convs[i].turns[0]));
         CHECK((size_t)n == words, "synthetic %zu: %ld tokens for %zu words", i, n, words);
     }
     lm_bench_dataset_free(&ds2);
     lm_bench_dataset_free(&ds);
 
     /* custom JSONL: turns, or messages */
-    write_file(path, "{\"id\":\"a\",\"turns\":[\"x\",\"y\"],\"max_tokens\":7}\n"
-                     "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"u1\"},"
-                     "{\"role\":\"assistant\",\"content\":\"a1\"},{\"role\":\"user\",\"content\":\"u2\"}]}\n");
+    write_file(
+        path,
+        "{\"id\":\"a\",\"turns\":[\"x\",\"y\"],\"max_tokens\":7}\n"
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
+        "\"u1\"},"
+        "{\"role\":\"assistant\",\"content\":\"a1\"},{\"role\":\"user\",\"content\":\"u2\"}]}\n");
     o = lm_bench_dataset_default_opts();
     o.name = "custom";
     o.path = path;
@@ -464,8 +510,7 @@ static void test_select(void) {
 static void test_itl_per_token(void) {
     /* chunks at 100 ms ("Hello", 1 token), 160 ms (" big world", 2 tokens), 190 ms ("!", 1) */
     struct lm_bench_record r = {0};
-    const char *s =
-        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    const char *s = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
     struct lm_bench_stream st;
     lm_bench_stream_init(&st, &r);
     lm_bench_stream_feed(&st, s, strlen(s), 5);
@@ -474,7 +519,8 @@ static void test_itl_per_token(void) {
     s = "data: {\"choices\":[{\"delta\":{\"content\":\" big world\"}}]}\n\n";
     lm_bench_stream_feed(&st, s, strlen(s), 160);
     s = "data: {\"choices\":[{\"delta\":{\"content\":\"!\"},\"finish_reason\":\"length\"}]}\n\n"
-        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n";
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: "
+        "[DONE]\n\n";
     lm_bench_stream_feed(&st, s, strlen(s), 190);
     lm_bench_stream_finish(&st, 191);
     lm_bench_stream_free(&st);
@@ -482,8 +528,8 @@ static void test_itl_per_token(void) {
     lm_bench_record_count_tokens(&r, &g_prompt);
     CHECK(r.tokens_counted && r.own_output_tokens == 4 && r.chunks[0].tokens == 1 &&
               r.chunks[1].tokens == 2 && r.chunks[2].tokens == 1,
-          "chunk tokens %d %d %d, total %ld", r.chunks[0].tokens, r.chunks[1].tokens, r.chunks[2].tokens,
-          r.own_output_tokens);
+          "chunk tokens %d %d %d, total %ld", r.chunks[0].tokens, r.chunks[1].tokens,
+          r.chunks[2].tokens, r.own_output_tokens);
     struct lm_bench_samples v = {0};
     lm_bench_record_itl_samples(&r, &v);
     CHECK(v.n == 3 && near(v.v[0], 30) && near(v.v[1], 30) && near(v.v[2], 30),
@@ -496,7 +542,8 @@ static void test_itl_per_token(void) {
     r.output_tokens = 2;
     v.n = 0;
     lm_bench_record_itl_samples(&r, &v);
-    CHECK(v.n == 1 && near(v.v[0], 60), "usage-weighted: %zu samples, first %g", v.n, v.n ? v.v[0] : NAN);
+    CHECK(v.n == 1 && near(v.v[0], 60), "usage-weighted: %zu samples, first %g", v.n,
+          v.n ? v.v[0] : NAN);
     lm_bench_samples_free(&v);
     lm_bench_record_free(&r);
 }
@@ -552,7 +599,7 @@ static void test_summary_and_jsonl(void) {
     fake_record(&r[2], LM_BENCH_PHASE_PROFILING, 0, 2, 10.2, 30, 230, 21, 60, 200);
     fake_record(&r[3], LM_BENCH_PHASE_PROFILING, 1, 1, 10.1, 20, 120, 1, 22, 200);
     fake_record(&r[4], LM_BENCH_PHASE_PROFILING, 2, 1, 10.0, NAN, 50, -1, -1, 503);
-    r[2].think_ms = 90; /* 10.110 -> 10.200 */
+    r[2].think_ms = 90;                    /* 10.110 -> 10.200 */
     r[5].phase = LM_BENCH_PHASE_PROFILING; /* turn 2 of conversation 2: skipped */
     r[5].turn = 2;
     r[5].skip = LM_BENCH_SKIP_AFTER_FAILURE;
@@ -573,7 +620,8 @@ static void test_summary_and_jsonl(void) {
     CHECK(near(ttft->std, sqrt(200.0 / 3)), "std %g", ttft->std);
     /* ITL per request: (110-10)/10 = 10, (230-30)/20 = 10; one output token -> no ITL */
     CHECK(s.m[LM_BENCH_M_ITL_REQUEST].n == 2 && near(s.m[LM_BENCH_M_ITL_REQUEST].mean, 10), "itl");
-    CHECK(s.m[LM_BENCH_M_THINK].n == 1 && near(s.m[LM_BENCH_M_THINK].p50, 90), "measured think gap");
+    CHECK(s.m[LM_BENCH_M_THINK].n == 1 && near(s.m[LM_BENCH_M_THINK].p50, 90),
+          "measured think gap");
     CHECK(near(s.window_s, 0.43) && near(s.request_throughput, 3 / 0.43) &&
               near(s.output_token_throughput, 33 / 0.43),
           "throughput %g %g", s.request_throughput, s.output_token_throughput);
@@ -599,11 +647,13 @@ static void test_summary_and_jsonl(void) {
         CHECK(json_is_object(o), "line %d is JSON", lines);
         if (lines == 0) CHECK(str_is(o, "phase", "warmup"), "warmup phase");
         if (lines == 4)
-            CHECK(str_is(o, "error_type", "http_5xx") && json_is_null(json_object_get(o, "ttft_ms")) &&
+            CHECK(str_is(o, "error_type", "http_5xx") &&
+                      json_is_null(json_object_get(o, "ttft_ms")) &&
                       json_is_null(json_object_get(o, "output_tokens")),
                   "failed record");
         if (lines == 5)
-            CHECK(json_is_false(json_object_get(o, "sent")) && str_is(o, "skip_reason", "after_failure"),
+            CHECK(json_is_false(json_object_get(o, "sent")) &&
+                      str_is(o, "skip_reason", "after_failure"),
                   "skipped record");
         if (lines == 1)
             CHECK(json_real_value(json_object_get(o, "request_latency_ms")) == 110 &&
@@ -647,7 +697,8 @@ static void test_summary_and_jsonl(void) {
 static void hex_of(const void *p, size_t n, char out[65]) {
     unsigned char md[32];
     SHA256(p, n, md); /* OpenSSL's one-shot, independent of digest.c's EVP path */
-    for (int i = 0; i < 32; i++) sprintf(out + 2 * i, "%02x", md[i]);
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", md[i]);
 }
 
 /* A run of one warmup request and two 2-turn conversations; the messages of conversation 0 turn
@@ -679,7 +730,8 @@ static void make_verify_run(struct lm_bench_run *run, struct lm_bench_dataset *d
         ds->convs[i].id = strdup(ids[i]);
         ds->convs[i].n_turns = turns[i][1] ? 2 : 1;
         ds->convs[i].turns = calloc(2, sizeof(char *));
-        for (size_t t = 0; t < ds->convs[i].n_turns; t++) ds->convs[i].turns[t] = strdup(turns[i][t]);
+        for (size_t t = 0; t < ds->convs[i].n_turns; t++)
+            ds->convs[i].turns[t] = strdup(turns[i][t]);
     }
     struct {
         enum lm_bench_phase ph;
@@ -693,12 +745,13 @@ static void make_verify_run(struct lm_bench_run *run, struct lm_bench_dataset *d
          json_pack("[{s:s,s:s}]", "role", "user", "content", "wq"), "warm", 1.0},
         {LM_BENCH_PHASE_PROFILING, "abcd1234-c0", "abcd1234-c0-t1", "c0", 1,
          json_pack("[{s:s,s:s}]", "role", "user", "content", u1), a1, 2.0},
-        {LM_BENCH_PHASE_PROFILING, "abcd1234-c0", "abcd1234-c0-t2", "c0", 2, json_deep_copy(fm), "fine", 2.2},
+        {LM_BENCH_PHASE_PROFILING, "abcd1234-c0", "abcd1234-c0-t2", "c0", 2, json_deep_copy(fm),
+         "fine", 2.2},
         {LM_BENCH_PHASE_PROFILING, "abcd1234-c1", "abcd1234-c1-t1", "c1", 1,
          json_pack("[{s:s,s:s}]", "role", "user", "content", "x1"), "y1", 2.0},
         {LM_BENCH_PHASE_PROFILING, "abcd1234-c1", "abcd1234-c1-t2", "c1", 2,
-         json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "x1", "role", "assistant",
-                   "content", "y1", "role", "user", "content", "x2"),
+         json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "x1", "role",
+                   "assistant", "content", "y1", "role", "user", "content", "x2"),
          "y2", 2.3},
     };
     for (int i = 0; i < 5; i++) {
@@ -742,16 +795,17 @@ static json_t *server_record_for(const struct lm_bench_record *r, double t_arriv
     }
     char text[65];
     hex_of(r->content.p, r->content.len, text);
-    return json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:n,s:i,s:i,"
-                     "s:s,s:o,s:o,s:n,s:n,s:s}",
-                     "id", r->server_id, "x_request_id", r->request_id, "conversation_id",
-                     r->conversation_id, "phase", r->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling",
-                     "turn", r->turn - 1, "model", "m", "endpoint", "/v1/chat/completions", "http_status", 200,
-                     "t_arrival_ms", t_arrival, "t_scheduled_ms", t_arrival + 1, "t_first_token_ms",
-                     t_arrival + 5, "t_finish_ms", t_arrival + 50, "queue_ms", 1.0, "prefill_ms", 4.0,
-                     "decode_ms", 45.0, "total_ms", 50.0, "prompt_tokens", "cached_tokens", 0,
-                     "completion_tokens", 2, "finish_reason", "length", "roles", roles, "content_sha256",
-                     hashes, "prompt_ids_sha256", "completion_ids_sha256", "completion_text_sha256", text);
+    return json_pack(
+        "{s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:n,s:i,s:i,"
+        "s:s,s:o,s:o,s:n,s:n,s:s}",
+        "id", r->server_id, "x_request_id", r->request_id, "conversation_id", r->conversation_id,
+        "phase", r->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling", "turn", r->turn - 1,
+        "model", "m", "endpoint", "/v1/chat/completions", "http_status", 200, "t_arrival_ms",
+        t_arrival, "t_scheduled_ms", t_arrival + 1, "t_first_token_ms", t_arrival + 5,
+        "t_finish_ms", t_arrival + 50, "queue_ms", 1.0, "prefill_ms", 4.0, "decode_ms", 45.0,
+        "total_ms", 50.0, "prompt_tokens", "cached_tokens", 0, "completion_tokens", 2,
+        "finish_reason", "length", "roles", roles, "content_sha256", hashes, "prompt_ids_sha256",
+        "completion_ids_sha256", "completion_text_sha256", text);
 }
 
 static void write_records(const char *path, json_t *recs) {
@@ -773,7 +827,8 @@ static void test_verify(void) {
     for (int i = 0; ff && i < 3 && fgets(line, sizeof line, ff); i++)
         if (i == 2) g_fixture = json_loads(line, 0, &e);
     if (ff) fclose(ff);
-    CHECK(g_fixture && json_array_size(json_object_get(g_fixture, "messages")) == 3, "fixture case 2");
+    CHECK(g_fixture && json_array_size(json_object_get(g_fixture, "messages")) == 3,
+          "fixture case 2");
     if (!g_fixture) return;
 
     struct lm_bench_run run;
@@ -786,7 +841,8 @@ static void test_verify(void) {
     /* all good, plus one record of another run that must be ignored */
     json_t *recs = json_array();
     double arrival[] = {1000, 2000, 2200, 2001, 2300};
-    for (int i = 0; i < 5; i++) json_array_append_new(recs, server_record_for(&run.records[i], arrival[i]));
+    for (int i = 0; i < 5; i++)
+        json_array_append_new(recs, server_record_for(&run.records[i], arrival[i]));
     json_t *other = json_deep_copy(json_array_get(recs, 1));
     json_object_set_new(other, "x_request_id", json_string("ffff0000-c0-t1"));
     json_array_append_new(recs, other);
@@ -796,7 +852,8 @@ static void test_verify(void) {
     unsigned char *le = calloc(nid, 4);
     for (size_t i = 0; i < nid; i++) {
         uint32_t v = (uint32_t)json_integer_value(json_array_get(fids, i));
-        le[4 * i] = v & 255, le[4 * i + 1] = (v >> 8) & 255, le[4 * i + 2] = (v >> 16) & 255, le[4 * i + 3] = v >> 24;
+        le[4 * i] = v & 255, le[4 * i + 1] = (v >> 8) & 255, le[4 * i + 2] = (v >> 16) & 255,
+               le[4 * i + 3] = v >> 24;
     }
     char pids[65];
     hex_of(le, 4 * nid, pids);
@@ -809,31 +866,36 @@ static void test_verify(void) {
     lm_status st = lm_bench_verify(&run, &ds, path, &g_prompt, &v);
     CHECK(st == LM_OK && v.available, "verify: %s", lm_error_message());
     if (!v.ok) lm_bench_verification_print(stderr, &v);
-    CHECK(v.ok && v.n_matched == 5 && v.n_other == 1 && v.n_this_run == 5, "clean run passes: matched %zu other %zu",
-          v.n_matched, v.n_other);
+    CHECK(v.ok && v.n_matched == 5 && v.n_other == 1 && v.n_this_run == 5,
+          "clean run passes: matched %zu other %zu", v.n_matched, v.n_other);
     CHECK(v.passed[LM_BENCH_CHECK_HISTORY] == 2 && v.passed[LM_BENCH_CHECK_USER_CONTENT] == 5 &&
-              v.passed[LM_BENCH_CHECK_WARMUP_APART] == 1 && v.passed[LM_BENCH_CHECK_CONVERSATIONS] == 2,
-          "checks passed: history %zu user %zu warmup %zu conv %zu", v.passed[LM_BENCH_CHECK_HISTORY],
-          v.passed[LM_BENCH_CHECK_USER_CONTENT], v.passed[LM_BENCH_CHECK_WARMUP_APART],
-          v.passed[LM_BENCH_CHECK_CONVERSATIONS]);
+              v.passed[LM_BENCH_CHECK_WARMUP_APART] == 1 &&
+              v.passed[LM_BENCH_CHECK_CONVERSATIONS] == 2,
+          "checks passed: history %zu user %zu warmup %zu conv %zu",
+          v.passed[LM_BENCH_CHECK_HISTORY], v.passed[LM_BENCH_CHECK_USER_CONTENT],
+          v.passed[LM_BENCH_CHECK_WARMUP_APART], v.passed[LM_BENCH_CHECK_CONVERSATIONS]);
     CHECK(v.passed[LM_BENCH_CHECK_PROMPT_IDS] == 1 && v.unavailable[LM_BENCH_CHECK_PROMPT_IDS] == 4,
           "prompt ids: the fixture's rendering matches (passed %zu, unavailable %zu)",
           v.passed[LM_BENCH_CHECK_PROMPT_IDS], v.unavailable[LM_BENCH_CHECK_PROMPT_IDS]);
-    CHECK(run.records[2].own_input_tokens == (long)nid && !strcmp(run.records[2].prompt_ids_sha256, pids),
+    CHECK(run.records[2].own_input_tokens == (long)nid &&
+              !strcmp(run.records[2].prompt_ids_sha256, pids),
           "client rendering of the fixture conversation");
     lm_bench_verification_free(&v);
 
     /* without a template: prompt_ids unavailable, with a note */
-    for (int i = 0; i < 5; i++) run.records[i].prompt_ids_sha256[0] = 0;
+    for (int i = 0; i < 5; i++)
+        run.records[i].prompt_ids_sha256[0] = 0;
     lm_bench_verify(&run, &ds, path, NULL, &v);
-    CHECK(v.ok && v.passed[LM_BENCH_CHECK_PROMPT_IDS] == 0 && v.prompt_ids_note[0], "no template: skipped with a note");
+    CHECK(v.ok && v.passed[LM_BENCH_CHECK_PROMPT_IDS] == 0 && v.prompt_ids_note[0],
+          "no template: skipped with a note");
     lm_bench_verification_free(&v);
 
     /* a tampered history: the server saw a different answer for conversation 1's turn 1 */
     json_t *t = json_deep_copy(recs);
     char hex[65];
     hex_of("y1 (edited)", 11, hex);
-    json_array_set_new(json_object_get(json_array_get(t, 4), "content_sha256"), 1, json_string(hex));
+    json_array_set_new(json_object_get(json_array_get(t, 4), "content_sha256"), 1,
+                       json_string(hex));
     write_records(path, t);
     json_decref(t);
     lm_bench_verify(&run, &ds, path, &g_prompt, &v);
@@ -859,7 +921,8 @@ static void test_verify(void) {
     lm_bench_verify(&run, &ds, path, &g_prompt, &v);
     CHECK(!v.ok && v.n_unmatched_client == 1 && v.conversations_broken == 1 &&
               v.failed[LM_BENCH_CHECK_CONVERSATIONS] == 1,
-          "missing record caught: unmatched %zu broken %zu", v.n_unmatched_client, v.conversations_broken);
+          "missing record caught: unmatched %zu broken %zu", v.n_unmatched_client,
+          v.conversations_broken);
     lm_bench_verification_free(&v);
 
     /* a record no request explains, and a completion that differs */
@@ -900,15 +963,16 @@ static void test_verify(void) {
     lm_bench_verify(&run, &ds, path, &g_prompt, &v);
     struct lm_bench_summary s;
     lm_bench_summarize(&run, NULL, &s);
-    CHECK(s.server_side && s.m[LM_BENCH_M_S_TOTAL].n == 4 && near(s.m[LM_BENCH_M_S_TOTAL].p50, 50) &&
-              near(s.m[LM_BENCH_M_LATENCY].p50, 100),
+    CHECK(s.server_side && s.m[LM_BENCH_M_S_TOTAL].n == 4 &&
+              near(s.m[LM_BENCH_M_S_TOTAL].p50, 50) && near(s.m[LM_BENCH_M_LATENCY].p50, 100),
           "server-side rows");
     lm_bench_verification_free(&v);
 
     /* a malformed records file */
     write_file(path, "{\"id\":1}\nnot json\n");
     st = lm_bench_verify(&run, &ds, path, NULL, &v);
-    CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), ":2:"), "malformed: %s", lm_error_message());
+    CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), ":2:"), "malformed: %s",
+          lm_error_message());
     lm_bench_verification_free(&v);
 
     json_decref(recs);
@@ -920,7 +984,8 @@ static void test_verify(void) {
 
 int main(void) {
     lm_status st = lm_bench_prompt_open(&g_prompt, TINY_MODEL);
-    CHECK(st == LM_OK && lm_bench_prompt_can_render(&g_prompt), "tokenizer: %s", lm_error_message());
+    CHECK(st == LM_OK && lm_bench_prompt_can_render(&g_prompt), "tokenizer: %s",
+          lm_error_message());
     test_sse_framing();
     test_stream_split();
     test_stream_errors();

@@ -23,7 +23,8 @@
 static struct lm_model *g_model;
 
 /* A chat job from a JSON body; the prompt is rendered and tokenized as the server does. */
-static struct lm_job *chat_job(struct lm_worker *w, const char *body, int max_tokens, struct lm_ids *prompt_out) {
+static struct lm_job *chat_job(struct lm_worker *w, const char *body, int max_tokens,
+                               struct lm_ids *prompt_out) {
     struct lm_job *j = lm_job_create(w);
     struct lm_api_error err;
     lm_status st = lm_chat_request_parse(body, strlen(body), &j->req, &err);
@@ -33,8 +34,11 @@ static struct lm_job *chat_job(struct lm_worker *w, const char *body, int max_to
     CHECK(st == LM_OK, "render: %s", lm_error_message());
     lm_tokenizer_encode(lm_model_tokenizer(g_model), text.p, text.len, 0, &j->prompt);
     lm_buf_free(&text);
-    j->gen = (struct lm_gen_request){.prompt = j->prompt.v, .n_prompt = j->prompt.n, .max_tokens = max_tokens,
-                                     .sampling = {.temperature = 0, .top_p = 1}, .ignore_eos = true};
+    j->gen = (struct lm_gen_request){.prompt = j->prompt.v,
+                                     .n_prompt = j->prompt.n,
+                                     .max_tokens = max_tokens,
+                                     .sampling = {.temperature = 0, .top_p = 1},
+                                     .ignore_eos = true};
     if (prompt_out) lm_ids_append(prompt_out, j->prompt.v, j->prompt.n);
     return j;
 }
@@ -57,9 +61,11 @@ static char *json_escape(const char *s) {
  * dropped; the whole text when there is none. */
 static const char *content_of(const char *text) {
     const char *c = text, *p;
-    while ((p = strstr(c, "</think>"))) c = p + 8;
+    while ((p = strstr(c, "</think>")))
+        c = p + 8;
     if (c != text)
-        while (*c == '\n') c++;
+        while (*c == '\n')
+            c++;
     return c;
 }
 
@@ -70,13 +76,17 @@ static void test_two_turns(int thinking) {
     CHECK(lm_worker_start(g_model, &p, &w) == LM_OK, "worker: %s", lm_error_message());
     char kw[96] = "";
     if (thinking >= 0)
-        snprintf(kw, sizeof kw, ",\"chat_template_kwargs\":{\"enable_thinking\":%s}", thinking ? "true" : "false");
-    const char *q1 = "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
-                     "cultural experiences and must-see attractions.";
+        snprintf(kw, sizeof kw, ",\"chat_template_kwargs\":{\"enable_thinking\":%s}",
+                 thinking ? "true" : "false");
+    const char *q1 =
+        "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
+        "cultural experiences and must-see attractions.";
     const char *q2 = "Rewrite your previous response. Start every sentence with the letter A.";
     char body1[1024];
-    snprintf(body1, sizeof body1, "{\"messages\":[{\"role\":\"system\",\"content\":\"You are helpful.\"},"
-             "{\"role\":\"user\",\"content\":\"%s\"}]%s}", q1, kw);
+    snprintf(body1, sizeof body1,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"You are helpful.\"},"
+             "{\"role\":\"user\",\"content\":\"%s\"}]%s}",
+             q1, kw);
     struct lm_ids p1 = {0};
     struct lm_job *j1 = chat_job(w, body1, 60, &p1);
     CHECK(lm_worker_submit(j1) == LM_OK, "submit turn 1");
@@ -85,9 +95,11 @@ static void test_two_turns(int thinking) {
 
     /* Turn 2 as a client sends it: the history with the answer's content. */
     char *body2 = malloc(strlen(answer) + 2048);
-    sprintf(body2, "{\"messages\":[{\"role\":\"system\",\"content\":\"You are helpful.\"},"
+    sprintf(body2,
+            "{\"messages\":[{\"role\":\"system\",\"content\":\"You are helpful.\"},"
             "{\"role\":\"user\",\"content\":\"%s\"},{\"role\":\"assistant\",\"content\":%s},"
-            "{\"role\":\"user\",\"content\":\"%s\"}]%s}", q1, answer, q2, kw);
+            "{\"role\":\"user\",\"content\":\"%s\"}]%s}",
+            q1, answer, q2, kw);
     /* Turn 1 with its canonical answer = turn 2's prompt up to its new user turn: everything
      * before the second-to-last <|im_start|> (the last opens the generation prompt), plus it. */
     struct lm_job *probe = chat_job(w, body2, 1, NULL);
@@ -99,7 +111,8 @@ static void test_two_turns(int thinking) {
             break;
         }
     lm_job_release(probe);
-    usleep(100 * 1000); /* the canonical-form prefill runs after turn 1 (turn 2 would wait for it) */
+    /* No pause: turn 2 reaches the engine after turn 1's canonical-form prefill was queued
+     * (with priority) and waits for it rather than computing the same blocks. */
     struct lm_ids p2 = {0};
     struct lm_job *j2 = chat_job(w, body2, 24, &p2);
     CHECK(lm_worker_submit(j2) == LM_OK, "submit turn 2");
@@ -107,28 +120,34 @@ static void test_two_turns(int thinking) {
     int cached = j2->result.cached_tokens;
 
     CHECK(canon > p1.n && cached >= (int)canon && cached < (int)p2.n,
-          "thinking %d: turn 2 reuses %d of %zu prompt tokens; turn 1 (prompt %zu) with its canonical "
-          "answer is %zu", thinking, cached, p2.n, p1.n, canon);
-    fprintf(stderr, "test_engine: thinking %d: turn 1 prompt %zu + answer %d tokens; turn 2 prompt %zu, "
-            "cached %d (canonical history %zu)\n", thinking, p1.n, j1->result.completion_tokens, p2.n, cached,
-            canon);
-    CHECK(j2->result.times.arrival_ms > 0 && j2->result.times.scheduled_ms >= j2->result.times.arrival_ms &&
+          "thinking %d: turn 2 reuses %d of %zu prompt tokens; turn 1 (prompt %zu) with its "
+          "canonical "
+          "answer is %zu",
+          thinking, cached, p2.n, p1.n, canon);
+    fprintf(stderr,
+            "test_engine: thinking %d: turn 1 prompt %zu + answer %d tokens; turn 2 prompt %zu, "
+            "cached %d (canonical history %zu)\n",
+            thinking, p1.n, j1->result.completion_tokens, p2.n, cached, canon);
+    CHECK(j2->result.times.arrival_ms > 0 &&
+              j2->result.times.scheduled_ms >= j2->result.times.arrival_ms &&
               j2->result.times.first_token_ms >= j2->result.times.scheduled_ms &&
               j2->result.times.finish_ms >= j2->result.times.first_token_ms,
           "times in order");
     struct lm_worker_stats st;
     lm_worker_stats(w, &st);
-    CHECK(st.warm_requests >= 1 && st.later_turn_requests == 1 && st.later_turn_cached_tokens == cached &&
+    CHECK(st.warm_requests >= 1 && st.later_turn_requests == 1 &&
+              st.later_turn_cached_tokens == cached &&
               st.later_turn_reusable_tokens == (long long)canon,
-          "stats: %lld warm, %lld later turns, %lld reusable", st.warm_requests, st.later_turn_requests,
-          st.later_turn_reusable_tokens);
+          "stats: %lld warm, %lld later turns, %lld reusable", st.warm_requests,
+          st.later_turn_requests, st.later_turn_reusable_tokens);
 
     /* The same turn 2 on a fresh engine: same ids, nothing cached. */
     struct lm_worker *w2;
     CHECK(lm_worker_start(g_model, &p, &w2) == LM_OK, "worker 2");
     struct lm_job *j3 = chat_job(w2, body2, 24, NULL);
     lm_worker_submit(j3);
-    CHECK(wait_done(j3, 60) == LM_JOB_DONE && j3->status == LM_OK && j3->result.cached_tokens == 0, "fresh turn 2");
+    CHECK(wait_done(j3, 60) == LM_JOB_DONE && j3->status == LM_OK && j3->result.cached_tokens == 0,
+          "fresh turn 2");
     CHECK(j3->result.ids.n == j2->result.ids.n &&
               !memcmp(j3->result.ids.v, j2->result.ids.v, j2->result.ids.n * sizeof(int32_t)),
           "thinking %d: turn 2 with reused prefix gives the ids of a fresh prefill", thinking);
@@ -144,7 +163,8 @@ static void test_two_turns(int thinking) {
     lm_worker_destroy(w);
 }
 
-static const char *k_long = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}]}";
+static const char *k_long =
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}]}";
 
 static void test_cancel_and_admission(void) {
     struct lm_worker_params p = lm_worker_default_params();
@@ -165,20 +185,23 @@ static void test_cancel_and_admission(void) {
 
     /* a streams some text, then its client goes away. */
     struct lm_buf got = {0};
-    for (int i = 0; i < 2000 && got.len < 20; i++) lm_job_wait(a, 10, &got);
+    for (int i = 0; i < 2000 && got.len < 20; i++)
+        lm_job_wait(a, 10, &got);
     CHECK(got.len >= 20, "a streamed %zu bytes", got.len);
     struct lm_worker_stats st;
     lm_worker_stats(w, &st);
-    CHECK(st.running == 2 && st.waiting == 1 && st.engine.kv_blocks_used > 0, "2 running, 1 waiting, %d blocks used",
-          st.engine.kv_blocks_used);
+    CHECK(st.running == 2 && st.waiting == 1 && st.engine.kv_blocks_used > 0,
+          "2 running, 1 waiting, %d blocks used", st.engine.kv_blocks_used);
     /* c waits for a slot; its client leaves: it never runs. */
     lm_job_cancel(c);
-    CHECK(wait_done(c, 10) == LM_JOB_DONE && c->status == LM_ERR_CANCELLED && c->result.times.scheduled_ms == 0 &&
-              c->result.completion_tokens == 0,
+    CHECK(wait_done(c, 10) == LM_JOB_DONE && c->status == LM_ERR_CANCELLED &&
+              c->result.times.scheduled_ms == 0 && c->result.completion_tokens == 0,
           "waiting request cancelled without running (scheduled %g)", c->result.times.scheduled_ms);
     lm_job_cancel(a);
-    CHECK(wait_done(a, 10) == LM_JOB_DONE && a->status == LM_ERR_CANCELLED, "running request cancelled");
-    CHECK(a->result.completion_tokens < 4000, "a stopped early (%d tokens)", a->result.completion_tokens);
+    CHECK(wait_done(a, 10) == LM_JOB_DONE && a->status == LM_ERR_CANCELLED,
+          "running request cancelled");
+    CHECK(a->result.completion_tokens < 4000, "a stopped early (%d tokens)",
+          a->result.completion_tokens);
     lm_job_cancel(b);
     CHECK(wait_done(b, 10) == LM_JOB_DONE && b->status == LM_ERR_CANCELLED, "b cancelled");
     usleep(50 * 1000);
@@ -203,7 +226,8 @@ static void test_shutdown(void) {
     struct lm_job *a = chat_job(w, k_long, 200, NULL);
     lm_worker_submit(a);
     lm_worker_shutdown(w); /* drains: a finishes */
-    CHECK(lm_job_wait(a, 0, NULL) == LM_JOB_DONE && a->status == LM_OK && a->result.completion_tokens == 200,
+    CHECK(lm_job_wait(a, 0, NULL) == LM_JOB_DONE && a->status == LM_OK &&
+              a->result.completion_tokens == 200,
           "in-flight request finished during the drain (%d tokens)", a->result.completion_tokens);
     struct lm_job *late = chat_job(w, k_long, 10, NULL);
     CHECK(lm_worker_submit(late) == LM_ERR_CANCELLED, "no submissions after shutdown");
@@ -218,8 +242,8 @@ static void test_shutdown(void) {
     double t0 = lm_now_ms();
     lm_worker_shutdown(w);
     double dt = lm_now_ms() - t0;
-    CHECK(lm_job_wait(b, 0, NULL) == LM_JOB_DONE && b->status == LM_ERR_CANCELLED &&
-              b->error && strstr(b->error, "shutting down"),
+    CHECK(lm_job_wait(b, 0, NULL) == LM_JOB_DONE && b->status == LM_ERR_CANCELLED && b->error &&
+              strstr(b->error, "shutting down"),
           "past the drain timeout the request is cancelled: %s", b->error ? b->error : "");
     CHECK(dt < 5000, "shutdown took %.0f ms", dt);
     lm_job_release(b);

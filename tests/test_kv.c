@@ -30,13 +30,17 @@ static void run_seq(struct lm_kv *kv, const int32_t *ids, int n) {
     uint64_t chain;
     int have = lm_kv_match(kv, ids, n, blocks, &nb, &chain);
     int indexed = have / LM_KV_BLOCK;
-    while (nb * LM_KV_BLOCK < n) blocks[nb++] = lm_kv_alloc(kv);
+    while (nb * LM_KV_BLOCK < n)
+        blocks[nb++] = lm_kv_alloc(kv);
     while ((indexed + 1) * LM_KV_BLOCK <= n) {
         chain = lm_kv_commit(kv, blocks[indexed], chain, ids + indexed * LM_KV_BLOCK);
         indexed++;
     }
-    if (n % LM_KV_BLOCK) lm_kv_commit_partial(kv, blocks[indexed], chain, ids + indexed * LM_KV_BLOCK, n % LM_KV_BLOCK);
-    for (int i = nb - 1; i >= 0; i--) lm_kv_release(kv, blocks[i]);
+    if (n % LM_KV_BLOCK)
+        lm_kv_commit_partial(kv, blocks[indexed], chain, ids + indexed * LM_KV_BLOCK,
+                             n % LM_KV_BLOCK);
+    for (int i = nb - 1; i >= 0; i--)
+        lm_kv_release(kv, blocks[i]);
 }
 
 int main(void) {
@@ -55,7 +59,8 @@ int main(void) {
 
     /* A 40-token sequence: 2 full blocks indexed, 8 tokens of a partial one. */
     int32_t ids[80];
-    for (int i = 0; i < 80; i++) ids[i] = 1000 + i;
+    for (int i = 0; i < 80; i++)
+        ids[i] = 1000 + i;
     run_seq(&kv, ids, 40);
     CHECK(kv.n_cached == 3 && kv.n_free == 5, "3 cached after the sequence: %d cached %d free",
           kv.n_cached, kv.n_free);
@@ -74,22 +79,26 @@ int main(void) {
     CHECK(cp.n == 1 && cp.rows[0] == 7 && cp.dst[0] == blocks[2] && kv.b[blocks[2]].n_tokens == 0,
           "partial block copied (7 rows) into a private block");
     CHECK(chain == kv.b[blocks[1]].hash, "chain is the second block's hash");
-    for (int i = nb - 1; i >= 0; i--) lm_kv_release(&kv, blocks[i]);
+    for (int i = nb - 1; i >= 0; i--)
+        lm_kv_release(&kv, blocks[i]);
 
     /* A different first block with the same second block: nothing matches (hash chain). */
     int32_t other[40];
     memcpy(other, ids, sizeof other);
     other[3] = 7;
-    CHECK(lm_kv_probe(&kv, other, 40) == 3, "diverging at token 3: %d", lm_kv_probe(&kv, other, 40));
+    CHECK(lm_kv_probe(&kv, other, 40) == 3, "diverging at token 3: %d",
+          lm_kv_probe(&kv, other, 40));
     cp.n = 0;
     got = lm_kv_match(&kv, other, 40, blocks, &nb, &chain);
     CHECK(got == 3 && nb == 1 && cp.n == 1 && cp.rows[0] == 3 && chain == LM_KV_ROOT,
           "token-level reuse of 3 rows of block 0: %d in %d", got, nb);
-    for (int i = nb - 1; i >= 0; i--) lm_kv_release(&kv, blocks[i]);
+    for (int i = nb - 1; i >= 0; i--)
+        lm_kv_release(&kv, blocks[i]);
 
     /* Eviction: fill the pool with a new 8-block sequence; the least recent cached go first. */
     int32_t fresh[128];
-    for (int i = 0; i < 128; i++) fresh[i] = 5000 + i;
+    for (int i = 0; i < 128; i++)
+        fresh[i] = 5000 + i;
     int held[8], n_held = 0;
     for (int i = 0; i < 8; i++) {
         int x = lm_kv_alloc(&kv);
@@ -99,35 +108,42 @@ int main(void) {
     CHECK(lm_kv_alloc(&kv) == -1, "pool exhausted when every block is held");
     CHECK(kv.evictions == 3 && kv.n_cached == 0, "3 cached blocks evicted: %lld", kv.evictions);
     CHECK(lm_kv_probe(&kv, ids, 40) == 0, "evicted prefix no longer matches");
-    for (int i = 0; i < n_held; i++) lm_kv_release(&kv, held[i]);
+    for (int i = 0; i < n_held; i++)
+        lm_kv_release(&kv, held[i]);
     CHECK(kv.n_free == 8, "all free again");
 
     /* LRU order: sequence A then B are cached; allocating 6 blocks evicts A's first. */
     run_seq(&kv, ids, 32);   /* A: 2 blocks */
     run_seq(&kv, fresh, 32); /* B: 2 blocks */
     CHECK(kv.n_cached == 4, "A and B cached");
-    for (int i = 0; i < 5; i++) held[i] = lm_kv_alloc(&kv); /* 4 free + 1 evicted: A's tail */
+    for (int i = 0; i < 5; i++)
+        held[i] = lm_kv_alloc(&kv); /* 4 free + 1 evicted: A's tail */
     CHECK(lm_kv_probe(&kv, ids, 32) == 16 && lm_kv_probe(&kv, fresh, 32) == 32,
           "A's tail block evicted first (A %d, B %d)", lm_kv_probe(&kv, ids, 32),
           lm_kv_probe(&kv, fresh, 32));
-    for (int i = 0; i < 5; i++) lm_kv_release(&kv, held[i]);
+    for (int i = 0; i < 5; i++)
+        lm_kv_release(&kv, held[i]);
 
     /* Sharing: two holders of one block; it stays used until both release. */
     got = lm_kv_match(&kv, fresh, 32, blocks, &nb, &chain);
     int32_t blocks2[8];
     int nb2;
     got = lm_kv_match(&kv, fresh, 32, blocks2, &nb2, &chain);
-    CHECK(got == 32 && nb2 == 2 && blocks2[0] == blocks[0] && kv.b[blocks[0]].ref == 2, "shared twice");
+    CHECK(got == 32 && nb2 == 2 && blocks2[0] == blocks[0] && kv.b[blocks[0]].ref == 2,
+          "shared twice");
     CHECK(lm_kv_used(&kv) == 2, "two blocks used");
-    for (int i = 0; i < 2; i++) lm_kv_release(&kv, blocks[i]);
+    for (int i = 0; i < 2; i++)
+        lm_kv_release(&kv, blocks[i]);
     CHECK(lm_kv_used(&kv) == 2, "still held by the second");
-    for (int i = 0; i < 2; i++) lm_kv_release(&kv, blocks2[i]);
+    for (int i = 0; i < 2; i++)
+        lm_kv_release(&kv, blocks2[i]);
     CHECK(lm_kv_used(&kv) == 0 && lm_kv_available(&kv) == 8, "all released");
 
     /* Committing a duplicate full block leaves the second copy private (freed on release). */
     int x = lm_kv_alloc(&kv);
     uint64_t h = lm_kv_commit(&kv, x, LM_KV_ROOT, fresh);
-    CHECK(h == lm_kv_hash(LM_KV_ROOT, fresh, LM_KV_BLOCK) && kv.b[x].n_tokens == 0, "duplicate stays private");
+    CHECK(h == lm_kv_hash(LM_KV_ROOT, fresh, LM_KV_BLOCK) && kv.b[x].n_tokens == 0,
+          "duplicate stays private");
     int free_before = kv.n_free;
     lm_kv_release(&kv, x);
     CHECK(kv.n_free == free_before + 1, "duplicate freed");

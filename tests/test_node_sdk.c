@@ -43,7 +43,8 @@ static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t l = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(fd, (struct sockaddr *)&a, &l)) {
         if (fd >= 0) close(fd);
         return -1;
     }
@@ -54,7 +55,8 @@ static int free_port(void) {
 /* GET /health over a plain socket: true on "HTTP/1.x 200". */
 static bool healthy(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = false;
     if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
@@ -78,14 +80,16 @@ static bool start_server(int *port_out) {
         pid_t pid = fork();
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
-            execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", ps, "--quiet", (char *)NULL);
+            execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", ps,
+                  "--quiet", (char *)NULL);
             _exit(127);
         }
         g_server = pid;
         double t0 = now_s();
         while (now_s() - t0 < 60) {
             int status;
-            if (waitpid(pid, &status, WNOHANG) == pid) { /* exited: most likely the port was taken */
+            if (waitpid(pid, &status, WNOHANG) ==
+                pid) { /* exited: most likely the port was taken */
                 g_server = -1;
                 break;
             }
@@ -107,7 +111,8 @@ int main(void) {
     }
     struct stat sb;
     if (stat(LM_SOURCE_DIR "/tests/node/node_modules/openai/package.json", &sb) != 0) {
-        fprintf(stderr, "test_node_sdk: the OpenAI SDK is not installed (npm ci --prefix tests/node); skipped\n");
+        fprintf(stderr, "test_node_sdk: the OpenAI SDK is not installed (npm ci --prefix "
+                        "tests/node); skipped\n");
         return SKIP;
     }
     atexit(stop_server);
@@ -123,7 +128,8 @@ int main(void) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         setenv("LUMEN_BASE_URL", url, 1);
         setenv("LUMEN_MODEL", "tiny-qwen3", 1);
-        execlp("node", "node", "--test", "--test-reporter=spec", LM_SOURCE_DIR "/tests/node/sdk.test.mjs", (char *)NULL);
+        execlp("node", "node", "--test", "--test-reporter=spec",
+               LM_SOURCE_DIR "/tests/node/sdk.test.mjs", (char *)NULL);
         _exit(127);
     }
     int status = 0;
@@ -134,7 +140,8 @@ int main(void) {
     kill(g_server, SIGTERM); /* a clean exit after the SDK's requests */
     int sst = 0;
     double t0 = now_s();
-    while (now_s() - t0 < 20 && waitpid(g_server, &sst, WNOHANG) != g_server) usleep(20 * 1000);
+    while (now_s() - t0 < 20 && waitpid(g_server, &sst, WNOHANG) != g_server)
+        usleep(20 * 1000);
     CHECK(WIFEXITED(sst) && WEXITSTATUS(sst) == 0, "lumen serve exits cleanly after SIGTERM");
     g_server = -1;
     return check_exit("test_node_sdk");

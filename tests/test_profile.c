@@ -55,13 +55,16 @@ static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len))
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(fd, (struct sockaddr *)&a, &len))
         return -1;
     close(fd);
     return ntohs(a.sin_port);
 }
 
-static size_t discard(char *p, size_t s, size_t n, void *ud) { return s * n; }
+static size_t discard(char *p, size_t s, size_t n, void *ud) {
+    return s * n;
+}
 
 static long http_get_status(const char *url) {
     CURL *h = curl_easy_init();
@@ -79,7 +82,8 @@ static void print_file(const char *path) {
     if (!f) return;
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stderr);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        fwrite(buf, 1, n, stderr);
     fclose(f);
 }
 
@@ -144,7 +148,8 @@ int main(void) {
         json_t *q = json_loads(line, 0, NULL);
         if (!q) continue;
         char id[32];
-        snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(q, "question_id")));
+        snprintf(id, sizeof id, "%lld",
+                 (long long)json_integer_value(json_object_get(q, "question_id")));
         json_object_set(mt, id, json_object_get(q, "turns"));
         json_decref(q);
     }
@@ -199,7 +204,8 @@ int main(void) {
     json_t *sg = json_load_file(path, 0, NULL);
     json_t *sgt = json_object_get(sg, "per_turn");
     CHECK(json_integer_value(json_object_get(sg, "request_count")) == 12 &&
-              json_integer_value(json_object_get(sg, "warmup_requests")) == 2 && json_array_size(sgt) == 2 &&
+              json_integer_value(json_object_get(sg, "warmup_requests")) == 2 &&
+              json_array_size(sgt) == 2 &&
               json_integer_value(json_object_get(json_array_get(sgt, 1), "request_count")) == 6,
           "preset: 6 conversations x 2 turns, 2 warmup requests");
     json_t *set = json_object_get(sg, "settings");
@@ -207,8 +213,8 @@ int main(void) {
               json_real_value(json_object_get(set, "think_time_mean_ms")) == 50 &&
               json_integer_value(json_object_get(set, "concurrency")) == 1,
           "preset settings");
-    CHECK(json_number_value(json_object_get(json_object_get(json_object_get(sg, "metrics"),
-                                                            "think_time_measured"), "min")) >= 50,
+    CHECK(json_number_value(json_object_get(
+              json_object_get(json_object_get(sg, "metrics"), "think_time_measured"), "min")) >= 50,
           "measured think gaps >= 50 ms");
     CHECK(json_integer_value(json_object_get(json_object_get(sg, "dataset"), "considered")) == 1000,
           "sharegpt ledger covers 1000 conversations");
@@ -216,7 +222,8 @@ int main(void) {
     snprintf(path, sizeof path, "%s/selection.jsonl", sg_dir);
     FILE *lf = fopen(path, "r");
     int ledger_lines = 0;
-    while (lf && fgets(line, sizeof line, lf)) ledger_lines++;
+    while (lf && fgets(line, sizeof line, lf))
+        ledger_lines++;
     if (lf) fclose(lf);
     CHECK(ledger_lines == 1000, "selection ledger: %d lines", ledger_lines);
     snprintf(path, sizeof path, "%s/summary.json", sb_dir);
@@ -224,7 +231,8 @@ int main(void) {
     CHECK(json_integer_value(json_object_get(sb, "request_count")) == 3 &&
               json_integer_value(json_object_get(json_object_get(sb, "dataset"), "selected")) == 80,
           "spec_bench qa: 3 single-turn requests of 80 selected");
-    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(sb, "speculative"), "acceptance_rate")),
+    CHECK(!strcmp(json_string_value(
+                      json_object_get(json_object_get(sb, "speculative"), "acceptance_rate")),
                   "unavailable"),
           "spec_bench run: acceptance unavailable (ordinary generation)");
     json_decref(sb);
@@ -238,10 +246,17 @@ int main(void) {
         summary[fread(summary, 1, sizeof summary - 1, f)] = 0;
         fclose(f);
     }
-    const char *names[] = {"Time to First Token (ms)", "Inter Token Latency (ms)",
-                           "Request Latency (ms)", "Output Sequence Length (tokens)",
-                           "Input Sequence Length (tokens)", "Request Throughput (requests/s)",
-                           "Output Token Throughput (tokens/s)", "p50", "p99", "turn 1", "turn 2"};
+    const char *names[] = {"Time to First Token (ms)",
+                           "Inter Token Latency (ms)",
+                           "Request Latency (ms)",
+                           "Output Sequence Length (tokens)",
+                           "Input Sequence Length (tokens)",
+                           "Request Throughput (requests/s)",
+                           "Output Token Throughput (tokens/s)",
+                           "p50",
+                           "p99",
+                           "turn 1",
+                           "turn 2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         CHECK(strstr(summary, names[i]), "summary lacks '%s':\n%s", names[i], summary);
     CHECK(strstr(summary, "6 ok, 0 failed"), "summary counts:\n%s", summary);
@@ -279,7 +294,8 @@ int main(void) {
         CHECK(json_real_value(json_object_get(r, "start_time")) > 1.6e9, "%s: start_time", rid);
         if (!strcmp(str(r, "phase"), "warmup")) {
             n_warm++;
-            CHECK(json_integer_value(json_object_get(r, "turn")) == 1, "warmup is a turn-1 request");
+            CHECK(json_integer_value(json_object_get(r, "turn")) == 1,
+                  "warmup is a turn-1 request");
             CHECK(!strcmp(str(r, "dataset_id"), "160"), "warmup from the end of the dataset: %s",
                   str(r, "dataset_id"));
             continue;
@@ -294,7 +310,8 @@ int main(void) {
 
     size_t n_turn2 = 0;
     json_array_foreach(recs, i, r) {
-        if (strcmp(str(r, "phase"), "profiling") || json_integer_value(json_object_get(r, "turn")) != 2)
+        if (strcmp(str(r, "phase"), "profiling") ||
+            json_integer_value(json_object_get(r, "turn")) != 2)
             continue;
         n_turn2++;
         const char *cid = str(r, "conversation_id"), *rid = str(r, "request_id"), *role;

@@ -53,7 +53,8 @@ static void sleep_ms(int ms) {
 static void hex_of(const void *p, size_t n, char out[65]) {
     unsigned char md[32];
     SHA256(p, n, md);
-    for (int i = 0; i < 32; i++) sprintf(out + 2 * i, "%02x", md[i]);
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", md[i]);
 }
 
 static void send_all(int fd, const char *s, size_t n) {
@@ -81,7 +82,8 @@ static void header(const char *head, const char *name, char *out, size_t n) {
         p++;
         if (!strncasecmp(p, name, nl) && p[nl] == ':') {
             const char *v = p + nl + 1;
-            while (*v == ' ') v++;
+            while (*v == ' ')
+                v++;
             size_t len = strcspn(v, "\r\n");
             snprintf(out, n, "%.*s", (int)(len < n - 1 ? len : n - 1), v);
             return;
@@ -120,8 +122,9 @@ static void *serve_conn(void *arg) {
     body[-4] = 0;
     const char *head = in.p;
     if (!strncmp(head, "GET /v1/models", 14)) {
-        const char *r = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
-                        "{\"object\":\"list\",\"data\":[{\"id\":\"scripted\",\"object\":\"model\"}]}";
+        const char *r =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+            "{\"object\":\"list\",\"data\":[{\"id\":\"scripted\",\"object\":\"model\"}]}";
         send_all(fd, r, strlen(r));
     } else if (strncmp(head, "POST /v1/chat/completions", 25)) {
         const char *r = "HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
@@ -139,8 +142,10 @@ static void *serve_conn(void *arg) {
         json_t *req = json_loads(body, 0, NULL);
         json_t *msgs = json_object_get(req, "messages");
         char resp[512];
-        snprintf(resp, sizeof resp, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                    "Connection: close\r\nX-Request-Id: %s\r\n\r\n", rid);
+        snprintf(resp, sizeof resp,
+                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 "Connection: close\r\nX-Request-Id: %s\r\n\r\n",
+                 rid);
         send_all(fd, resp, strlen(resp));
         bool warm = !strcmp(phase, "warmup");
         double t_first = 0;
@@ -206,12 +211,14 @@ static void *serve_conn(void *arg) {
         hex_of(text.p, text.len, hex);
         lm_buf_free(&text);
         json_t *rec = json_pack(
-            "{s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:i,s:i,s:s,s:o,s:o,s:n,s:n,s:s}",
-            "id", id, "x_request_id", rid, "conversation_id", cid, "phase", phase, "turn", turn, "model",
-            "scripted", "endpoint", "/v1/chat/completions", "http_status", 200, "t_arrival_ms", t_arrival,
-            "t_scheduled_ms", t_arrival, "t_first_token_ms", t_first, "t_finish_ms", t_finish, "queue_ms", 0.0,
-            "prefill_ms", t_first - t_arrival, "decode_ms", t_finish - t_first, "total_ms", t_finish - t_arrival,
-            "prompt_tokens", prompt_tokens, "cached_tokens", 0, "completion_tokens", completion_tokens,
+            "{s:s,s:s,s:s,s:s,s:i,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:i,s:i,s:s,s:o,"
+            "s:o,s:n,s:n,s:s}",
+            "id", id, "x_request_id", rid, "conversation_id", cid, "phase", phase, "turn", turn,
+            "model", "scripted", "endpoint", "/v1/chat/completions", "http_status", 200,
+            "t_arrival_ms", t_arrival, "t_scheduled_ms", t_arrival, "t_first_token_ms", t_first,
+            "t_finish_ms", t_finish, "queue_ms", 0.0, "prefill_ms", t_first - t_arrival,
+            "decode_ms", t_finish - t_first, "total_ms", t_finish - t_arrival, "prompt_tokens",
+            prompt_tokens, "cached_tokens", 0, "completion_tokens", completion_tokens,
             "finish_reason", finish, "roles", roles, "content_sha256", hashes, "prompt_ids_sha256",
             "completion_ids_sha256", "completion_text_sha256", hex);
         char *line = json_dumps(rec, JSON_COMPACT);
@@ -295,7 +302,9 @@ static double metric(json_t *summary, const char *name, const char *stat) {
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-static bool in(double v, double lo, double hi) { return v >= lo && v <= hi; }
+static bool in(double v, double lo, double hi) {
+    return v >= lo && v <= hi;
+}
 
 static json_t *load(const char *dir, const char *name) {
     char p[256];
@@ -310,44 +319,56 @@ static void test_clean_run(void) {
     o.out = out;
     lm_status st = lm_bench_profile(&o, &res);
     CHECK(st == LM_OK, "profile: %s", lm_error_message());
-    CHECK(res.exit_code == 0 && res.verification_available && res.verification_ok, "exit %d, verification %d/%d",
-          res.exit_code, res.verification_available, res.verification_ok);
+    CHECK(res.exit_code == 0 && res.verification_available && res.verification_ok,
+          "exit %d, verification %d/%d", res.exit_code, res.verification_available,
+          res.verification_ok);
     json_t *s = res.summary;
     CHECK(json_integer_value(json_object_get(s, "request_count")) == 6 &&
               json_integer_value(json_object_get(s, "warmup_requests")) == 2,
           "6 measured requests, 2 warmup");
     /* TTFT: turn 1 at 100 ms, turn 2 at 40 ms; the role-only chunk never counts; no warmup
      * leak (warmup answers at ~0 ms with 999 tokens) */
-    double ttft_min = metric(s, "time_to_first_token", "min"), ttft_max = metric(s, "time_to_first_token", "max");
+    double ttft_min = metric(s, "time_to_first_token", "min"),
+           ttft_max = metric(s, "time_to_first_token", "max");
     CHECK(in(ttft_min, 38, 80) && in(ttft_max, 98, 170), "TTFT %g..%g", ttft_min, ttft_max);
-    CHECK(metric(s, "output_sequence_length", "max") < 999 && metric(s, "output_sequence_length", "min") == 4,
+    CHECK(metric(s, "output_sequence_length", "max") < 999 &&
+              metric(s, "output_sequence_length", "min") == 4,
           "OSL %g..%g: warmup excluded", metric(s, "output_sequence_length", "min"),
           metric(s, "output_sequence_length", "max"));
     /* ITL per token: 30 ms (the 60 ms gap before the two-token chunk is divided by 2); the
      * chunk gaps themselves are 30, 60 and 80 ms */
     double itl50 = metric(s, "inter_token_latency", "p50");
     CHECK(in(itl50, 28, 55), "ITL per token p50 %g", itl50);
-    CHECK(in(metric(s, "inter_chunk_latency", "max"), 58, 130), "ICL max %g", metric(s, "inter_chunk_latency", "max"));
+    CHECK(in(metric(s, "inter_chunk_latency", "max"), 58, 130), "ICL max %g",
+          metric(s, "inter_chunk_latency", "max"));
     CHECK(in(metric(s, "think_time_measured", "min"), 19, 80) &&
-              json_integer_value(json_object_get(json_object_get(json_object_get(s, "metrics"),
-                                                                 "think_time_measured"), "count")) == 3,
+              json_integer_value(json_object_get(
+                  json_object_get(json_object_get(s, "metrics"), "think_time_measured"),
+                  "count")) == 3,
           "think gaps measured");
     /* per turn */
     json_t *pt = json_object_get(s, "per_turn");
     json_t *t1 = json_array_get(pt, 0), *t2 = json_array_get(pt, 1);
-    double t1ttft = json_number_value(json_object_get(json_object_get(t1, "time_to_first_token"), "p50"));
-    double t2ttft = json_number_value(json_object_get(json_object_get(t2, "time_to_first_token"), "p50"));
-    double t2ttfo = json_number_value(json_object_get(json_object_get(t2, "time_to_first_output_token"), "p50"));
-    double t1itl = json_number_value(json_object_get(json_object_get(t1, "inter_token_latency"), "p50"));
-    CHECK(json_array_size(pt) == 2 && json_integer_value(json_object_get(t1, "request_count")) == 3 &&
+    double t1ttft =
+        json_number_value(json_object_get(json_object_get(t1, "time_to_first_token"), "p50"));
+    double t2ttft =
+        json_number_value(json_object_get(json_object_get(t2, "time_to_first_token"), "p50"));
+    double t2ttfo = json_number_value(
+        json_object_get(json_object_get(t2, "time_to_first_output_token"), "p50"));
+    double t1itl =
+        json_number_value(json_object_get(json_object_get(t1, "inter_token_latency"), "p50"));
+    CHECK(json_array_size(pt) == 2 &&
+              json_integer_value(json_object_get(t1, "request_count")) == 3 &&
               json_integer_value(json_object_get(t2, "request_count")) == 3,
           "per-turn rows");
     CHECK(in(t1ttft, 98, 170) && in(t2ttft, 38, 80) && in(t2ttfo, 118, 200) && in(t1itl, 28, 55),
           "per turn: TTFT %g / %g, TTFO %g, ITL %g", t1ttft, t2ttft, t2ttfo, t1itl);
-    /* at concurrency 1 every request is alone: turn 1's tokens/s = 12 tokens / its summed latency */
+    /* at concurrency 1 every request is alone: turn 1's tokens/s = 12 tokens / its summed latency
+     */
     double alone = json_number_value(json_object_get(t1, "alone_s"));
     double tps = json_number_value(json_object_get(t1, "output_token_throughput_alone"));
-    CHECK(in(alone, 0.55, 1.2) && in(tps * alone, 11.9, 12.1), "turn 1 alone %g s, %g tok/s", alone, tps);
+    CHECK(in(alone, 0.55, 1.2) && in(tps * alone, 11.9, 12.1), "turn 1 alone %g s, %g tok/s", alone,
+          tps);
     /* usage vs lumen's tokenizer: turn 1 equal (4), turn 2 one more (the stop token) */
     json_t *uc = json_object_get(s, "usage_check");
     CHECK(json_integer_value(json_object_get(uc, "output_equal")) == 3 &&
@@ -355,10 +376,12 @@ static void test_clean_run(void) {
               json_integer_value(json_object_get(uc, "output_mismatch")) == 0,
           "usage check");
     /* server-side time */
-    CHECK(in(metric(s, "server_total_time", "p50"), 100, 250), "server total %g", metric(s, "server_total_time", "p50"));
+    CHECK(in(metric(s, "server_total_time", "p50"), 100, 250), "server total %g",
+          metric(s, "server_total_time", "p50"));
     /* the folder */
-    const char *files[] = {"requests.jsonl", "summary.json", "summary.csv", "summary.txt", "report.html",
-                           "manifest.json", "coverage.json", "selection.jsonl", "verification.json"};
+    const char *files[] = {"requests.jsonl", "summary.json",    "summary.csv",
+                           "summary.txt",    "report.html",     "manifest.json",
+                           "coverage.json",  "selection.jsonl", "verification.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[256];
         snprintf(p, sizeof p, "%s/%s", res.dir, files[i]);
@@ -369,15 +392,18 @@ static void test_clean_run(void) {
     snprintf(p, sizeof p, "%s/report.html", res.dir);
     lm_file_read(p, &html);
     int svgs = 0;
-    for (const char *q = html.p; q && (q = strstr(q, "<svg")); q++) svgs++;
-    CHECK(svgs >= 5 && !strstr(html.p, "<script") && !strstr(html.p, "<link") && strstr(html.p, "Per turn"),
+    for (const char *q = html.p; q && (q = strstr(q, "<svg")); q++)
+        svgs++;
+    CHECK(svgs >= 5 && !strstr(html.p, "<script") && !strstr(html.p, "<link") &&
+              strstr(html.p, "Per turn"),
           "report.html: %d inline SVG plots, self-contained", svgs);
     lm_buf_free(&html);
     json_t *man = load(res.dir, "manifest.json");
     CHECK(man && json_is_object(json_object_get(json_object_get(man, "server"), "v1_models")) &&
               !strcmp(json_string_value(json_object_get(json_object_get(man, "dataset"), "sha256")),
                       "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7") &&
-              json_integer_value(json_object_get(json_object_get(man, "hardware"), "cpu_logical_cores")) > 0,
+              json_integer_value(
+                  json_object_get(json_object_get(man, "hardware"), "cpu_logical_cores")) > 0,
           "manifest");
     json_decref(man);
     json_t *cov = load(res.dir, "coverage.json");
@@ -397,7 +423,8 @@ static void test_clean_run(void) {
     char text[32768];
     text[fread(text, 1, sizeof text - 1, out)] = 0;
     fclose(out);
-    CHECK(strstr(text, "Verification against") && strstr(text, "PASSED") && strstr(text, "ordinary generation"),
+    CHECK(strstr(text, "Verification against") && strstr(text, "PASSED") &&
+              strstr(text, "ordinary generation"),
           "summary text:\n%s", text);
     lm_bench_profile_result_free(&res);
 }
@@ -411,7 +438,8 @@ static void test_tampered_and_missing(void) {
     CHECK(st == LM_OK && res.exit_code == 1 && res.verification_available && !res.verification_ok,
           "tampered history: exit %d", res.exit_code);
     json_t *v = res.dir ? load(res.dir, "verification.json") : NULL;
-    CHECK(json_integer_value(json_object_get(json_object_get(json_object_get(v, "checks"), "history"), "failed")) == 1,
+    CHECK(json_integer_value(json_object_get(
+              json_object_get(json_object_get(v, "checks"), "history"), "failed")) == 1,
           "history check failed once");
     json_decref(v);
     lm_bench_profile_result_free(&res);
@@ -420,9 +448,11 @@ static void test_tampered_and_missing(void) {
     atomic_store(&g_drop, 1);
     st = lm_bench_profile(&o, &res);
     atomic_store(&g_drop, 0);
-    CHECK(st == LM_OK && res.exit_code == 1 && !res.verification_ok, "missing record: exit %d", res.exit_code);
+    CHECK(st == LM_OK && res.exit_code == 1 && !res.verification_ok, "missing record: exit %d",
+          res.exit_code);
     v = res.dir ? load(res.dir, "verification.json") : NULL;
-    CHECK(json_integer_value(json_object_get(v, "requests_without_record")) == 1, "one request without a record");
+    CHECK(json_integer_value(json_object_get(v, "requests_without_record")) == 1,
+          "one request without a record");
     json_decref(v);
     lm_bench_profile_result_free(&res);
 }
@@ -436,7 +466,8 @@ static void test_no_records_and_limits(void) {
     FILE *out = tmpfile();
     o.out = out;
     lm_status st = lm_bench_profile(&o, &res);
-    CHECK(st == LM_OK && res.exit_code == 0 && !res.verification_available, "no records: exit %d", res.exit_code);
+    CHECK(st == LM_OK && res.exit_code == 0 && !res.verification_available, "no records: exit %d",
+          res.exit_code);
     json_t *s = res.summary;
     CHECK(json_integer_value(json_object_get(s, "requests_sent")) == 3 &&
               json_integer_value(json_object_get(s, "skipped_by_limit")) == 1 &&
@@ -462,12 +493,14 @@ static void test_no_records_and_limits(void) {
     st = lm_bench_profile(&o, &res);
     double took = mono_ms() - t0;
     s = res.summary;
-    CHECK(st == LM_OK && res.exit_code == 0 && !strcmp(json_string_value(json_object_get(s, "limit_hit")), "duration") &&
+    CHECK(st == LM_OK && res.exit_code == 0 &&
+              !strcmp(json_string_value(json_object_get(s, "limit_hit")), "duration") &&
               json_integer_value(json_object_get(s, "warmup_requests")) >= 2 && took < 8000,
           "duration limits: warmup %lld requests, took %.0f ms",
           (long long)json_integer_value(json_object_get(s, "warmup_requests")), took);
     CHECK(json_number_value(json_object_get(s, "benchmark_duration_s")) < 1.0,
-          "no request released after 0.5 s (window %g s)", json_number_value(json_object_get(s, "benchmark_duration_s")));
+          "no request released after 0.5 s (window %g s)",
+          json_number_value(json_object_get(s, "benchmark_duration_s")));
     lm_bench_profile_result_free(&res);
 
     /* request-rate mode, Poisson arrivals */
@@ -495,14 +528,15 @@ static void test_sweep(void) {
     CHECK(st == LM_OK && rc == 0, "sweep: %s", lm_error_message());
     json_t *sw = dir ? load(dir, "sweep.json") : NULL;
     json_t *pts = json_object_get(sw, "points");
-    CHECK(json_array_size(pts) == 2 &&
-              json_number_value(json_object_get(json_array_get(pts, 0), "output_token_throughput")) > 0,
+    CHECK(json_array_size(pts) == 2 && json_number_value(json_object_get(
+                                           json_array_get(pts, 0), "output_token_throughput")) > 0,
           "two sweep points");
     char p[256];
     snprintf(p, sizeof p, "%s/sweep.html", dir ? dir : "");
     struct lm_buf html = {0};
     lm_file_read(p, &html);
-    CHECK(html.p && strstr(html.p, "<svg") && strstr(html.p, "polyline"), "sweep.html draws the curve");
+    CHECK(html.p && strstr(html.p, "<svg") && strstr(html.p, "polyline"),
+          "sweep.html draws the curve");
     snprintf(p, sizeof p, "%s/concurrency-2/report.html", dir ? dir : "");
     CHECK(lm_file_exists(p), "%s", p);
     lm_buf_free(&html);

@@ -13,7 +13,8 @@
 #include "family/qwen3/chat_template.h"
 
 /* The reference: the rules of reasoning.c applied to the whole text with string searches. */
-static void reference(int mode, const char *text, struct lm_buf *reasoning, struct lm_buf *content) {
+static void reference(int mode, const char *text, struct lm_buf *reasoning,
+                      struct lm_buf *content) {
     /* mode 0: prompt ends with "<|im_start|>assistant\n"; 1: inside an open <think>; 2: closed */
     size_t n = strlen(text);
     if (mode == 2) {
@@ -30,12 +31,15 @@ static void reference(int mode, const char *text, struct lm_buf *reasoning, stru
     }
     const char *end = strstr(start, "</think>");
     const char *r0 = start, *r1 = end ? end : text + n;
-    while (r0 < r1 && *r0 == '\n') r0++;
-    while (r1 > r0 && r1[-1] == '\n') r1--;
+    while (r0 < r1 && *r0 == '\n')
+        r0++;
+    while (r1 > r0 && r1[-1] == '\n')
+        r1--;
     lm_buf_append(reasoning, r0, (size_t)(r1 - r0));
     if (end) {
         const char *c = end + 8;
-        while (*c == '\n') c++;
+        while (*c == '\n')
+            c++;
         lm_buf_puts(content, c);
     }
 }
@@ -48,8 +52,9 @@ static void render(int mode, struct lm_buf *prompt) {
 }
 
 /* Feeds `text` cut at the sorted offsets cuts[0..n_cuts). */
-static void run_pieces(const struct lm_reasoning_ops *ops, const struct lm_buf *prompt, const char *text,
-                       const size_t *cuts, int n_cuts, struct lm_buf *reasoning, struct lm_buf *content) {
+static void run_pieces(const struct lm_reasoning_ops *ops, const struct lm_buf *prompt,
+                       const char *text, const size_t *cuts, int n_cuts, struct lm_buf *reasoning,
+                       struct lm_buf *content) {
     struct lm_reasoning r;
     lm_reasoning_init(&r, ops, prompt->p, prompt->len);
     size_t at = 0, len = strlen(text);
@@ -81,7 +86,8 @@ int main(void) {
         "<think>\nabc\n\n</thi",
         "<think>\nabc\n\n",
         "<think>a</think>b</think>c",
-        "<think>\n\xc3\xa7\xc3\xa9 \xf0\x9f\x98\x80\n</thi nk>\n</think>\n\n\xe6\x97\xa5\xe6\x9c\xac",
+        "<think>\n\xc3\xa7\xc3\xa9 \xf0\x9f\x98\x80\n</thi "
+        "nk>\n</think>\n\n\xe6\x97\xa5\xe6\x9c\xac",
         "reason only\n</think>\n\nans",
         "",
         "\n\n",
@@ -100,14 +106,16 @@ int main(void) {
         {"<thi", "", "<thi"},
     };
     struct lm_buf prompts[3] = {{0}};
-    for (int mode = 0; mode < 3; mode++) render(mode, &prompts[mode]);
-    CHECK(strstr(prompts[2].p, "<think>\n\n</think>\n\n") != NULL, "enable_thinking=false renders a closed block");
+    for (int mode = 0; mode < 3; mode++)
+        render(mode, &prompts[mode]);
+    CHECK(strstr(prompts[2].p, "<think>\n\n</think>\n\n") != NULL,
+          "enable_thinking=false renders a closed block");
 
     for (size_t h = 0; h < sizeof hand / sizeof hand[0]; h++) {
         struct lm_buf r = {0}, c = {0};
         run_pieces(ops, &prompts[0], hand[h].text, NULL, 0, &r, &c);
-        CHECK(!strcmp(r.p, hand[h].reasoning) && !strcmp(c.p, hand[h].content), "'%s': reasoning '%s' content '%s'",
-              hand[h].text, r.p, c.p);
+        CHECK(!strcmp(r.p, hand[h].reasoning) && !strcmp(c.p, hand[h].content),
+              "'%s': reasoning '%s' content '%s'", hand[h].text, r.p, c.p);
         lm_buf_free(&r);
         lm_buf_free(&c);
     }
@@ -124,8 +132,9 @@ int main(void) {
             if (!wc.p) lm_buf_puts(&wc, "");
             struct lm_buf r = {0}, c = {0};
             run_pieces(ops, &prompts[mode], text, NULL, 0, &r, &c);
-            CHECK(!strcmp(r.p, wr.p) && !strcmp(c.p, wc.p), "mode %d '%s': whole gives '%s' | '%s', want '%s' | '%s'",
-                  mode, text, r.p, c.p, wr.p, wc.p);
+            CHECK(!strcmp(r.p, wr.p) && !strcmp(c.p, wc.p),
+                  "mode %d '%s': whole gives '%s' | '%s', want '%s' | '%s'", mode, text, r.p, c.p,
+                  wr.p, wc.p);
             lm_buf_free(&r);
             lm_buf_free(&c);
             int bad = 0;
@@ -138,7 +147,8 @@ int main(void) {
             }
             CHECK(bad == 0, "mode %d '%s': %d two-piece cuts differ", mode, text, bad);
             bad = 0;
-            for (int trial = 0; trial < 50 && len > 1; trial++) { /* random many-way cuts, bytewise */
+            for (int trial = 0; trial < 50 && len > 1;
+                 trial++) { /* random many-way cuts, bytewise */
                 size_t cuts[16];
                 int nc = 0;
                 for (size_t at = 0; nc < 16;) {
@@ -160,18 +170,21 @@ int main(void) {
 
     /* A prompt whose last assistant turn is finished (no generation prompt) starts fresh. */
     {
-        struct lm_chat_msg m[2] = {{.role = LM_ROLE_USER, .content = "hi"},
-                                   {.role = LM_ROLE_ASSISTANT, .content = "<think>\nr\n</think>\n\nok"}};
+        struct lm_chat_msg m[2] = {
+            {.role = LM_ROLE_USER, .content = "hi"},
+            {.role = LM_ROLE_ASSISTANT, .content = "<think>\nr\n</think>\n\nok"}};
         struct lm_chat_opts o = {.add_generation_prompt = false, .enable_thinking = -1};
         struct lm_buf p = {0};
         CHECK(lm_qwen3_render_chat(m, 2, &o, &p) == LM_OK, "render finished turn");
         struct lm_buf r = {0}, c = {0};
         run_pieces(ops, &p, "<think>\nx\n</think>\n\ny", NULL, 0, &r, &c);
-        CHECK(!strcmp(r.p, "x") && !strcmp(c.p, "y"), "after a finished turn: '%s' | '%s'", r.p, c.p);
+        CHECK(!strcmp(r.p, "x") && !strcmp(c.p, "y"), "after a finished turn: '%s' | '%s'", r.p,
+              c.p);
         lm_buf_free(&r);
         lm_buf_free(&c);
         lm_buf_free(&p);
     }
-    for (int mode = 0; mode < 3; mode++) lm_buf_free(&prompts[mode]);
+    for (int mode = 0; mode < 3; mode++)
+        lm_buf_free(&prompts[mode]);
     return check_exit("test_reasoning");
 }

@@ -334,17 +334,29 @@ int lm_cmd_cudabench(int argc, char **argv) {
     }
     if (micro && !st) {
         static const char *names[] = {"q/k/v + rmsnorm", "o_proj + residual", "gate/up + swiglu",
-                                      "down + residual", "lm_head + norm"};
+                                      "down + residual", "lm_head + norm", "attention (fused)", "argmax"};
         printf("\nGEMV kernels (one launch per layer in a graph; median of %d replays)\n", reps * 4);
-        printf("| %-18s | %4s | %9s | %9s | %9s | %9s |\n", "matrix", "rows", "MB", "us", "TB/s", "of copy");
-        printf("| ------------------ | ---: | --------: | --------: | --------: | --------: |\n");
-        static const int ns[] = {1, 8};
-        for (int w = 0; w < 5 && !st; w++)
-            for (int k = 0; k < 2 && !st; k++) {
+        printf("| %-26s | %4s | %9s | %9s | %9s | %9s |\n", "kernel", "rows", "MB", "us", "TB/s", "of copy");
+        printf("| -------------------------- | ---: | --------: | --------: | --------: | --------: |\n");
+        static const int ns[] = {1, 1, 8};
+        for (int w = 0; w < 7 && !st; w++)
+            for (int k = 0; k < 3 && !st; k++) {
                 double us, bytes;
+                if (k == 1 && w >= 4) continue;
+                lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), k != 1);
+                if (w == 5) { /* attention after a decode step of ns[k] sequences at position tg */
+                    int32_t next[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+                    if ((st = decode(&b, ns[k], 0, tg ? tg : 128, next))) break;
+                }
                 if ((st = lm_cuda_qwen3_bench_linear(b.m, w, ns[k], reps * 4, &us, &bytes))) break;
-                printf("| %-18s | %4d | %9.2f | %9.2f | %9.3f | %8.0f%% |\n", names[w], ns[k], bytes / 1e6, us,
-                       bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
+                lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), true);
+                char nm[40];
+                snprintf(nm, sizeof nm, "%s%s", names[w], k == 1 ? " (no pf)" : "");
+                if (bytes > 0)
+                    printf("| %-26s | %4d | %9.2f | %9.2f | %9.3f | %8.0f%% |\n", nm, ns[k], bytes / 1e6, us,
+                           bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
+                else
+                    printf("| %-26s | %4d | %9s | %9.2f | %9s | %9s |\n", nm, ns[k], "", us, "", "");
                 fflush(stdout);
             }
     }
@@ -354,27 +366,27 @@ int lm_cmd_cudabench(int argc, char **argv) {
         printf("| ---------------------------------- | -----------: | --------: | --------: |\n");
         struct {
             const char *name;
-            bool graphs, pdl, early;
+            bool graphs, pdl, pf;
             int rows;
-        } vs[] = {{"graphs + PDL, early trigger", true, true, true, 0},
-                  {"graphs + PDL, trigger late", true, true, false, 0},
-                  {"graphs, no PDL", true, false, false, 0},
-                  {"no graphs, PDL early", false, true, true, 0},
-                  {"no graphs, no PDL", false, false, false, 0},
-                  {"graphs + PDL early, 1 row/warp", true, true, true, 1},
-                  {"graphs + PDL early, 2 rows/warp", true, true, true, 2},
-                  {"graphs + PDL early, 4 rows/warp", true, true, true, 4}};
+        } vs[] = {{"graphs + PDL + L2 prefetch (default)", true, true, true, 0},
+                  {"graphs + PDL, no L2 prefetch", true, true, false, 0},
+                  {"graphs, no PDL", true, false, true, 0},
+                  {"no graphs, PDL", false, true, true, 0},
+                  {"no graphs, no PDL", false, false, true, 0},
+                  {"default, 1 row/warp", true, true, true, 1},
+                  {"default, 2 rows/warp", true, true, true, 2},
+                  {"default, 4 rows/warp", true, true, true, 4}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
-            lm_cuda_set_early_trigger(vs[i].early);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
+            lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), vs[i].pf);
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
             fflush(stdout);
         }
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
-        lm_cuda_set_early_trigger(true);
+        lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 4, 8};
         for (int k = 0; k < 3 && !st; k++)

@@ -1,34 +1,48 @@
-/* cmd_perf.c: `lumen perf`: prefill and decode throughput of the forward pass, printed as a table
- * like llama-bench's (pp<P>: a P-token prompt in one forward call; tg<N>: N decode steps of one
- * token each, after an untimed prefill of --depth tokens). Each test runs once untimed (warm-up)
- * and then --reps times; the table gives the median and the min-max tokens per second. */
+/* cmd_perf.c: `lumen perf`: prefill and decode throughput of the CPU forward pass, printed like
+ * llama-bench (pp<P>: a P-token prompt; tg<N>: N decode steps of one token after an untimed
+ * prefill of --depth tokens; tg<N> x B: N steps of B sequences decoded together in one batched
+ * forward per step). Each test runs once untimed (warm-up) and then --reps times; the table gives
+ * the mean ± standard deviation and the min - max tokens per second. Beside each decode figure it
+ * prints the weight bandwidth achieved (the bytes of weights one step reads, times steps per
+ * second) and that as a share of a read bandwidth measured in the same run: the same number of
+ * threads summing a 1 GiB array (huge pages). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/threadpool.h"
 #include "commands.h"
+#include "family/family.h"
 #include "family/model.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen perf --model DIR [--tokenizer DIR] [--threads N] [-p 512] [-n 128]\n"
-            "                  [--reps 3] [--depth 0] [--mmap] [--scalar]\n\n"
+            "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
+            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--scalar]\n\n"
             "Measures the CPU forward pass like llama-bench and prints a table of tokens per\n"
-            "second (median over the repetitions, and the min - max).\n\n"
-            "  --model DIR      Hugging Face model folder\n"
-            "  --tokenizer DIR  folder with tokenizer.json when the model folder has none\n"
-            "  --threads N      CPU threads (default 0: all online cores)\n"
-            "  -p, --prompt P   prefill test: one forward call over P tokens (0 skips; default 512)\n"
-            "  -n, --gen N      decode test: N forward calls of one token (0 skips; default 128)\n"
-            "  -r, --reps R     timed repetitions of each test (default 3)\n"
-            "  -d, --depth D    tokens already in the KV cache before each test (default 0); their\n"
-            "                   prefill is not timed\n"
-            "  --mmap           use weight matrices in place from the file map instead of reading\n"
-            "                   them into memory\n"
-            "  --scalar         use the plain scalar reference kernels\n"
-            "  -h, --help       show this help\n");
+            "second (mean ± std over the repetitions, and the min - max), the weight bandwidth\n"
+            "each decode test achieves, and a read bandwidth measured in the same run.\n\n"
+            "  --model PATH      Hugging Face model folder or GGUF file\n"
+            "  --tokenizer DIR   folder with tokenizer.json when the model has none\n"
+            "  -t, --threads N   CPU threads (default 0: all online cores)\n"
+            "  -p, --prompt P    prefill test: one forward over P tokens (0 skips; default 512)\n"
+            "  -n, --gen N       decode test: N forward steps of one token (0 skips; default 128)\n"
+            "  -r, --reps R      timed repetitions of each test (default 3)\n"
+            "  -d, --depth D     tokens already in the KV cache before each test (default 0);\n"
+            "                    their prefill is not timed\n"
+            "  -b, --batch LIST  batched decode: for each B in the comma-separated list, N steps\n"
+            "                    of B sequences at once (one weight read per step); 1 is the plain\n"
+            "                    decode test (default: 1)\n"
+            "  -o, --output F    md (default: a markdown table) or json\n"
+            "  --mmap            use weight matrices in place from the file map (prefaulted and\n"
+            "                    locked with mlock where allowed) instead of reading them into\n"
+            "                    anonymous memory\n"
+            "  --no-bw           skip the read-bandwidth measurement\n"
+            "  --scalar          use the plain scalar reference kernels\n"
+            "  -h, --help        show this help\n");
 }
 
 static double now_s(void) {
@@ -37,15 +51,10 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static bool parse_int(const char *s, const char *flag, int lo, int *out) {
     char *end;
     long v = strtol(s, &end, 10);
-    if (*end || v < lo || v > 1 << 24) {
+    if (*end || end == s || v < lo || v > 1 << 24) {
         fprintf(stderr, "lumen perf: %s must be an integer >= %d\n", flag, lo);
         return false;
     }
@@ -61,17 +70,107 @@ static void fill_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
     }
 }
 
-struct result {
-    double median, lo, hi;
+struct stats {
+    double mean, std, lo, hi;
+    double *samples;
+    int n;
 };
 
-/* Times `reps` runs of the test (plus one warm-up); tokens per second. */
-static lm_status run_test(struct lm_seq *s, const int32_t *ids, int depth, int p, int n, int reps,
-                          float *logits, struct result *r) {
-    double *tps = calloc((size_t)reps, sizeof *tps);
+static void summarize(double *x, int n, struct stats *s) {
+    s->samples = x;
+    s->n = n;
+    s->mean = 0;
+    s->lo = INFINITY;
+    s->hi = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        s->mean += x[i] / n;
+        s->lo = fmin(s->lo, x[i]);
+        s->hi = fmax(s->hi, x[i]);
+    }
+    double v = 0;
+    for (int i = 0; i < n; i++) v += (x[i] - s->mean) * (x[i] - s->mean);
+    s->std = n > 1 ? sqrt(v / (n - 1)) : 0;
+}
+
+/* ---- read bandwidth ---- */
+
+typedef float v8f __attribute__((vector_size(32)));
+
+struct bw_args {
+    const float *p;
+    size_t n; /* floats, a multiple of 32 */
+    float sums[256];
+};
+
+static void bw_task(void *ctx, int ith, int nth) {
+    struct bw_args *a = ctx;
+    long b, e;
+    lm_pool_split((long)(a->n / 32), ith, nth, 1, &b, &e);
+    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (long i = b * 32; i < e * 32; i += 32) {
+        s0 += *(const v8f *)(a->p + i);
+        s1 += *(const v8f *)(a->p + i + 8);
+        s2 += *(const v8f *)(a->p + i + 16);
+        s3 += *(const v8f *)(a->p + i + 24);
+    }
+    v8f s = s0 + s1 + s2 + s3;
+    float t = 0;
+    for (int i = 0; i < 8; i++) t += s[i];
+    a->sums[ith & 255] = t;
+}
+
+/* The read-bandwidth probe: `threads` threads summing a 512 MiB array (huge pages). */
+struct bw_probe {
+    float *p;
+    size_t bytes;
+    struct lm_pool *pool;
+};
+
+static bool bw_open(struct bw_probe *b, int threads) {
+    b->bytes = (size_t)512 << 20;
+    b->p = lm_huge_alloc(b->bytes);
+    if (!b->p || lm_pool_create(threads, &b->pool)) {
+        lm_huge_free(b->p, b->bytes);
+        b->p = NULL;
+        return false;
+    }
+    memset(b->p, 0, b->bytes); /* fault every page in */
+    return true;
+}
+
+static void bw_close(struct bw_probe *b) {
+    if (!b->p) return;
+    lm_pool_destroy(b->pool);
+    lm_huge_free(b->p, b->bytes);
+    b->p = NULL;
+}
+
+/* One read of the whole array: GB/s (0 when the probe is off). */
+static double bw_sample(struct bw_probe *b) {
+    if (!b->p) return 0;
+    struct bw_args a = {b->p, b->bytes / sizeof(float), {0}};
+    double t0 = now_s();
+    lm_pool_run(b->pool, bw_task, &a);
+    return (double)b->bytes / (now_s() - t0) / 1e9;
+}
+
+/* ---- tests ---- */
+
+struct row {
+    char test[48];
+    int batch;       /* sequences decoded together (0: prefill) */
+    struct stats tps;
+    double gbps;     /* weight bytes read per second (decode) */
+    double pct;      /* gbps over the paired read-bandwidth samples, % (mean of the ratios) */
+};
+
+/* Prefill (p > 0) or single-sequence decode (n > 0) through lm_seq. */
+static lm_status run_seq(struct lm_seq *s, const int32_t *ids, int depth, int p, int n, int reps,
+                         float *logits, double *tps, struct bw_probe *bw, double *bws) {
     lm_status st = LM_OK;
     for (int rep = -1; rep < reps && !st; rep++) {
         lm_seq_truncate(s, depth);
+        if (n && rep >= 0) bws[rep] = bw_sample(bw); /* paired with this repetition */
         double t0 = now_s();
         if (p) {
             st = lm_seq_forward(s, ids + depth, p, logits, false);
@@ -81,37 +180,81 @@ static lm_status run_test(struct lm_seq *s, const int32_t *ids, int depth, int p
         double dt = now_s() - t0;
         if (rep >= 0) tps[rep] = (p ? p : n) / dt;
     }
-    if (!st) {
-        qsort(tps, (size_t)reps, sizeof *tps, cmp_double);
-        r->lo = tps[0];
-        r->hi = tps[reps - 1];
-        r->median = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
-    }
-    free(tps);
     return st;
+}
+
+/* B sequences decoding together: n steps of one batched forward each, after an untimed prefill
+ * of `depth` tokens per sequence. */
+static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps, const int32_t *ids,
+                           int n_ids, double *tps, struct bw_probe *bw, double *bws) {
+    const struct lm_model_config *cfg = lm_model_config(m);
+    const int ctx = depth + n, nbps = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+    const int chunk = depth > 64 ? 64 : B > depth ? B : depth > 0 ? depth : 1;
+    struct lm_kv_cache *kv;
+    lm_status st = lm_kv_cache_create(m, B * nbps, chunk > B ? chunk : B, ctx, &kv);
+    if (st) return st;
+    int32_t *blocks = malloc(sizeof *blocks * (size_t)B * nbps);
+    struct lm_batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
+    float *logits = malloc(sizeof(float) * (size_t)B * cfg->vocab_size);
+    for (int i = 0; i < B * nbps; i++) blocks[i] = i;
+    for (int rep = -1; rep < reps && !st; rep++) {
+        for (int b = 0; b < B && !st; b++)
+            for (int done = 0; done < depth && !st; done += chunk) {
+                int c = depth - done < chunk ? depth - done : chunk;
+                struct lm_batch_seq one = {ids + (b * 7 + done) % (n_ids - c), c, done,
+                                           blocks + b * nbps, LM_LOGITS_NONE};
+                st = lm_model_forward(m, kv, &one, 1, NULL);
+            }
+        if (rep >= 0) bws[rep] = bw_sample(bw);
+        double t0 = now_s();
+        for (int step = 0; step < n && !st; step++) {
+            for (int b = 0; b < B; b++)
+                seqs[b] = (struct lm_batch_seq){ids + (b * 131 + step) % n_ids, 1, depth + step,
+                                                blocks + b * nbps, LM_LOGITS_LAST};
+            st = lm_model_forward(m, kv, seqs, B, logits);
+        }
+        double dt = now_s() - t0;
+        if (rep >= 0) tps[rep] = (double)B * n / dt;
+    }
+    free(blocks);
+    free(seqs);
+    free(logits);
+    lm_kv_cache_destroy(kv);
+    return st;
+}
+
+static void json_stats(const struct stats *s) {
+    printf("{\"mean\": %.4f, \"std\": %.4f, \"min\": %.4f, \"max\": %.4f, \"samples\": [", s->mean, s->std,
+           s->lo, s->hi);
+    for (int i = 0; i < s->n; i++) printf(i ? ", %.4f" : "%.4f", s->samples[i]);
+    printf("]}");
 }
 
 int lm_cmd_perf(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"tokenizer", required_argument, 0, 't'},
-                                         {"threads", required_argument, 0, 'j'},
+                                         {"tokenizer", required_argument, 0, 'T'},
+                                         {"threads", required_argument, 0, 't'},
                                          {"prompt", required_argument, 0, 'p'},
                                          {"gen", required_argument, 0, 'n'},
                                          {"reps", required_argument, 0, 'r'},
                                          {"depth", required_argument, 0, 'd'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"output", required_argument, 0, 'o'},
                                          {"mmap", no_argument, 0, 'M'},
+                                         {"no-bw", no_argument, 0, 'W'},
                                          {"scalar", no_argument, 0, 'S'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
     const char *model_dir = NULL;
-    int p = 512, n = 128, reps = 3, depth = 0, c;
+    int p = 512, n = 128, reps = 3, depth = 0, c, batches[16] = {1}, n_batches = 1;
+    bool json = false, bw = true;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hp:n:r:d:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "ht:p:n:r:d:b:o:", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
-        case 't': params.tokenizer_dir = optarg; break;
-        case 'j':
+        case 'T': params.tokenizer_dir = optarg; break;
+        case 't':
             if (!parse_int(optarg, "--threads", 0, &params.n_threads)) return 2;
             break;
         case 'p':
@@ -126,14 +269,41 @@ int lm_cmd_perf(int argc, char **argv) {
         case 'd':
             if (!parse_int(optarg, "--depth", 0, &depth)) return 2;
             break;
+        case 'b': {
+            n_batches = 0; /* at most 16 (rows: pp + 16) */
+            char *save = NULL, *copy = strdup(optarg);
+            for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (n_batches == 16 || !parse_int(tok, "--batch", 1, &batches[n_batches])) {
+                    if (n_batches == 16) fprintf(stderr, "lumen perf: at most 16 batch sizes\n");
+                    free(copy);
+                    return 2;
+                }
+                n_batches++;
+            }
+            free(copy);
+            if (!n_batches) {
+                fprintf(stderr, "lumen perf: --batch needs a list like 1,4,16\n");
+                return 2;
+            }
+            break;
+        }
+        case 'o':
+            if (!strcmp(optarg, "json"))
+                json = true;
+            else if (strcmp(optarg, "md")) {
+                fprintf(stderr, "lumen perf: -o must be md or json\n");
+                return 2;
+            }
+            break;
         case 'M': params.map_weights = true; break;
+        case 'W': bw = false; break;
         case 'S': params.scalar_kernels = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind < argc || !model_dir) {
-        fprintf(stderr, "lumen perf: %s\n", optind < argc ? "unexpected argument" : "--model DIR is required");
+        fprintf(stderr, "lumen perf: %s\n", optind < argc ? "unexpected argument" : "--model is required");
         usage(stderr);
         return 2;
     }
@@ -148,11 +318,32 @@ int lm_cmd_perf(int argc, char **argv) {
     const struct lm_model_config *cfg = lm_model_config(m);
     struct lm_model_info info;
     lm_model_info(m, &info);
+    const char *residency = !info.weights_mapped ? "read into anonymous memory"
+                            : info.weights_locked ? "mmap'd in place, prefaulted and locked (mlock)"
+                                                  : "mmap'd in place, prefaulted, NOT locked (mlock "
+                                                    "refused: pages may be evicted)";
+    const char *wshort = !info.weights_mapped ? "ram" : info.weights_locked ? "mmap+mlock" : "mmap";
+
+    /* The read-bandwidth probe: 3 samples now, and one before each decode repetition (paired:
+     * the machine is shared, so each decode figure is compared with a read made next to it). */
+    struct bw_probe probe = {0};
+    if (bw && !bw_open(&probe, info.n_threads))
+        fprintf(stderr, "lumen perf: no memory for the read-bandwidth probe; skipping it\n");
+    enum { MAX_ROWS = 17 };
+    double *all_bw = calloc((size_t)(3 + reps * MAX_ROWS), sizeof *all_bw);
+    int n_bw = 0;
+    if (probe.p) {
+        bw_sample(&probe); /* warm-up */
+        for (int i = 0; i < 3; i++) all_bw[n_bw++] = bw_sample(&probe);
+    }
+
     int cap = depth + (p > n ? p : n);
     struct lm_seq *s;
     if (lm_seq_create(m, cap, &s)) {
         int rc = lm_cmd_fail("perf", NULL);
         lm_model_close(m);
+        bw_close(&probe);
+        free(all_bw);
         return rc;
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
@@ -160,42 +351,119 @@ int lm_cmd_perf(int argc, char **argv) {
     fill_ids(ids, cap, tv && tv < (size_t)cfg->vocab_size ? (int)tv : cfg->vocab_size, 42);
     float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
 
-    printf("model: %s (%s, %d layers, hidden %d, %d/%d heads, head_dim %d, vocab %d, %.1fM params)\n",
-           lm_model_name(m), cfg->model_type, cfg->num_hidden_layers, cfg->hidden_size,
-           cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim, cfg->vocab_size,
-           info.n_params / 1e6);
-    printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s\n", info.weight_dtype,
-           info.weight_bytes / (1024.0 * 1024.0),
-           info.weights_mapped ? "mmap'd in place from the file" : "read into memory", load_s,
-           info.kernels);
+    if (!json) {
+        printf("model: %s (%s, %s, %d layers, hidden %d, %d/%d heads, head_dim %d, vocab %d, "
+               "%.1fM params)\n",
+               lm_model_name(m), info.format, cfg->model_type, cfg->num_hidden_layers, cfg->hidden_size,
+               cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim, cfg->vocab_size,
+               info.n_params / 1e6);
+        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d threads\n", info.weight_dtype,
+               info.weight_bytes / (1024.0 * 1024.0), residency, load_s, info.kernels, info.n_threads);
+        fflush(stdout);
+    }
     lm_status st = LM_OK;
     if (depth) {
         lm_seq_truncate(s, 0);
         st = lm_seq_forward(s, ids, depth, logits, false);
     }
-    printf("\n| %-16s | %-5s | %7s | %-14s | %12s | %21s |\n", "model", "dtype", "threads", "test",
-           "t/s (median)", "t/s (min - max)");
-    printf("| %.16s | ----- | ------: | -------------- | -----------: | --------------------: |\n",
-           "----------------");
-    const char *name = lm_model_name(m);
-    for (int test = 0; test < 2 && !st; test++) {
-        int tp = test == 0 ? p : 0, tn = test == 1 ? n : 0;
-        if (!tp && !tn) continue;
-        struct result r;
-        st = run_test(s, ids, depth, tp, tn, reps, logits, &r);
+    struct row rows[MAX_ROWS];
+    int n_rows = 0;
+    double *samples = calloc((size_t)reps * MAX_ROWS, sizeof *samples);
+    double *rep_bw = calloc((size_t)reps, sizeof *rep_bw);
+    for (int test = 0; test < 1 + n_batches && !st; test++) {
+        struct row *r = &rows[n_rows];
+        double *x = samples + (size_t)n_rows * reps;
+        char d[24] = "";
+        if (depth) snprintf(d, sizeof d, " @ d%d", depth);
+        if (test == 0) {
+            if (!p) continue;
+            st = run_seq(s, ids, depth, p, 0, reps, logits, x, &probe, rep_bw);
+            snprintf(r->test, sizeof r->test, "pp%d%s", p, d);
+            r->batch = 0;
+        } else {
+            if (!n) continue;
+            int B = batches[test - 1];
+            if (B == 1)
+                st = run_seq(s, ids, depth, 0, n, reps, logits, x, &probe, rep_bw);
+            else
+                st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
+            if (B == 1)
+                snprintf(r->test, sizeof r->test, "tg%d%s", n, d);
+            else
+                snprintf(r->test, sizeof r->test, "tg%d x B=%d%s", n, B, d);
+            r->batch = B;
+        }
         if (st) break;
-        char label[32], range[48];
-        if (depth)
-            snprintf(label, sizeof label, "%s%d @ d%d", tp ? "pp" : "tg", tp ? tp : tn, depth);
-        else
-            snprintf(label, sizeof label, "%s%d", tp ? "pp" : "tg", tp ? tp : tn);
-        snprintf(range, sizeof range, "%.2f - %.2f", r.lo, r.hi);
-        printf("| %-16.16s | %-5s | %7d | %-14s | %12.2f | %21s |\n", name, info.weight_dtype,
-               info.n_threads, label, r.median, range);
-        fflush(stdout);
+        summarize(x, reps, &r->tps);
+        r->gbps = r->batch ? (double)info.weight_bytes * r->tps.mean / r->batch / 1e9 : 0;
+        r->pct = 0;
+        if (r->batch && probe.p) {
+            for (int i = 0; i < reps; i++) {
+                r->pct += 100.0 * ((double)info.weight_bytes * x[i] / r->batch / 1e9) / rep_bw[i] / reps;
+                all_bw[n_bw++] = rep_bw[i];
+            }
+        }
+        n_rows++;
+        if (!json) {
+            if (n_rows == 1) {
+                printf("\n| %-14s | %-5s | %-10s | %7s | %-16s | %16s | %17s | %10s | %9s |\n", "model", "dtype",
+                       "weights", "threads", "test", "t/s (mean ± std)", "t/s (min - max)", "weights GB/s",
+                       "% of read");
+                printf("| -------------- | ----- | ---------- | ------: | ---------------- | ---------------: "
+                       "| ----------------: | -----------: | --------: |\n");
+            }
+            char ms[40], range[40], gb[16] = "", pct[16] = "";
+            snprintf(ms, sizeof ms, "%.2f ± %.2f", r->tps.mean, r->tps.std);
+            snprintf(range, sizeof range, "%.2f - %.2f", r->tps.lo, r->tps.hi);
+            if (r->batch) snprintf(gb, sizeof gb, "%.1f", r->gbps);
+            if (r->batch && probe.p) snprintf(pct, sizeof pct, "%.0f%%", r->pct);
+            printf("| %-14.14s | %-5s | %-10s | %7d | %-16s | %16s | %17s | %12s | %9s |\n", lm_model_name(m),
+                   info.weight_dtype, wshort, info.n_threads, r->test, ms, range, gb, pct);
+            fflush(stdout);
+        }
     }
+    struct stats bwst = {0};
+    if (n_bw) summarize(all_bw, n_bw, &bwst);
     int rc = st ? lm_cmd_fail("perf", NULL) : 0;
-    if (!rc) printf("\n%d repetitions after one warm-up; decode timing excludes any prefill\n", reps);
+    if (!rc && !json) {
+        if (bwst.n)
+            printf("\nread bandwidth (%d threads summing 512 MiB, %d samples through the run): %.1f ± %.1f "
+                   "GB/s (%.1f - %.1f)\n",
+                   info.n_threads, bwst.n, bwst.mean, bwst.std, bwst.lo, bwst.hi);
+        printf("%s%d repetitions after one warm-up; decode timing excludes any prefill. weights GB/s: the\n"
+               "%.1f MiB of weights one decode step reads, times steps per second; %% of read: that over\n"
+               "the read bandwidth sampled just before each repetition (mean of the ratios).\n",
+               bwst.n ? "" : "\n", reps, info.weight_bytes / (1024.0 * 1024.0));
+    }
+    if (!rc && json) {
+        printf("{\"model\": \"%s\", \"format\": \"%s\", \"model_type\": \"%s\", \"params\": %ld, "
+               "\"weight_dtype\": \"%s\", \"weight_bytes\": %zu, \"weights\": \"%s\", \"weights_mapped\": %s, "
+               "\"weights_locked\": %s, \"kernels\": \"%s\", \"threads\": %d, \"load_s\": %.3f, "
+               "\"reps\": %d, \"depth\": %d,\n \"read_bandwidth_gbps\": ",
+               lm_model_name(m), info.format, cfg->model_type, info.n_params, info.weight_dtype,
+               info.weight_bytes, wshort, info.weights_mapped ? "true" : "false",
+               info.weights_locked ? "true" : "false", info.kernels, info.n_threads, load_s, reps, depth);
+        if (bwst.n)
+            json_stats(&bwst);
+        else
+            printf("null");
+        printf(",\n \"results\": [");
+        for (int i = 0; i < n_rows; i++) {
+            const struct row *r = &rows[i];
+            printf("%s\n  {\"test\": \"%s\", \"batch\": %d, \"tokens_per_s\": ", i ? "," : "", r->test, r->batch);
+            json_stats(&r->tps);
+            if (r->batch) {
+                printf(", \"weights_gbps\": %.3f", r->gbps);
+                if (probe.p) printf(", \"pct_of_read_bandwidth\": %.2f", r->pct);
+            }
+            printf("}");
+        }
+        printf("\n]}\n");
+    }
+    free(rep_bw);
+    free(all_bw);
+    bw_close(&probe);
+    free(samples);
     free(ids);
     free(logits);
     lm_seq_destroy(s);

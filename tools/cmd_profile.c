@@ -16,121 +16,201 @@
 #include "commands.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-"usage: lumen profile --url URL [options]\n"
-"       lumen profile sweep --url URL (--concurrency C1,C2,... | --request-rate R1,R2,...) [options]\n"
-"\n"
-"Replays multi-turn conversations against an OpenAI-compatible server (lumen serve,\n"
-"llama.cpp's llama-server, vLLM, ...) and reports AIPerf's metrics. Turn k of a conversation\n"
-"sends the user turns 1..k with the answers the server actually gave to turns 1..k-1 in\n"
-"between (a corpus's own answers are never sent). Requests stream (include_usage) to\n"
-"/v1/chat/completions with the headers X-Request-Id, X-Conversation-Id, X-Lumen-Phase and\n"
-"X-Lumen-Turn (docs/RECORDS.md). Everything lands in one run folder (--artifact-dir):\n"
-"requests.jsonl, summary.json/.csv/.txt, report.html (plots), manifest.json, coverage.json,\n"
-"selection.jsonl, verification.json. Progress goes to stderr, the summary to stdout.\n"
-"`sweep` runs once per listed concurrency or rate, each in its own sub-folder, and draws the\n"
-"throughput-versus-latency curve (sweep.html, sweep.json, sweep.csv).\n"
-"\n"
-"server:\n"
-"  --url URL                  server base URL, e.g. http://127.0.0.1:8080 (required)\n"
-"  --model NAME               model name to send (default: the first id of GET /v1/models)\n"
-"  --api-key KEY              sent as \"Authorization: Bearer KEY\" (default: $OPENAI_API_KEY)\n"
-"\n"
-"dataset:\n"
-"  --dataset NAME             mt_bench (default; 80 two-turn questions), spec_bench (480\n"
-"                             questions, 1-2 turns), sharegpt (real multi-turn chats, selected\n"
-"                             to fit the context), synthetic (prompts drawn from the\n"
-"                             vocabulary), custom (a JSONL of conversations, --dataset-path)\n"
-"  --dataset-path FILE        the dataset file (default: data/<name>/..., looked up in the\n"
-"                             current directory, then next to the lumen binary)\n"
-"  --category LIST            mt_bench/spec_bench: keep these categories or Spec-Bench tasks\n"
-"                             (comma-separated: writing,qa,translation,mt_bench,...)\n"
-"  --turns N                  sharegpt: human turns per conversation (default 2: human, gpt,\n"
-"                             human); 0 takes all alternating turns\n"
-"  --context-tokens N         sharegpt: the context budget (default: the tokenizer folder's\n"
-"                             config.json max_position_embeddings, else 4096). The whole\n"
-"                             rendered history plus room for the live answers must fit.\n"
-"  --synthetic-conversations N, --synthetic-turns N   synthetic: how many, turns each (100, 1)\n"
-"  --isl-mean N, --isl-std N  synthetic: input tokens per user turn ~ normal (default 128, 0)\n"
-"  --osl-mean N, --osl-std N  synthetic: max_tokens per conversation ~ normal (default: the\n"
-"                             run's --max-tokens); use with --ignore-eos for exact lengths\n"
-"  --tokenizer DIR            the model's tokenizer folder (tokenizer.json, config.json): counts\n"
-"                             every chunk's tokens (ITL per token, the usage check), selects\n"
-"                             ShareGPT, builds synthetic prompts; given explicitly, it also\n"
-"                             renders prompts for verification's prompt_ids check (default:\n"
-"                             models/tiny-qwen3, which has the real Qwen3 tokenizer)\n"
-"  --model-dir DIR            the served model's folder: renders prompts for the prompt_ids\n"
-"                             check, and its config and checkpoint hashes go to the manifest\n"
-"\n"
-"load:\n"
-"  --conversations N          conversations to profile (default 10, or unbounded when\n"
-"                             --request-count or --benchmark-duration is given); they cycle\n"
-"                             through the dataset when N exceeds it\n"
-"  --request-count N          send at most N profiling requests\n"
-"  --benchmark-duration S     release no profiling request after S seconds (in-flight ones\n"
-"                             finish)\n"
-"  --concurrency C            conversations in flight (default 1); with --request-rate, the\n"
-"                             most requests in flight (default 256)\n"
-"  --request-rate R           request-rate mode: release requests at R per second (a started\n"
-"                             conversation's next turn, once its think time passed, else a new\n"
-"                             conversation)\n"
-"  --arrival KIND             constant (default) or poisson (exponential gaps from --seed)\n"
-"  --warmup-requests W        warmup turn-1 requests, from the end of the dataset, sent and\n"
-"                             drained before profiling, excluded from every figure (default 2)\n"
-"  --warmup-duration S        warm up for S seconds instead of a count\n"
-"  --warmup-concurrency C     warmup requests in flight (default: --concurrency; 1 with a rate)\n"
-"  --think-time-ms MS         wait between a response and the conversation's next turn\n"
-"  --think-time-mean-ms MS    same; with --think-time-std-ms the wait is drawn per turn from\n"
-"  --think-time-std-ms MS     normal(mean, std), clamped at 0, seeded by --seed\n"
-"  --seed S                   pick conversations in an order drawn from S (default: file\n"
-"                             order); also seeds think times, Poisson arrivals, synthetic data\n"
-"  --timeout-s S              per-request timeout (default 600); past it: a \"timeout\" error\n"
-"\n"
-"requests:\n"
-"  --max-tokens N             max_tokens of each request (default 128)\n"
-"  --temperature T            temperature of each request (default 0 = greedy)\n"
-"  --ignore-eos               send \"ignore_eos\": true, so answers run to max_tokens\n"
-"  --extra-body JSON          a JSON object merged into every request body, e.g.\n"
-"                             '{\"chat_template_kwargs\":{\"enable_thinking\":false}}'\n"
-"\n"
-"report:\n"
-"  --slo-ttft-ms MS, --slo-itl-ms MS, --slo-latency-ms MS   goodput counts requests whose TTFT,\n"
-"                             ITL (per request) and request latency meet all the SLOs given\n"
-"  --server-records FILE      the server's request records (lumen serve --records FILE); joins\n"
-"                             them to the client's and verifies every request (docs/RECORDS.md).\n"
-"                             Without it: \"verification unavailable\".\n"
-"  --artifact-dir DIR         the run folder (default runs/<UTC time>-<run id>)\n"
-"  --output FILE.jsonl        also write the per-request JSONL here\n"
-"  --preset NAME              qwen3-conversations: the reference pilot (ShareGPT, 6\n"
-"                             conversations whose human/gpt/human history fits 256 tokens, 2\n"
-"                             turns, 50 ms think time, concurrency 1, greedy, max_tokens 16, 2\n"
-"                             warmup requests); later flags override it\n"
-"  --quiet                    no progress on stderr\n"
-"  --help                     this text\n"
-"\n"
-"metrics (AIPerf's names, over the profiling phase's successful requests; min, avg, std,\n"
-"p50, p90, p95, p99, max):\n"
-"  time_to_first_token        send -> first chunk with non-empty content or reasoning_content\n"
-"  time_to_first_output_token send -> first content chunk (the answer, after any reasoning)\n"
-"  inter_token_latency        per token: each chunk's gap divided by its token count\n"
-"  inter_token_latency_per_request   AIPerf's (latency - TTFT) / (output tokens - 1)\n"
-"  inter_chunk_latency, request_latency, output_token_throughput_per_user,\n"
-"  output/input_sequence_length (usage), think_time_measured; request_throughput,\n"
-"  output_token_throughput and goodput over the profiling window (think time included);\n"
-"  errors by type; per turn; server-side queue/prefill/decode/total times (server records).\n"
-"\n"
-"exit status: 0 when at least one profiling request succeeded and verification (if any)\n"
-"passed; 1 otherwise or on a runtime failure; 2 on a usage error.\n");
+    fprintf(
+        f,
+        "usage: lumen profile --url URL [options]\n"
+        "       lumen profile sweep --url URL (--concurrency C1,C2,... | --request-rate R1,R2,...) "
+        "[options]\n"
+        "\n"
+        "Replays multi-turn conversations against an OpenAI-compatible server (lumen serve,\n"
+        "llama.cpp's llama-server, vLLM, ...) and reports AIPerf's metrics. Turn k of a "
+        "conversation\n"
+        "sends the user turns 1..k with the answers the server actually gave to turns 1..k-1 in\n"
+        "between (a corpus's own answers are never sent). Requests stream (include_usage) to\n"
+        "/v1/chat/completions with the headers X-Request-Id, X-Conversation-Id, X-Lumen-Phase and\n"
+        "X-Lumen-Turn (docs/RECORDS.md). Everything lands in one run folder (--artifact-dir):\n"
+        "requests.jsonl, summary.json/.csv/.txt, report.html (plots), manifest.json, "
+        "coverage.json,\n"
+        "selection.jsonl, verification.json. Progress goes to stderr, the summary to stdout.\n"
+        "`sweep` runs once per listed concurrency or rate, each in its own sub-folder, and draws "
+        "the\n"
+        "throughput-versus-latency curve (sweep.html, sweep.json, sweep.csv).\n"
+        "\n"
+        "server:\n"
+        "  --url URL                  server base URL, e.g. http://127.0.0.1:8080 (required)\n"
+        "  --model NAME               model name to send (default: the first id of GET "
+        "/v1/models)\n"
+        "  --api-key KEY              sent as \"Authorization: Bearer KEY\" (default: "
+        "$OPENAI_API_KEY)\n"
+        "\n"
+        "dataset:\n"
+        "  --dataset NAME             mt_bench (default; 80 two-turn questions), spec_bench (480\n"
+        "                             questions, 1-2 turns), sharegpt (real multi-turn chats, "
+        "selected\n"
+        "                             to fit the context), synthetic (prompts drawn from the\n"
+        "                             vocabulary), custom (a JSONL of conversations, "
+        "--dataset-path)\n"
+        "  --dataset-path FILE        the dataset file (default: data/<name>/..., looked up in "
+        "the\n"
+        "                             current directory, then next to the lumen binary)\n"
+        "  --category LIST            mt_bench/spec_bench: keep these categories or Spec-Bench "
+        "tasks\n"
+        "                             (comma-separated: writing,qa,translation,mt_bench,...)\n"
+        "  --turns N                  sharegpt: human turns per conversation (default 2: human, "
+        "gpt,\n"
+        "                             human); 0 takes all alternating turns\n"
+        "  --context-tokens N         sharegpt: the context budget (default: the tokenizer "
+        "folder's\n"
+        "                             config.json max_position_embeddings, else 4096). The whole\n"
+        "                             rendered history plus room for the live answers must fit.\n"
+        "  --synthetic-conversations N, --synthetic-turns N   synthetic: how many, turns each "
+        "(100, 1)\n"
+        "  --isl-mean N, --isl-std N  synthetic: input tokens per user turn ~ normal (default 128, "
+        "0)\n"
+        "  --osl-mean N, --osl-std N  synthetic: max_tokens per conversation ~ normal (default: "
+        "the\n"
+        "                             run's --max-tokens); use with --ignore-eos for exact "
+        "lengths\n"
+        "  --tokenizer DIR            the model's tokenizer folder (tokenizer.json, config.json): "
+        "counts\n"
+        "                             every chunk's tokens (ITL per token, the usage check), "
+        "selects\n"
+        "                             ShareGPT, builds synthetic prompts; given explicitly, it "
+        "also\n"
+        "                             renders prompts for verification's prompt_ids check "
+        "(default:\n"
+        "                             models/tiny-qwen3, which has the real Qwen3 tokenizer)\n"
+        "  --model-dir DIR            the served model's folder: renders prompts for the "
+        "prompt_ids\n"
+        "                             check, and its config and checkpoint hashes go to the "
+        "manifest\n"
+        "\n"
+        "load:\n"
+        "  --conversations N          conversations to profile (default 10, or unbounded when\n"
+        "                             --request-count or --benchmark-duration is given); they "
+        "cycle\n"
+        "                             through the dataset when N exceeds it\n"
+        "  --request-count N          send at most N profiling requests\n"
+        "  --benchmark-duration S     release no profiling request after S seconds (in-flight "
+        "ones\n"
+        "                             finish)\n"
+        "  --concurrency C            conversations in flight (default 1); with --request-rate, "
+        "the\n"
+        "                             most requests in flight (default 256)\n"
+        "  --request-rate R           request-rate mode: release requests at R per second (a "
+        "started\n"
+        "                             conversation's next turn, once its think time passed, else a "
+        "new\n"
+        "                             conversation)\n"
+        "  --arrival KIND             constant (default) or poisson (exponential gaps from "
+        "--seed)\n"
+        "  --warmup-requests W        warmup turn-1 requests, from the end of the dataset, sent "
+        "and\n"
+        "                             drained before profiling, excluded from every figure "
+        "(default 2)\n"
+        "  --warmup-duration S        warm up for S seconds instead of a count\n"
+        "  --warmup-concurrency C     warmup requests in flight (default: --concurrency; 1 with a "
+        "rate)\n"
+        "  --think-time-ms MS         wait between a response and the conversation's next turn\n"
+        "  --think-time-mean-ms MS    same; with --think-time-std-ms the wait is drawn per turn "
+        "from\n"
+        "  --think-time-std-ms MS     normal(mean, std), clamped at 0, seeded by --seed\n"
+        "  --seed S                   pick conversations in an order drawn from S (default: file\n"
+        "                             order); also seeds think times, Poisson arrivals, synthetic "
+        "data\n"
+        "  --timeout-s S              per-request timeout (default 600); past it: a \"timeout\" "
+        "error\n"
+        "\n"
+        "requests:\n"
+        "  --max-tokens N             max_tokens of each request (default 128)\n"
+        "  --temperature T            temperature of each request (default 0 = greedy)\n"
+        "  --ignore-eos               send \"ignore_eos\": true, so answers run to max_tokens\n"
+        "  --extra-body JSON          a JSON object merged into every request body, e.g.\n"
+        "                             '{\"chat_template_kwargs\":{\"enable_thinking\":false}}'\n"
+        "\n"
+        "report:\n"
+        "  --slo-ttft-ms MS, --slo-itl-ms MS, --slo-latency-ms MS   goodput counts requests whose "
+        "TTFT,\n"
+        "                             ITL (per request) and request latency meet all the SLOs "
+        "given\n"
+        "  --server-records FILE      the server's request records (lumen serve --records FILE); "
+        "joins\n"
+        "                             them to the client's and verifies every request "
+        "(docs/RECORDS.md).\n"
+        "                             Without it: \"verification unavailable\".\n"
+        "  --artifact-dir DIR         the run folder (default runs/<UTC time>-<run id>)\n"
+        "  --output FILE.jsonl        also write the per-request JSONL here\n"
+        "  --preset NAME              qwen3-conversations: the reference pilot (ShareGPT, 6\n"
+        "                             conversations whose human/gpt/human history fits 256 tokens, "
+        "2\n"
+        "                             turns, 50 ms think time, concurrency 1, greedy, max_tokens "
+        "16, 2\n"
+        "                             warmup requests); later flags override it\n"
+        "  --quiet                    no progress on stderr\n"
+        "  --help                     this text\n"
+        "\n"
+        "metrics (AIPerf's names, over the profiling phase's successful requests; min, avg, std,\n"
+        "p50, p90, p95, p99, max):\n"
+        "  time_to_first_token        send -> first chunk with non-empty content or "
+        "reasoning_content\n"
+        "  time_to_first_output_token send -> first content chunk (the answer, after any "
+        "reasoning)\n"
+        "  inter_token_latency        per token: each chunk's gap divided by its token count\n"
+        "  inter_token_latency_per_request   AIPerf's (latency - TTFT) / (output tokens - 1)\n"
+        "  inter_chunk_latency, request_latency, output_token_throughput_per_user,\n"
+        "  output/input_sequence_length (usage), think_time_measured; request_throughput,\n"
+        "  output_token_throughput and goodput over the profiling window (think time included);\n"
+        "  errors by type; per turn; server-side queue/prefill/decode/total times (server "
+        "records).\n"
+        "\n"
+        "exit status: 0 when at least one profiling request succeeded and verification (if any)\n"
+        "passed; 1 otherwise or on a runtime failure; 2 on a usage error.\n");
 }
 
 enum {
-    OPT_URL = 256, OPT_DATASET, OPT_DATASET_PATH, OPT_CATEGORY, OPT_TURNS, OPT_CONTEXT,
-    OPT_SYN_CONV, OPT_SYN_TURNS, OPT_ISL_MEAN, OPT_ISL_STD, OPT_OSL_MEAN, OPT_OSL_STD,
-    OPT_CONVERSATIONS, OPT_REQUEST_COUNT, OPT_DURATION, OPT_CONCURRENCY, OPT_RATE, OPT_ARRIVAL,
-    OPT_WARMUP, OPT_WARMUP_DURATION, OPT_WARMUP_CONC, OPT_THINK, OPT_THINK_MEAN, OPT_THINK_STD,
-    OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_IGNORE_EOS, OPT_MODEL, OPT_API_KEY, OPT_SEED, OPT_TIMEOUT,
-    OPT_EXTRA, OPT_OUTPUT, OPT_TOKENIZER, OPT_MODEL_DIR, OPT_SLO_TTFT, OPT_SLO_ITL, OPT_SLO_LATENCY,
-    OPT_SERVER_RECORDS, OPT_ARTIFACT_DIR, OPT_PRESET, OPT_QUIET, OPT_HELP,
+    OPT_URL = 256,
+    OPT_DATASET,
+    OPT_DATASET_PATH,
+    OPT_CATEGORY,
+    OPT_TURNS,
+    OPT_CONTEXT,
+    OPT_SYN_CONV,
+    OPT_SYN_TURNS,
+    OPT_ISL_MEAN,
+    OPT_ISL_STD,
+    OPT_OSL_MEAN,
+    OPT_OSL_STD,
+    OPT_CONVERSATIONS,
+    OPT_REQUEST_COUNT,
+    OPT_DURATION,
+    OPT_CONCURRENCY,
+    OPT_RATE,
+    OPT_ARRIVAL,
+    OPT_WARMUP,
+    OPT_WARMUP_DURATION,
+    OPT_WARMUP_CONC,
+    OPT_THINK,
+    OPT_THINK_MEAN,
+    OPT_THINK_STD,
+    OPT_MAX_TOKENS,
+    OPT_TEMPERATURE,
+    OPT_IGNORE_EOS,
+    OPT_MODEL,
+    OPT_API_KEY,
+    OPT_SEED,
+    OPT_TIMEOUT,
+    OPT_EXTRA,
+    OPT_OUTPUT,
+    OPT_TOKENIZER,
+    OPT_MODEL_DIR,
+    OPT_SLO_TTFT,
+    OPT_SLO_ITL,
+    OPT_SLO_LATENCY,
+    OPT_SERVER_RECORDS,
+    OPT_ARTIFACT_DIR,
+    OPT_PRESET,
+    OPT_QUIET,
+    OPT_HELP,
 };
 
 static const struct option k_opts[] = {
@@ -182,7 +262,8 @@ static const struct option k_opts[] = {
 };
 
 static int bad_arg(const char *flag, const char *value) {
-    fprintf(stderr, "lumen profile: %s %s: not a valid value (see lumen profile --help)\n", flag, value);
+    fprintf(stderr, "lumen profile: %s %s: not a valid value (see lumen profile --help)\n", flag,
+            value);
     return 2;
 }
 
@@ -248,8 +329,10 @@ static char *command_line(int argc, char **argv) {
         }
         lm_buf_putc(&b, '\'');
         for (; *a; a++) {
-            if (*a == '\'') lm_buf_puts(&b, "'\\''");
-            else lm_buf_putc(&b, *a);
+            if (*a == '\'')
+                lm_buf_puts(&b, "'\\''");
+            else
+                lm_buf_putc(&b, *a);
         }
         lm_buf_putc(&b, '\'');
     }
@@ -295,7 +378,9 @@ int lm_cmd_profile(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", k_opts, NULL)) != -1)
         if (c == OPT_PRESET) {
             if (strcmp(optarg, "qwen3-conversations")) {
-                fprintf(stderr, "lumen profile: --preset %s: unknown (known: qwen3-conversations)\n", optarg);
+                fprintf(stderr,
+                        "lumen profile: --preset %s: unknown (known: qwen3-conversations)\n",
+                        optarg);
                 return 2;
             }
             o.preset = "qwen3-conversations";
@@ -319,7 +404,8 @@ int lm_cmd_profile(int argc, char **argv) {
             o.data.context_tokens = l;
             break;
         case OPT_SYN_CONV:
-            if (!parse_long(optarg, 1, 10000000, &l)) return bad_arg("--synthetic-conversations", optarg);
+            if (!parse_long(optarg, 1, 10000000, &l))
+                return bad_arg("--synthetic-conversations", optarg);
             o.data.synthetic_conversations = (size_t)l;
             break;
         case OPT_SYN_TURNS:
@@ -327,13 +413,15 @@ int lm_cmd_profile(int argc, char **argv) {
             o.data.synthetic_turns = (int)l;
             break;
         case OPT_ISL_MEAN:
-            if (!parse_double(optarg, 1, 1e7, &o.data.isl_mean)) return bad_arg("--isl-mean", optarg);
+            if (!parse_double(optarg, 1, 1e7, &o.data.isl_mean))
+                return bad_arg("--isl-mean", optarg);
             break;
         case OPT_ISL_STD:
             if (!parse_double(optarg, 0, 1e7, &o.data.isl_std)) return bad_arg("--isl-std", optarg);
             break;
         case OPT_OSL_MEAN:
-            if (!parse_double(optarg, 1, 1e7, &o.data.osl_mean)) return bad_arg("--osl-mean", optarg);
+            if (!parse_double(optarg, 1, 1e7, &o.data.osl_mean))
+                return bad_arg("--osl-mean", optarg);
             break;
         case OPT_OSL_STD:
             if (!parse_double(optarg, 0, 1e7, &o.data.osl_std)) return bad_arg("--osl-std", optarg);
@@ -348,7 +436,8 @@ int lm_cmd_profile(int argc, char **argv) {
             o.params.request_count = (size_t)l;
             break;
         case OPT_DURATION:
-            if (!parse_double(optarg, 0.001, 1e7, &o.params.duration_s)) return bad_arg("--benchmark-duration", optarg);
+            if (!parse_double(optarg, 0.001, 1e7, &o.params.duration_s))
+                return bad_arg("--benchmark-duration", optarg);
             break;
         case OPT_CONCURRENCY:
             concurrency_given = true;
@@ -365,19 +454,24 @@ int lm_cmd_profile(int argc, char **argv) {
                 rate_list = optarg;
                 break;
             }
-            if (!parse_double(optarg, 1e-6, 1e7, &o.params.request_rate)) return bad_arg("--request-rate", optarg);
+            if (!parse_double(optarg, 1e-6, 1e7, &o.params.request_rate))
+                return bad_arg("--request-rate", optarg);
             break;
         case OPT_ARRIVAL:
-            if (!strcmp(optarg, "constant")) o.params.arrival = LM_BENCH_ARRIVAL_CONSTANT;
-            else if (!strcmp(optarg, "poisson")) o.params.arrival = LM_BENCH_ARRIVAL_POISSON;
-            else return bad_arg("--arrival", optarg);
+            if (!strcmp(optarg, "constant"))
+                o.params.arrival = LM_BENCH_ARRIVAL_CONSTANT;
+            else if (!strcmp(optarg, "poisson"))
+                o.params.arrival = LM_BENCH_ARRIVAL_POISSON;
+            else
+                return bad_arg("--arrival", optarg);
             break;
         case OPT_WARMUP:
             if (!parse_long(optarg, 0, 1000000, &l)) return bad_arg("--warmup-requests", optarg);
             o.params.warmup_requests = (size_t)l;
             break;
         case OPT_WARMUP_DURATION:
-            if (!parse_double(optarg, 0, 1e7, &o.params.warmup_duration_s)) return bad_arg("--warmup-duration", optarg);
+            if (!parse_double(optarg, 0, 1e7, &o.params.warmup_duration_s))
+                return bad_arg("--warmup-duration", optarg);
             break;
         case OPT_WARMUP_CONC:
             if (!parse_long(optarg, 1, 4096, &l)) return bad_arg("--warmup-concurrency", optarg);
@@ -390,14 +484,16 @@ int lm_cmd_profile(int argc, char **argv) {
             o.params.think_time_mean_ms = d;
             break;
         case OPT_THINK_STD:
-            if (!parse_double(optarg, 0, 1e9, &o.params.think_time_std_ms)) return bad_arg("--think-time-std-ms", optarg);
+            if (!parse_double(optarg, 0, 1e9, &o.params.think_time_std_ms))
+                return bad_arg("--think-time-std-ms", optarg);
             break;
         case OPT_MAX_TOKENS:
             if (!parse_long(optarg, 1, 10000000, &l)) return bad_arg("--max-tokens", optarg);
             o.params.max_tokens = (int)l;
             break;
         case OPT_TEMPERATURE:
-            if (!parse_double(optarg, 0, 100, &o.params.temperature)) return bad_arg("--temperature", optarg);
+            if (!parse_double(optarg, 0, 100, &o.params.temperature))
+                return bad_arg("--temperature", optarg);
             break;
         case OPT_IGNORE_EOS: o.params.ignore_eos = true; break;
         case OPT_MODEL: o.params.model = optarg; break;
@@ -411,20 +507,24 @@ int lm_cmd_profile(int argc, char **argv) {
             break;
         }
         case OPT_TIMEOUT:
-            if (!parse_double(optarg, 0.001, 1e7, &o.params.timeout_s)) return bad_arg("--timeout-s", optarg);
+            if (!parse_double(optarg, 0.001, 1e7, &o.params.timeout_s))
+                return bad_arg("--timeout-s", optarg);
             break;
         case OPT_EXTRA: o.params.extra_body = optarg; break;
         case OPT_OUTPUT: o.output_jsonl = optarg; break;
         case OPT_TOKENIZER: tokenizer = optarg; break;
         case OPT_MODEL_DIR: o.model_dir = optarg; break;
         case OPT_SLO_TTFT:
-            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.ttft_ms)) return bad_arg("--slo-ttft-ms", optarg);
+            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.ttft_ms))
+                return bad_arg("--slo-ttft-ms", optarg);
             break;
         case OPT_SLO_ITL:
-            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.itl_ms)) return bad_arg("--slo-itl-ms", optarg);
+            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.itl_ms))
+                return bad_arg("--slo-itl-ms", optarg);
             break;
         case OPT_SLO_LATENCY:
-            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.latency_ms)) return bad_arg("--slo-latency-ms", optarg);
+            if (!parse_double(optarg, 0.000001, 1e9, &o.slo.latency_ms))
+                return bad_arg("--slo-latency-ms", optarg);
             break;
         case OPT_SERVER_RECORDS: o.server_records = optarg; break;
         case OPT_ARTIFACT_DIR: o.artifact_dir = optarg; break;
@@ -436,22 +536,28 @@ int lm_cmd_profile(int argc, char **argv) {
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "lumen profile: unexpected argument '%s' (see lumen profile --help)\n", argv[optind]);
+        fprintf(stderr, "lumen profile: unexpected argument '%s' (see lumen profile --help)\n",
+                argv[optind]);
         return 2;
     }
     if (!o.params.url) {
         fprintf(stderr, "lumen profile: --url is required (see lumen profile --help)\n");
         return 2;
     }
-    if (!conversations_given && (o.params.request_count || o.params.duration_s > 0)) o.params.conversations = 0;
-    if ((o.params.request_rate > 0 || rate_list) && !concurrency_given) o.params.concurrency = 0; /* 256 */
-    if (o.data.name && !strcmp(o.data.name, "synthetic") && o.data.osl_mean > 0 && !o.params.ignore_eos)
+    if (!conversations_given && (o.params.request_count || o.params.duration_s > 0))
+        o.params.conversations = 0;
+    if ((o.params.request_rate > 0 || rate_list) && !concurrency_given)
+        o.params.concurrency = 0; /* 256 */
+    if (o.data.name && !strcmp(o.data.name, "synthetic") && o.data.osl_mean > 0 &&
+        !o.params.ignore_eos)
         fprintf(stderr, "lumen profile: note: synthetic output lengths are max_tokens caps; add "
                         "--ignore-eos for exact lengths\n");
     const char *rel = lm_bench_dataset_default_path(o.data.name);
     if (rel && !*rel) {
-        fprintf(stderr, "lumen profile: --dataset %s: unknown (known: mt_bench, spec_bench, sharegpt, "
-                        "synthetic, custom)\n", o.data.name);
+        fprintf(stderr,
+                "lumen profile: --dataset %s: unknown (known: mt_bench, spec_bench, sharegpt, "
+                "synthetic, custom)\n",
+                o.data.name);
         return 2;
     }
     if (!strcmp(o.data.name, "custom") && !dataset_path) {
@@ -460,8 +566,10 @@ int lm_cmd_profile(int argc, char **argv) {
     }
     char *path = dataset_path ? strdup(dataset_path) : rel ? find_rel(rel, false) : NULL;
     if (rel && !path) {
-        fprintf(stderr, "lumen profile: --dataset %s: %s not found in the current directory or next "
-                        "to the lumen binary; give --dataset-path\n", o.data.name, rel);
+        fprintf(stderr,
+                "lumen profile: --dataset %s: %s not found in the current directory or next "
+                "to the lumen binary; give --dataset-path\n",
+                o.data.name, rel);
         return 1;
     }
     o.data.path = path;
@@ -482,21 +590,26 @@ int lm_cmd_profile(int argc, char **argv) {
         double values[64];
         size_t n = 0;
         const char *what = rate_list ? "request_rate" : "concurrency";
-        if (rate_list) n = parse_list(rate_list, 1e-6, 1e7, values, 64);
-        else if (conc_list) n = parse_list(conc_list, 1, 4096, values, 64);
+        if (rate_list)
+            n = parse_list(rate_list, 1e-6, 1e7, values, 64);
+        else if (conc_list)
+            n = parse_list(conc_list, 1, 4096, values, 64);
         if (!n || (rate_list && conc_list && strchr(conc_list, ','))) {
             fprintf(stderr, "lumen profile sweep: give --concurrency C1,C2,... or --request-rate "
                             "R1,R2,... (see lumen profile --help)\n");
             rc = 2;
         } else {
             char *dir = NULL;
-            if (lm_bench_sweep(&o, what, values, n, &dir, &rc)) rc = lm_cmd_fail("profile", "sweep");
+            if (lm_bench_sweep(&o, what, values, n, &dir, &rc))
+                rc = lm_cmd_fail("profile", "sweep");
             free(dir);
         }
     } else {
         struct lm_bench_profile_result res;
-        if (lm_bench_profile(&o, &res)) rc = lm_cmd_fail("profile", NULL);
-        else rc = res.exit_code;
+        if (lm_bench_profile(&o, &res))
+            rc = lm_cmd_fail("profile", NULL);
+        else
+            rc = res.exit_code;
         lm_bench_profile_result_free(&res);
     }
     free(cmd);

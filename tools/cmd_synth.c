@@ -22,23 +22,29 @@ struct shape {
     bool tied;
 };
 
-/* From the config.json files of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B. */
+/* From the config.json files of Qwen/Qwen3-0.6B, -1.7B, -4B and -8B. */
 static const struct shape k_shapes[] = {
     {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, true},
     {"qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, true},
+    {"qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, true},
+    {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, false},
 };
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen synth --shape qwen3-0.6b|qwen3-1.7b --out DIR [--dtype bf16|f16|f32]\n"
-            "                   [--seed N] [--tokenizer DIR]\n\n"
+            "usage: lumen synth --shape qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b --out DIR\n"
+            "                   [--dtype bf16|f16|f32] [--seed N] [--tokenizer DIR]\n\n"
             "Writes a Qwen3 checkpoint in Hugging Face layout (config.json, generation_config.json,\n"
             "model.safetensors, tokenizer.json, tokenizer_config.json) with the real model's shape\n"
             "and deterministic random weights: matrices ~ N(0, 0.02^2), norm weights ~ 1 + N(0,\n"
             "0.02^2). The same seed gives the same bytes. For benchmarks (`lumen perf`), not text.\n\n"
             "  --shape S       qwen3-0.6b (28 layers, hidden 1024, 16/8 heads, head_dim 128,\n"
-            "                  intermediate 3072, vocab 151936, tied) or qwen3-1.7b (hidden 2048,\n"
-            "                  intermediate 6144, otherwise the same)\n"
+            "                  intermediate 3072, vocab 151936, tied), qwen3-1.7b (hidden 2048,\n"
+            "                  intermediate 6144, otherwise the same), qwen3-4b (36 layers, hidden\n"
+            "                  2560, 32/8 heads, intermediate 9728, tied) or qwen3-8b (36 layers,\n"
+            "                  hidden 4096, 32/8 heads, intermediate 12288, separate lm_head); the\n"
+            "                  whole checkpoint is held in memory while it is written (8b: 16 GB\n"
+            "                  at bf16)\n"
             "  --out DIR       folder to write (created if absent; files in it are replaced)\n"
             "  --dtype T       weight dtype: bf16 (default), f16 or f32\n"
             "  --seed N        random seed (default 0)\n"
@@ -113,7 +119,8 @@ int lm_cmd_synth(int argc, char **argv) {
             for (size_t i = 0; i < sizeof k_shapes / sizeof *k_shapes; i++)
                 if (!strcmp(optarg, k_shapes[i].name)) sh = &k_shapes[i];
             if (!sh) {
-                fprintf(stderr, "lumen synth: unknown --shape '%s' (qwen3-0.6b or qwen3-1.7b)\n", optarg);
+                fprintf(stderr, "lumen synth: unknown --shape '%s' (qwen3-0.6b, qwen3-1.7b, qwen3-4b or "
+                        "qwen3-8b)\n", optarg);
                 return 2;
             }
             break;

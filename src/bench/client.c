@@ -26,8 +26,12 @@ double lm_bench_unix_now(void) {
 }
 
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
-static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
-void lm_bench_client_global_init(void) { pthread_once(&g_curl_once, curl_init_once); }
+static void curl_init_once(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+void lm_bench_client_global_init(void) {
+    pthread_once(&g_curl_once, curl_init_once);
+}
 
 lm_status lm_bench_client_init(struct lm_bench_client *c, const char *url, const char *api_key,
                                double timeout_s) {
@@ -36,9 +40,11 @@ lm_status lm_bench_client_init(struct lm_bench_client *c, const char *url, const
         return lm_errorf(LM_ERR_INVALID, "--url %s: expected http://host:port", url);
     lm_bench_client_global_init();
     size_t n = strlen(url);
-    while (n && url[n - 1] == '/') n--;
+    while (n && url[n - 1] == '/')
+        n--;
     if (n >= 3 && !memcmp(url + n - 3, "/v1", 3)) n -= 3;
-    while (n && url[n - 1] == '/') n--;
+    while (n && url[n - 1] == '/')
+        n--;
     c->base_url = strndup(url, n);
     if (api_key && *api_key) c->api_key = strdup(api_key);
     c->timeout_s = timeout_s;
@@ -193,8 +199,10 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
     static const char name[] = "x-request-id:";
     if (len > sizeof name - 1 && !strncasecmp(p, name, sizeof name - 1)) {
         const char *v = p + sizeof name - 1, *e = p + len;
-        while (v < e && (*v == ' ' || *v == '\t')) v++;
-        while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' ')) e--;
+        while (v < e && (*v == ' ' || *v == '\t'))
+            v++;
+        while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' '))
+            e--;
         free(x->echoed_id);
         x->echoed_id = strndup(v, (size_t)(e - v));
     }
@@ -222,7 +230,8 @@ static void fail_http(struct lm_bench_record *rec, const struct lm_buf *body) {
     json_decref(o);
 }
 
-void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm_bench_record *rec) {
+void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
+                          struct lm_bench_record *rec) {
     struct lm_buf url = {0};
     set_common(c, "/v1/chat/completions", &url);
     struct curl_slist *hdr = NULL;
@@ -230,7 +239,8 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm
     hdr = add_header(hdr, "Accept", "text/event-stream");
     hdr = add_header(hdr, "X-Request-Id", rec->request_id);
     hdr = add_header(hdr, "X-Conversation-Id", rec->conversation_id);
-    hdr = add_header(hdr, "X-Lumen-Phase", rec->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling");
+    hdr = add_header(hdr, "X-Lumen-Phase",
+                     rec->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling");
     char turn[24];
     snprintf(turn, sizeof turn, "%d", rec->turn - 1);
     hdr = add_header(hdr, "X-Lumen-Turn", turn);

@@ -12,9 +12,9 @@
 #include "bench/record.h"
 
 struct lm_bench_client {
-    void *curl;      /* CURL easy handle */
-    char *base_url;  /* "http://host:port", without a trailing "/" or "/v1"; owned */
-    char *api_key;   /* sent as "Authorization: Bearer ..."; owned; NULL for none */
+    void *curl;       /* CURL easy handle */
+    char *base_url;   /* "http://host:port", without a trailing "/" or "/v1"; owned */
+    char *api_key;    /* sent as "Authorization: Bearer ..."; owned; NULL for none */
     double timeout_s; /* per request, whole transfer; <= 0 for none */
 };
 

@@ -71,8 +71,7 @@ static json_t *ledger_add(struct lm_bench_dataset *ds, size_t index, const char 
     json_array_append_new(ds->ledger, e);
     if (reason) {
         json_t *c = json_object_get(ds->rejected, reason);
-        json_object_set_new(ds->rejected, reason,
-                            json_integer(c ? json_integer_value(c) + 1 : 1));
+        json_object_set_new(ds->rejected, reason, json_integer(c ? json_integer_value(c) + 1 : 1));
     }
     return e;
 }
@@ -93,8 +92,8 @@ static bool in_list(const char *list, const char *word) {
 
 /* Spec-Bench's task of a question: its first 80 are MT-Bench's. */
 static const char *spec_task(const char *category) {
-    static const char *mt[] = {"writing", "roleplay", "reasoning", "math",
-                               "coding", "extraction", "stem", "humanities"};
+    static const char *mt[] = {"writing", "roleplay",   "reasoning", "math",
+                               "coding",  "extraction", "stem",      "humanities"};
     for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++)
         if (category && !strcmp(category, mt[i])) return "mt_bench";
     return category;
@@ -113,7 +112,8 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
         const char *le = nl ? nl : end;
         line_no++;
         const char *q = p;
-        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r'))
+            q++;
         p = nl ? nl + 1 : end;
         if (q == le) continue;
         json_error_t e;
@@ -177,8 +177,10 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
                     } else if (!strcmp(role, "system")) {
                         if (!c->system) c->system = xstrdup(content);
                     } else {
-                        st = lm_errorf(LM_ERR_FORMAT, "%s:%zu: messages[%zu].role: '%s' is not "
-                                       "system, user or assistant", path, line_no, k, role);
+                        st = lm_errorf(LM_ERR_FORMAT,
+                                       "%s:%zu: messages[%zu].role: '%s' is not "
+                                       "system, user or assistant",
+                                       path, line_no, k, role);
                         break;
                     }
                 }
@@ -228,20 +230,22 @@ static lm_status load_sharegpt(struct lm_bench_dataset *ds, const struct lm_benc
         json_decref(root);
         return lm_errorf(LM_ERR_FORMAT, "%s: expected a JSON list of conversations", path);
     }
-    long context = o->context_tokens > 0 ? o->context_tokens
+    long context = o->context_tokens > 0           ? o->context_tokens
                    : o->prompt->context_tokens > 0 ? o->prompt->context_tokens
                                                    : 4096;
     int want = o->turns;
     struct lm_buf sel = {0};
     if (want)
-        lm_buf_printf(&sel, "sharegpt: conversations whose messages alternate human, gpt, human, "
-                            "... for %d human turns, none empty, whose rendered history (corpus "
-                            "answers) plus answer headroom (max_tokens %d) fits %ld tokens",
+        lm_buf_printf(&sel,
+                      "sharegpt: conversations whose messages alternate human, gpt, human, "
+                      "... for %d human turns, none empty, whose rendered history (corpus "
+                      "answers) plus answer headroom (max_tokens %d) fits %ld tokens",
                       want, o->max_tokens, context);
     else
-        lm_buf_printf(&sel, "sharegpt: conversations with all their alternating human turns, none "
-                            "empty, whose rendered history (corpus answers) plus answer headroom "
-                            "(max_tokens %d) fits %ld tokens",
+        lm_buf_printf(&sel,
+                      "sharegpt: conversations with all their alternating human turns, none "
+                      "empty, whose rendered history (corpus answers) plus answer headroom "
+                      "(max_tokens %d) fits %ld tokens",
                       o->max_tokens, context);
     ds->selection = lm_buf_take(&sel);
     size_t cap = 0, i;
@@ -264,14 +268,16 @@ static lm_status load_sharegpt(struct lm_bench_dataset *ds, const struct lm_benc
             json_t *m = json_array_get(msgs, j);
             if (!json_is_string(json_object_get(m, "from")) ||
                 !json_is_string(json_object_get(m, "value"))) {
-                st = lm_errorf(LM_ERR_FORMAT,
-                               "%s: [%zu].conversations[%zu]: expected string \"from\" and \"value\"",
-                               path, i, j);
+                st = lm_errorf(
+                    LM_ERR_FORMAT,
+                    "%s: [%zu].conversations[%zu]: expected string \"from\" and \"value\"", path, i,
+                    j);
                 break;
             }
         }
         if (st) break;
-        const char *from0 = nm ? json_string_value(json_object_get(json_array_get(msgs, 0), "from")) : "";
+        const char *from0 =
+            nm ? json_string_value(json_object_get(json_array_get(msgs, 0), "from")) : "";
         if (!strcmp(from0, "system")) {
             system = json_string_value(json_object_get(json_array_get(msgs, 0), "value"));
             k = 1;
@@ -291,7 +297,8 @@ static lm_status load_sharegpt(struct lm_bench_dataset *ds, const struct lm_benc
         }
         if (last > k && (last - k) % 2 == 0) last--; /* end on a human turn */
         const char *reason = NULL;
-        const char *first = k < nm ? json_string_value(json_object_get(json_array_get(msgs, k), "from")) : "";
+        const char *first =
+            k < nm ? json_string_value(json_object_get(json_array_get(msgs, k), "from")) : "";
         if (strcmp(first, "human"))
             reason = k < nm && !strcmp(first, "gpt") ? "starts_with_gpt" : "too_few_turns";
         else if (want ? n_human < (size_t)want : n_human < 1)
@@ -301,19 +308,22 @@ static lm_status load_sharegpt(struct lm_bench_dataset *ds, const struct lm_benc
         json_t *entry = NULL;
         if (reason) {
             entry = ledger_add(ds, i, idv, reason);
-            json_object_set_new(entry, "human_turns_alternating", json_integer((json_int_t)n_human));
+            json_object_set_new(entry, "human_turns_alternating",
+                                json_integer((json_int_t)n_human));
             continue;
         }
         /* the history the last turn sends, with the corpus answers, and the headroom */
         json_t *hist = json_array();
-        if (system) json_array_append_new(hist, json_pack("{s:s,s:s}", "role", "system", "content", system));
+        if (system)
+            json_array_append_new(hist,
+                                  json_pack("{s:s,s:s}", "role", "system", "content", system));
         long headroom = o->max_tokens;
         for (size_t j = k; j < last; j++) {
             json_t *m = json_array_get(msgs, j);
             const char *v = json_string_value(json_object_get(m, "value"));
             bool human = (j - k) % 2 == 0;
-            json_array_append_new(hist, json_pack("{s:s,s:s}", "role", human ? "user" : "assistant",
-                                                  "content", v));
+            json_array_append_new(
+                hist, json_pack("{s:s,s:s}", "role", human ? "user" : "assistant", "content", v));
             if (!human) {
                 long t = lm_bench_prompt_count(o->prompt, v, strlen(v));
                 if (t < o->max_tokens) headroom += o->max_tokens - t;
@@ -355,7 +365,8 @@ static lm_status load_sharegpt(struct lm_bench_dataset *ds, const struct lm_benc
 }
 
 /* Synthetic prompts from the vocabulary (see dataset.h). */
-static lm_status make_synthetic(struct lm_bench_dataset *ds, const struct lm_bench_dataset_opts *o) {
+static lm_status make_synthetic(struct lm_bench_dataset *ds,
+                                const struct lm_bench_dataset_opts *o) {
     const struct lm_tokenizer *tok = o->prompt->tok;
     size_t nv = lm_tokenizer_vocab_size(tok);
     int32_t *words = malloc(nv * sizeof *words);
@@ -369,7 +380,8 @@ static lm_status make_synthetic(struct lm_bench_dataset *ds, const struct lm_ben
         int32_t i32 = (int32_t)id;
         if (lm_tokenizer_decode(tok, &i32, 1, true, &b) || b.len < 4 || b.p[0] != ' ') continue;
         bool ok = true;
-        for (size_t k = 1; k < b.len && ok; k++) ok = b.p[k] >= 'a' && b.p[k] <= 'z';
+        for (size_t k = 1; k < b.len && ok; k++)
+            ok = b.p[k] >= 'a' && b.p[k] <= 'z';
         if (!ok) continue;
         /* keep only words that encode back to this one id (BPE cannot reach every vocab entry) */
         ids.n = 0;
@@ -384,8 +396,9 @@ static lm_status make_synthetic(struct lm_bench_dataset *ds, const struct lm_ben
                          o->prompt->dir, nw);
     }
     struct lm_buf sel = {0};
-    lm_buf_printf(&sel, "synthetic: %zu conversations x %d turns, input tokens ~ normal(%g, %g), "
-                        "output tokens ~ normal(%g, %g), words from %zu vocabulary tokens, seed %llu",
+    lm_buf_printf(&sel,
+                  "synthetic: %zu conversations x %d turns, input tokens ~ normal(%g, %g), "
+                  "output tokens ~ normal(%g, %g), words from %zu vocabulary tokens, seed %llu",
                   o->synthetic_conversations, o->synthetic_turns, o->isl_mean, o->isl_std,
                   o->osl_mean, o->osl_std, nw, (unsigned long long)o->seed);
     ds->selection = lm_buf_take(&sel);
@@ -431,13 +444,15 @@ const char *lm_bench_dataset_default_path(const char *name) {
     return "";
 }
 
-lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds, const struct lm_bench_dataset_opts *o) {
+lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds,
+                                const struct lm_bench_dataset_opts *o) {
     memset(ds, 0, sizeof *ds);
     const char *def = lm_bench_dataset_default_path(o->name);
     if (def && !*def)
         return lm_errorf(LM_ERR_UNSUPPORTED,
                          "unknown dataset '%s' (known: mt_bench, spec_bench, sharegpt, synthetic, "
-                         "custom)", o->name);
+                         "custom)",
+                         o->name);
     ds->name = xstrdup(o->name);
     ds->ledger = json_array();
     ds->rejected = json_object();
@@ -455,7 +470,8 @@ lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds, const struct lm_ben
     if (!strcmp(o->name, "sharegpt") && !lm_bench_prompt_can_render(o->prompt))
         return lm_errorf(LM_ERR_INVALID,
                          "dataset sharegpt: %s has no chat template to count histories with (its "
-                         "config.json must name a known model_type)", o->prompt->dir);
+                         "config.json must name a known model_type)",
+                         o->prompt->dir);
     lm_status st = lm_bench_sha256_file(o->path, ds->sha256, &ds->file_bytes);
     if (st) return st;
     struct lm_buf text = {0};
@@ -504,7 +520,8 @@ lm_status lm_bench_dataset_write_ledger(const struct lm_bench_dataset *ds, const
 
 void lm_bench_dataset_free(struct lm_bench_dataset *ds) {
     if (!ds) return;
-    for (size_t i = 0; i < ds->n; i++) conv_free(&ds->convs[i]);
+    for (size_t i = 0; i < ds->n; i++)
+        conv_free(&ds->convs[i]);
     free(ds->convs);
     free(ds->name);
     free(ds->path);

@@ -52,48 +52,48 @@
 struct lm_bench_prompt;
 
 struct lm_bench_conversation {
-    char *id;       /* the corpus's id as text (MT-Bench question_id "81"); owned */
-    char *category; /* owned; NULL when the corpus has none */
-    char *system;   /* system prompt to send first; owned; NULL when none */
-    size_t n_turns; /* >= 1 */
-    char **turns;   /* [n_turns] user messages, UTF-8, owned */
-    char **answers; /* [n_turns] the corpus's own assistant answers (NULL entries when absent);
-                       owned; never sent */
-    int max_tokens; /* this conversation's output cap (synthetic, custom); 0: the run's */
+    char *id;            /* the corpus's id as text (MT-Bench question_id "81"); owned */
+    char *category;      /* owned; NULL when the corpus has none */
+    char *system;        /* system prompt to send first; owned; NULL when none */
+    size_t n_turns;      /* >= 1 */
+    char **turns;        /* [n_turns] user messages, UTF-8, owned */
+    char **answers;      /* [n_turns] the corpus's own assistant answers (NULL entries when absent);
+                            owned; never sent */
+    int max_tokens;      /* this conversation's output cap (synthetic, custom); 0: the run's */
     long history_tokens; /* sharegpt: rendered tokens of the budgeted history; -1 unknown */
 };
 
 struct lm_bench_dataset_opts {
-    const char *name;              /* mt_bench, spec_bench, sharegpt, synthetic, custom */
-    const char *path;              /* the file; NULL for synthetic */
-    const char *categories;        /* comma-separated filter; NULL: all */
-    int turns;                     /* sharegpt: human turns per conversation (default 2; 0 all) */
-    long context_tokens;           /* sharegpt budget; 0: the model's context (config.json), or
-                                      4096 when unknown */
-    int max_tokens;                /* the run's max_tokens, for the answer headroom */
-    int enable_thinking;           /* -1 template default, 0, 1: how to render histories */
+    const char *name;       /* mt_bench, spec_bench, sharegpt, synthetic, custom */
+    const char *path;       /* the file; NULL for synthetic */
+    const char *categories; /* comma-separated filter; NULL: all */
+    int turns;              /* sharegpt: human turns per conversation (default 2; 0 all) */
+    long context_tokens;    /* sharegpt budget; 0: the model's context (config.json), or
+                               4096 when unknown */
+    int max_tokens;         /* the run's max_tokens, for the answer headroom */
+    int enable_thinking;    /* -1 template default, 0, 1: how to render histories */
     const struct lm_bench_prompt *prompt; /* tokenizer and template; required for sharegpt and
                                              synthetic; borrowed */
-    size_t synthetic_conversations; /* synthetic: how many (default 100) */
-    int synthetic_turns;            /* synthetic: user turns each (default 1) */
-    double isl_mean, isl_std;       /* synthetic: input tokens per user turn (default 128, 0) */
-    double osl_mean, osl_std;       /* synthetic: output tokens (default 0: the run's) */
-    uint64_t seed;                  /* synthetic draws */
+    size_t synthetic_conversations;       /* synthetic: how many (default 100) */
+    int synthetic_turns;                  /* synthetic: user turns each (default 1) */
+    double isl_mean, isl_std; /* synthetic: input tokens per user turn (default 128, 0) */
+    double osl_mean, osl_std; /* synthetic: output tokens (default 0: the run's) */
+    uint64_t seed;            /* synthetic draws */
 };
 
 struct lm_bench_dataset_opts lm_bench_dataset_default_opts(void);
 
 struct lm_bench_dataset {
-    char *name;                           /* "mt_bench", ...; owned */
-    char *path;                           /* the file read; owned; NULL for synthetic */
-    char sha256[LM_SHA256_HEX];           /* of the file ("" for synthetic) */
+    char *name;                 /* "mt_bench", ...; owned */
+    char *path;                 /* the file read; owned; NULL for synthetic */
+    char sha256[LM_SHA256_HEX]; /* of the file ("" for synthetic) */
     size_t file_bytes;
-    struct lm_bench_conversation *convs;  /* [n] selected conversations, file order; owned */
+    struct lm_bench_conversation *convs; /* [n] selected conversations, file order; owned */
     size_t n;
-    size_t n_considered;                  /* conversations in the file */
-    json_t *ledger;                       /* array of ledger entries (see above); owned */
-    json_t *rejected;                     /* {"reason": count}; owned */
-    char *selection;                      /* one line describing the rule applied; owned */
+    size_t n_considered; /* conversations in the file */
+    json_t *ledger;      /* array of ledger entries (see above); owned */
+    json_t *rejected;    /* {"reason": count}; owned */
+    char *selection;     /* one line describing the rule applied; owned */
 };
 
 /* The repository-relative default file of a named dataset ("data/mt_bench/question.jsonl"),
@@ -106,7 +106,8 @@ const char *lm_bench_dataset_default_path(const char *name);
  * "path:line: field: problem" for malformed records; LM_ERR_MISSING when no conversation is
  * selected (the message gives the rejection counts). `ds` is zeroed first; free with
  * lm_bench_dataset_free (also after a failure). */
-lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds, const struct lm_bench_dataset_opts *opts);
+lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds,
+                                const struct lm_bench_dataset_opts *opts);
 
 /* The former interface: lm_bench_dataset_open with default options for `name` and `path`. */
 lm_status lm_bench_dataset_load(struct lm_bench_dataset *ds, const char *name, const char *path);

@@ -9,7 +9,8 @@
 #include "base/file.h"
 #include "bench/stats.h"
 
-static const char *const k_colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2"};
+static const char *const k_colors[] = {"#4e79a7", "#f28e2b", "#e15759",
+                                       "#59a14f", "#b07aa1", "#76b7b2"};
 
 static void esc(struct lm_buf *b, const char *s) {
     for (; s && *s; s++) {
@@ -24,10 +25,14 @@ static void esc(struct lm_buf *b, const char *s) {
 }
 
 static void num(struct lm_buf *b, double v) {
-    if (!isfinite(v)) lm_buf_puts(b, "n/a");
-    else if (fabs(v) >= 1000) lm_buf_printf(b, "%.0f", v);
-    else if (fabs(v) >= 10) lm_buf_printf(b, "%.1f", v);
-    else lm_buf_printf(b, "%.3g", v);
+    if (!isfinite(v))
+        lm_buf_puts(b, "n/a");
+    else if (fabs(v) >= 1000)
+        lm_buf_printf(b, "%.0f", v);
+    else if (fabs(v) >= 10)
+        lm_buf_printf(b, "%.1f", v);
+    else
+        lm_buf_printf(b, "%.3g", v);
 }
 
 /* ---- charts ---- */
@@ -54,15 +59,20 @@ static double tick_step(double lo, double hi, int n) {
 }
 
 static void tick_label(struct lm_buf *b, double v, double step) {
-    if (step >= 1 || v == 0) lm_buf_printf(b, "%.0f", v);
-    else if (step >= 0.1) lm_buf_printf(b, "%.1f", v);
-    else if (step >= 0.01) lm_buf_printf(b, "%.2f", v);
-    else lm_buf_printf(b, "%.3g", v);
+    if (step >= 1 || v == 0)
+        lm_buf_printf(b, "%.0f", v);
+    else if (step >= 0.1)
+        lm_buf_printf(b, "%.1f", v);
+    else if (step >= 0.01)
+        lm_buf_printf(b, "%.2f", v);
+    else
+        lm_buf_printf(b, "%.3g", v);
 }
 
 /* Sets the ranges (rounded out to ticks) and draws the frame, grid, ticks and labels. */
 static void chart_begin_x(struct chart *c, struct lm_buf *b, const char *title, const char *xlabel,
-                          const char *ylabel, double x0, double x1, double y0, double y1, bool xticks) {
+                          const char *ylabel, double x0, double x1, double y0, double y1,
+                          bool xticks) {
     c->b = b;
     c->w = 560, c->h = 300, c->ml = 64, c->mr = 16, c->mt = 40, c->mb = 46;
     if (!(x1 > x0)) x1 = x0 + 1;
@@ -70,9 +80,11 @@ static void chart_begin_x(struct chart *c, struct lm_buf *b, const char *title, 
     double xs = tick_step(x0, x1, 6), ys = tick_step(y0, y1, 5);
     c->x0 = floor(x0 / xs) * xs, c->x1 = ceil(x1 / xs) * xs;
     c->y0 = floor(y0 / ys) * ys, c->y1 = ceil(y1 / ys) * ys;
-    lm_buf_printf(b, "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-                     "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
-                  c->w, c->h, c->w, c->h);
+    lm_buf_printf(
+        b,
+        "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+        "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        c->w, c->h, c->w, c->h);
     lm_buf_puts(b, "<text x=\"8\" y=\"16\" font-size=\"13\" font-weight=\"bold\">");
     esc(b, title);
     lm_buf_puts(b, "</text>\n");
@@ -86,16 +98,20 @@ static void chart_begin_x(struct chart *c, struct lm_buf *b, const char *title, 
     for (double x = c->x0; xticks && x <= c->x1 + xs * 1e-6; x += xs) {
         lm_buf_printf(b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>",
                       cx(c, x), cx(c, x), c->h - c->mb, c->h - c->mb + 4);
-        lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", cx(c, x), c->h - c->mb + 16);
+        lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", cx(c, x),
+                      c->h - c->mb + 16);
         tick_label(b, x, xs);
         lm_buf_puts(b, "</text>\n");
     }
-    lm_buf_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
-                  c->ml, c->mt, c->w - c->ml - c->mr, c->h - c->mt - c->mb);
-    lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", (c->ml + c->w - c->mr) / 2.0, c->h - 8);
+    lm_buf_printf(
+        b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
+        c->ml, c->mt, c->w - c->ml - c->mr, c->h - c->mt - c->mb);
+    lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">",
+                  (c->ml + c->w - c->mr) / 2.0, c->h - 8);
     esc(b, xlabel);
-    lm_buf_printf(b, "</text>\n<text transform=\"translate(14,%.1f) rotate(-90)\" text-anchor=\"middle\">",
-                  (c->mt + c->h - c->mb) / 2.0);
+    lm_buf_printf(
+        b, "</text>\n<text transform=\"translate(14,%.1f) rotate(-90)\" text-anchor=\"middle\">",
+        (c->mt + c->h - c->mb) / 2.0);
     esc(b, ylabel);
     lm_buf_puts(b, "</text>\n");
 }
@@ -105,27 +121,33 @@ static void chart_begin(struct chart *c, struct lm_buf *b, const char *title, co
     chart_begin_x(c, b, title, xlabel, ylabel, x0, x1, y0, y1, true);
 }
 
-static void chart_end(struct chart *c) { lm_buf_puts(c->b, "</svg>\n"); }
+static void chart_end(struct chart *c) {
+    lm_buf_puts(c->b, "</svg>\n");
+}
 
 /* Legend entries in a row above the plot area. */
 static void legend(struct chart *c, int i, const char *name, const char *color) {
     double x = c->ml + 130 * i, y = 32;
-    lm_buf_printf(c->b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                        "<text x=\"%.1f\" y=\"%.1f\">", x, y - 9, color, x + 14, y);
+    lm_buf_printf(c->b,
+                  "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\">",
+                  x, y - 9, color, x + 14, y);
     esc(c->b, name);
     lm_buf_puts(c->b, "</text>\n");
 }
 
 static void vline(struct chart *c, double x, const char *color, const char *label) {
     if (!isfinite(x)) return;
-    lm_buf_printf(c->b, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"%s\" "
-                        "stroke-dasharray=\"4,3\"/><text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s</text>\n",
-                  cx(c, x), cx(c, x), c->mt, c->h - c->mb, color, cx(c, x) + 3, c->mt + 12, color, label);
+    lm_buf_printf(c->b,
+                  "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                  "stroke-dasharray=\"4,3\"/><text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s</text>\n",
+                  cx(c, x), cx(c, x), c->mt, c->h - c->mb, color, cx(c, x) + 3, c->mt + 12, color,
+                  label);
 }
 
 /* A histogram of v[0..n) with p50 and p95 marks. */
-static void histogram(struct lm_buf *b, const char *title, const char *xlabel, const double *v, size_t n,
-                      const struct lm_bench_stats *st, const char *color) {
+static void histogram(struct lm_buf *b, const char *title, const char *xlabel, const double *v,
+                      size_t n, const struct lm_bench_stats *st, const char *color) {
     if (st->n == 0) {
         lm_buf_puts(b, "<p class=\"na\">");
         esc(b, title);
@@ -153,10 +175,12 @@ static void histogram(struct lm_buf *b, const char *title, const char *xlabel, c
     for (int k = 0; k < nb; k++) {
         if (!cnt[k]) continue;
         double x0 = cx(&c, lo + k * width), x1 = cx(&c, lo + (k + 1) * width);
-        lm_buf_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
-                         "<title>%.4g..%.4g: %zu</title></rect>\n",
+        lm_buf_printf(b,
+                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
+                      "<title>%.4g..%.4g: %zu</title></rect>\n",
                       x0 + 0.5, cy(&c, (double)cnt[k]), x1 - x0 - 1 > 1 ? x1 - x0 - 1 : 1,
-                      cy(&c, 0) - cy(&c, (double)cnt[k]), color, lo + k * width, lo + (k + 1) * width, cnt[k]);
+                      cy(&c, 0) - cy(&c, (double)cnt[k]), color, lo + k * width,
+                      lo + (k + 1) * width, cnt[k]);
     }
     vline(&c, st->p50, "#333", "p50");
     vline(&c, st->p95, "#c00", "p95");
@@ -166,15 +190,17 @@ static void histogram(struct lm_buf *b, const char *title, const char *xlabel, c
 
 static void polyline(struct chart *c, const double *x, const double *y, size_t n, const char *color,
                      bool points) {
-    lm_buf_printf(c->b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", color);
+    lm_buf_printf(c->b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
+                  color);
     for (size_t i = 0; i < n; i++)
-        if (isfinite(x[i]) && isfinite(y[i])) lm_buf_printf(c->b, "%.1f,%.1f ", cx(c, x[i]), cy(c, y[i]));
+        if (isfinite(x[i]) && isfinite(y[i]))
+            lm_buf_printf(c->b, "%.1f,%.1f ", cx(c, x[i]), cy(c, y[i]));
     lm_buf_puts(c->b, "\"/>\n");
     if (points)
         for (size_t i = 0; i < n; i++)
             if (isfinite(x[i]) && isfinite(y[i]))
-                lm_buf_printf(c->b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", cx(c, x[i]),
-                              cy(c, y[i]), color);
+                lm_buf_printf(c->b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>",
+                              cx(c, x[i]), cy(c, y[i]), color);
 }
 
 static bool ok_rec(const struct lm_bench_record *r) {
@@ -198,8 +224,10 @@ static void timeline(struct lm_buf *b, const struct lm_bench_run *run) {
         }
         if (!ok_rec(r)) continue;
         double counted = 0;
-        for (size_t c = 0; c < r->n_chunks; c++) counted += r->tokens_counted ? r->chunks[c].tokens : 1;
-        double scale = r->output_tokens >= 0 && counted > 0 ? (double)r->output_tokens / counted : 1;
+        for (size_t c = 0; c < r->n_chunks; c++)
+            counted += r->tokens_counted ? r->chunks[c].tokens : 1;
+        double scale =
+            r->output_tokens >= 0 && counted > 0 ? (double)r->output_tokens / counted : 1;
         for (size_t c = 0; c < r->n_chunks; c++) {
             double t = r->t_send + r->chunks[c].t_ms / 1e3;
             int k = (int)((t - t0) / w);
@@ -216,19 +244,20 @@ static void timeline(struct lm_buf *b, const struct lm_bench_run *run) {
         if (inflight[k] > itop) itop = inflight[k];
     }
     struct chart c;
-    chart_begin(&c, b, "Output token throughput over the profiling window", "seconds since the first measured request",
-                "output tokens/s", 0, t1 - t0, 0, top);
+    chart_begin(&c, b, "Output token throughput over the profiling window",
+                "seconds since the first measured request", "output tokens/s", 0, t1 - t0, 0, top);
     polyline(&c, xs, tok, NB, k_colors[0], false);
     chart_end(&c);
-    chart_begin(&c, b, "Requests in flight (time-weighted mean per bucket)", "seconds since the first measured request",
-                "requests", 0, t1 - t0, 0, itop);
+    chart_begin(&c, b, "Requests in flight (time-weighted mean per bucket)",
+                "seconds since the first measured request", "requests", 0, t1 - t0, 0, itop);
     polyline(&c, xs, inflight, NB, k_colors[1], false);
     chart_end(&c);
 }
 
 /* Grouped bars: for each turn row, one bar per series (values [row][k]). */
 static void turn_bars(struct lm_buf *b, const struct lm_bench_summary *s, const char *title,
-                      const char *const *names, int ns, double (*value)(const struct lm_bench_turn_summary *, int)) {
+                      const char *const *names, int ns,
+                      double (*value)(const struct lm_bench_turn_summary *, int)) {
     double top = 0;
     for (int i = 0; i < s->n_turn_rows; i++)
         for (int k = 0; k < ns; k++) {
@@ -239,21 +268,24 @@ static void turn_bars(struct lm_buf *b, const struct lm_bench_summary *s, const 
     chart_begin_x(&c, b, title, "turn", "ms", 0.5, s->n_turn_rows + 0.5, 0, top, false);
     c.x0 = 0.5, c.x1 = s->n_turn_rows + 0.5;
     for (int i = 0; i < s->n_turn_rows; i++)
-        lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%s</text>\n", cx(&c, i + 1),
-                      c.h - c.mb + 16, s->turns[i].turn, i == LM_BENCH_MAX_TURN_ROWS - 1 ? "+" : "");
+        lm_buf_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%s</text>\n",
+                      cx(&c, i + 1), c.h - c.mb + 16, s->turns[i].turn,
+                      i == LM_BENCH_MAX_TURN_ROWS - 1 ? "+" : "");
     double gw = (cx(&c, 1.5) - cx(&c, 0.5)) * 0.8, bw = gw / ns;
     for (int i = 0; i < s->n_turn_rows; i++) {
         double left = cx(&c, i + 1) - gw / 2;
         for (int k = 0; k < ns; k++) {
             double v = value(&s->turns[i], k);
             if (!isfinite(v)) continue;
-            lm_buf_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
-                             "<title>turn %d %s: %.3f ms</title></rect>\n",
+            lm_buf_printf(b,
+                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
+                          "<title>turn %d %s: %.3f ms</title></rect>\n",
                           left + k * bw, cy(&c, v), bw - 1, cy(&c, 0) - cy(&c, v), k_colors[k],
                           s->turns[i].turn, names[k], v);
         }
     }
-    for (int k = 0; k < ns; k++) legend(&c, k, names[k], k_colors[k]);
+    for (int k = 0; k < ns; k++)
+        legend(&c, k, names[k], k_colors[k]);
     chart_end(&c);
 }
 
@@ -291,7 +323,8 @@ static void th_row(struct lm_buf *b, const char *const *cols, int n) {
     lm_buf_puts(b, "</tr>\n");
 }
 
-static void stats_tr(struct lm_buf *b, const char *name, const char *unit, const struct lm_bench_stats *st) {
+static void stats_tr(struct lm_buf *b, const char *name, const char *unit,
+                     const struct lm_bench_stats *st) {
     lm_buf_puts(b, "<tr><td>");
     esc(b, name);
     lm_buf_printf(b, " (%s)</td>", unit);
@@ -304,7 +337,8 @@ static void stats_tr(struct lm_buf *b, const char *name, const char *unit, const
     lm_buf_printf(b, "<td>%zu</td></tr>\n", st->n);
 }
 
-static void kv(struct lm_buf *b, const char *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void kv(struct lm_buf *b, const char *k, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void kv(struct lm_buf *b, const char *k, const char *fmt, ...) {
     lm_buf_puts(b, "<tr><th>");
     esc(b, k);
@@ -322,7 +356,8 @@ static void kv(struct lm_buf *b, const char *k, const char *fmt, ...) {
 static void coverage_table(struct lm_buf *b, json_t *cov) {
     json_t *cells = json_object_get(cov, "cells");
     if (!json_is_array(cells)) return;
-    lm_buf_puts(b, "<h2>Coverage matrix (workload &times; model &times; runtime mode)</h2>\n<table>");
+    lm_buf_puts(b,
+                "<h2>Coverage matrix (workload &times; model &times; runtime mode)</h2>\n<table>");
     const char *cols[] = {"workload", "model", "mode", "status", "run", "evidence"};
     th_row(b, cols, 6);
     size_t i;
@@ -352,15 +387,20 @@ static void coverage_table(struct lm_buf *b, json_t *cov) {
 static const char k_css[] =
     "<style>body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}"
     "table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;padding:3px 8px;"
-    "text-align:right;font-size:13px}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+    "text-align:right;font-size:13px}th{background:#f3f3f3}td:first-child,th:first-child{text-"
+    "align:left}"
     ".charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #ddd}"
     ".ok{color:#1a7f37;font-weight:bold}.bad{color:#c00;font-weight:bold}.na{color:#777}"
-    ".st-qualified{background:#c8e6c9}.st-validated{background:#e3f2fd}.st-implemented{background:#fff8e1}"
-    ".st-planned{color:#777}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}</style>\n";
+    ".st-qualified{background:#c8e6c9}.st-validated{background:#e3f2fd}.st-implemented{background:#"
+    "fff8e1}"
+    ".st-planned{color:#777}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}</"
+    "style>\n";
 
 lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
-                              const struct lm_bench_summary *s, const struct lm_bench_verification *v,
-                              const struct lm_bench_dataset *ds, json_t *manifest, json_t *coverage) {
+                              const struct lm_bench_summary *s,
+                              const struct lm_bench_verification *v,
+                              const struct lm_bench_dataset *ds, json_t *manifest,
+                              json_t *coverage) {
     struct lm_buf b = {0};
     const struct lm_bench_params *p = &run->params;
     lm_buf_puts(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>lumen profile ");
@@ -383,18 +423,20 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
         kv(&b, "load", "concurrency %d", p->concurrency);
     kv(&b, "requests", "%zu conversations, %zu requests sent, %zu warmup requests (excluded)",
        run->n_conversations, s->n_requests, s->n_warmup);
-    kv(&b, "generation", "max_tokens %d, temperature %g%s, think time %g ms (std %g)", p->max_tokens,
-       p->temperature, p->ignore_eos ? ", ignore_eos" : "", p->think_time_mean_ms, p->think_time_std_ms);
+    kv(&b, "generation", "max_tokens %d, temperature %g%s, think time %g ms (std %g)",
+       p->max_tokens, p->temperature, p->ignore_eos ? ", ignore_eos" : "", p->think_time_mean_ms,
+       p->think_time_std_ms);
     kv(&b, "runtime mode", "%s",
        s->n_spec_reported ? "speculative decoding (reported by the server)"
                           : "ordinary generation (the server reported no speculative counters; "
                             "acceptance metrics unavailable)");
     lm_buf_puts(&b, "<tr><th>verification</th><td>");
     if (!v || !v->available)
-        lm_buf_puts(&b, "<span class=\"na\">unavailable: no server records (docs/RECORDS.md)</span>");
+        lm_buf_puts(&b,
+                    "<span class=\"na\">unavailable: no server records (docs/RECORDS.md)</span>");
     else
-        lm_buf_printf(&b, "<span class=\"%s\">%s</span> (%zu of %zu requests joined)", v->ok ? "ok" : "bad",
-                      v->ok ? "passed" : "FAILED", v->n_matched, v->n_client);
+        lm_buf_printf(&b, "<span class=\"%s\">%s</span> (%zu of %zu requests joined)",
+                      v->ok ? "ok" : "bad", v->ok ? "passed" : "FAILED", v->n_matched, v->n_client);
     lm_buf_puts(&b, "</td></tr>\n</table>\n");
 
     /* metrics */
@@ -419,20 +461,26 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
         num(&b, s->goodput);
         lm_buf_printf(&b, " (%zu of %zu meet the SLOs)</td></tr>", s->n_good, s->n_ok);
     }
-    lm_buf_printf(&b, "<tr><th>requests</th><td>%zu ok, %zu failed, %zu skipped after a failure, "
-                      "%zu not sent (limit)</td></tr>",
+    lm_buf_printf(&b,
+                  "<tr><th>requests</th><td>%zu ok, %zu failed, %zu skipped after a failure, "
+                  "%zu not sent (limit)</td></tr>",
                   s->n_ok, s->n_failed, s->n_skipped_failure, s->n_skipped_limit);
     lm_buf_puts(&b, "<tr><th>errors</th><td>");
     if (!s->n_failed) lm_buf_puts(&b, "none");
     for (int e = 1; e < LM_BENCH_ERR_COUNT; e++)
-        if (s->errors[e]) lm_buf_printf(&b, "%s: %zu ", lm_bench_error_name((enum lm_bench_error)e), s->errors[e]);
+        if (s->errors[e])
+            lm_buf_printf(&b, "%s: %zu ", lm_bench_error_name((enum lm_bench_error)e),
+                          s->errors[e]);
     lm_buf_puts(&b, "</td></tr>");
-    lm_buf_printf(&b, "<tr><th>output tokens: usage vs lumen's tokenizer</th><td>%zu equal, %zu one "
-                      "more (stop token), <span class=\"%s\">%zu mismatch</span> of %zu</td></tr>",
-                  s->out_match, s->out_eos, s->out_mismatch ? "bad" : "", s->out_mismatch, s->out_compared);
+    lm_buf_printf(&b,
+                  "<tr><th>output tokens: usage vs lumen's tokenizer</th><td>%zu equal, %zu one "
+                  "more (stop token), <span class=\"%s\">%zu mismatch</span> of %zu</td></tr>",
+                  s->out_match, s->out_eos, s->out_mismatch ? "bad" : "", s->out_mismatch,
+                  s->out_compared);
     if (s->in_compared)
-        lm_buf_printf(&b, "<tr><th>input tokens: usage vs rendered prompt</th><td>%zu equal, <span "
-                          "class=\"%s\">%zu mismatch</span> of %zu</td></tr>",
+        lm_buf_printf(&b,
+                      "<tr><th>input tokens: usage vs rendered prompt</th><td>%zu equal, <span "
+                      "class=\"%s\">%zu mismatch</span> of %zu</td></tr>",
                       s->in_match, s->in_mismatch ? "bad" : "", s->in_mismatch, s->in_compared);
     if (s->n_cached_reported)
         lm_buf_printf(&b, "<tr><th>prefix cache</th><td>%ld of %ld prompt tokens cached</td></tr>",
@@ -458,26 +506,37 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
 
     /* per turn */
     lm_buf_puts(&b, "<h2>Per turn</h2>\n<table>");
-    const char *tc[] = {"turn", "requests", "TTFT p50", "TTFT p95", "TTFO p50", "ITL p50", "ITL p95",
-                        "latency p50", "latency p95", "ISL p50", "OSL p50", "alone (s)", "tokens/s alone",
-                        "tokens alone"};
+    const char *tc[] = {"turn",    "requests",  "TTFT p50",       "TTFT p95",    "TTFO p50",
+                        "ITL p50", "ITL p95",   "latency p50",    "latency p95", "ISL p50",
+                        "OSL p50", "alone (s)", "tokens/s alone", "tokens alone"};
     th_row(&b, tc, 14);
     for (int i = 0; i < s->n_turn_rows; i++) {
         const struct lm_bench_turn_summary *t = &s->turns[i];
-        lm_buf_printf(&b, "<tr><td>%d%s</td><td>%zu</td>", t->turn, i == LM_BENCH_MAX_TURN_ROWS - 1 ? "+" : "", t->n_ok);
-        double vals[] = {t->ttft_ms.p50, t->ttft_ms.p95, t->ttfo_ms.p50, t->itl_ms.p50, t->itl_ms.p95,
-                         t->latency_ms.p50, t->latency_ms.p95, t->isl.p50, t->osl.p50, t->alone_s,
+        lm_buf_printf(&b, "<tr><td>%d%s</td><td>%zu</td>", t->turn,
+                      i == LM_BENCH_MAX_TURN_ROWS - 1 ? "+" : "", t->n_ok);
+        double vals[] = {t->ttft_ms.p50,
+                         t->ttft_ms.p95,
+                         t->ttfo_ms.p50,
+                         t->itl_ms.p50,
+                         t->itl_ms.p95,
+                         t->latency_ms.p50,
+                         t->latency_ms.p95,
+                         t->isl.p50,
+                         t->osl.p50,
+                         t->alone_s,
                          t->output_token_throughput};
         for (int k = 0; k < 11; k++) {
             lm_buf_puts(&b, "<td>");
             num(&b, vals[k]);
             lm_buf_puts(&b, "</td>");
         }
-        lm_buf_printf(&b, "<td>%.0f%%</td></tr>\n", t->tokens > 0 ? 100.0 * t->alone_tokens / t->tokens : 0.0);
+        lm_buf_printf(&b, "<td>%.0f%%</td></tr>\n",
+                      t->tokens > 0 ? 100.0 * t->alone_tokens / t->tokens : 0.0);
     }
-    lm_buf_puts(&b, "</table>\n<p>tokens/s alone: the turn's output tokens that arrived while only "
-                    "that turn's requests were in flight, divided by that time; \"tokens alone\" is the "
-                    "share of the turn's tokens this covers.</p>\n");
+    lm_buf_puts(
+        &b, "</table>\n<p>tokens/s alone: the turn's output tokens that arrived while only "
+            "that turn's requests were in flight, divided by that time; \"tokens alone\" is the "
+            "share of the turn's tokens this covers.</p>\n");
 
     if (s->server_side) {
         lm_buf_puts(&b, "<h2>Server-side time (from the server's records)</h2>\n<table>");
@@ -519,7 +578,9 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
     if (ds) {
         lm_buf_puts(&b, "<h2>Dataset selection</h2>\n<p>");
         esc(&b, ds->selection ? ds->selection : "");
-        lm_buf_printf(&b, "</p>\n<table><tr><th>considered</th><td>%zu</td></tr><tr><th>selected</th><td>%zu</td></tr>",
+        lm_buf_printf(&b,
+                      "</p>\n<table><tr><th>considered</th><td>%zu</td></tr><tr><th>selected</"
+                      "th><td>%zu</td></tr>",
                       ds->n_considered, ds->n);
         const char *reason;
         json_t *cnt;
@@ -538,10 +599,11 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
         free(m);
         lm_buf_puts(&b, "</pre>\n");
     }
-    lm_buf_puts(&b, "<p class=\"na\">Metric names and definitions follow NVIDIA AIPerf. ITL per "
-                    "token divides each chunk's gap by its token count (lumen's tokenizer); ITL per "
-                    "request is AIPerf's (latency - TTFT) / (output tokens - 1). Percentiles "
-                    "interpolate linearly (numpy's default).</p>\n</body></html>\n");
+    lm_buf_puts(&b,
+                "<p class=\"na\">Metric names and definitions follow NVIDIA AIPerf. ITL per "
+                "token divides each chunk's gap by its token count (lumen's tokenizer); ITL per "
+                "request is AIPerf's (latency - TTFT) / (output tokens - 1). Percentiles "
+                "interpolate linearly (numpy's default).</p>\n</body></html>\n");
     lm_status st = lm_file_write(path, b.p, b.len);
     lm_buf_free(&b);
     return st;
@@ -558,8 +620,8 @@ lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char
     esc(&b, title);
     lm_buf_puts(&b, "</h1>\n");
     size_t n = json_array_size(points);
-    double *x = calloc(n + 1, sizeof *x), *y50 = calloc(n + 1, sizeof *y50), *y95 = calloc(n + 1, sizeof *y95),
-           *t50 = calloc(n + 1, sizeof *t50);
+    double *x = calloc(n + 1, sizeof *x), *y50 = calloc(n + 1, sizeof *y50),
+           *y95 = calloc(n + 1, sizeof *y95), *t50 = calloc(n + 1, sizeof *t50);
     if (!x || !y50 || !y95 || !t50) abort();
     double xmax = 0, ymax = 0;
     for (size_t i = 0; i < n; i++) {
@@ -573,15 +635,16 @@ lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char
     }
     lm_buf_puts(&b, "<div class=\"charts\">\n");
     struct chart c;
-    chart_begin(&c, &b, "Throughput versus latency", "output token throughput (tokens/s)",
-                "ms", 0, xmax, 0, ymax);
+    chart_begin(&c, &b, "Throughput versus latency", "output token throughput (tokens/s)", "ms", 0,
+                xmax, 0, ymax);
     polyline(&c, x, y50, n, k_colors[0], true);
     polyline(&c, x, y95, n, k_colors[2], true);
     polyline(&c, x, t50, n, k_colors[1], true);
     for (size_t i = 0; i < n; i++) {
         const char *label = json_string_value(json_object_get(json_array_get(points, i), "label"));
         if (isfinite(x[i]) && isfinite(y95[i]))
-            lm_buf_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">", cx(&c, x[i]) + 4, cy(&c, y95[i]) - 4),
+            lm_buf_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">", cx(&c, x[i]) + 4,
+                          cy(&c, y95[i]) - 4),
                 esc(&b, label), lm_buf_puts(&b, "</text>\n");
     }
     legend(&c, 0, "request latency p50", k_colors[0]);
@@ -589,11 +652,16 @@ lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char
     legend(&c, 2, "TTFT p50", k_colors[1]);
     chart_end(&c);
     lm_buf_puts(&b, "</div>\n<table>");
-    const char *cols[] = {what, "output tokens/s", "requests/s", "TTFT p50", "TTFT p95", "ITL p50",
-                          "latency p50", "latency p95", "run"};
+    const char *cols[] = {what,      "output tokens/s", "requests/s",  "TTFT p50", "TTFT p95",
+                          "ITL p50", "latency p50",     "latency p95", "run"};
     th_row(&b, cols, 9);
-    const char *keys[] = {"output_token_throughput", "request_throughput", "ttft_p50", "ttft_p95",
-                          "itl_p50", "latency_p50", "latency_p95"};
+    const char *keys[] = {"output_token_throughput",
+                          "request_throughput",
+                          "ttft_p50",
+                          "ttft_p95",
+                          "itl_p50",
+                          "latency_p50",
+                          "latency_p95"};
     for (size_t i = 0; i < n; i++) {
         json_t *pt = json_array_get(points, i);
         lm_buf_puts(&b, "<tr><td>");

@@ -17,8 +17,10 @@
 
 /* Writes report.html. v, manifest, coverage may be NULL. LM_ERR_IO naming the path. */
 lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
-                              const struct lm_bench_summary *s, const struct lm_bench_verification *v,
-                              const struct lm_bench_dataset *ds, json_t *manifest, json_t *coverage);
+                              const struct lm_bench_summary *s,
+                              const struct lm_bench_verification *v,
+                              const struct lm_bench_dataset *ds, json_t *manifest,
+                              json_t *coverage);
 
 /* Writes a sweep's report: `points` is an array of {"label", "value", "dir",
  * "output_token_throughput", "request_throughput", "ttft_p50", "ttft_p95", "latency_p50",

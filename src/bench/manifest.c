@@ -63,7 +63,9 @@ static json_t *git_commit_from(const char *start) {
                     }
                     if (f) fclose(f);
                 }
-                return sha[0] ? json_pack("{s:s,s:s,s:s}", "commit", sha, "ref", head + 5, "repo", dir) : NULL;
+                return sha[0]
+                           ? json_pack("{s:s,s:s,s:s}", "commit", sha, "ref", head + 5, "repo", dir)
+                           : NULL;
             }
             return head[0] ? json_pack("{s:s,s:s}", "commit", head, "repo", dir) : NULL;
         }
@@ -98,7 +100,8 @@ static json_t *hardware(void) {
             char *c = strchr(line, ':');
             if (c) {
                 c++;
-                while (*c == ' ' || *c == '\t') c++;
+                while (*c == ' ' || *c == '\t')
+                    c++;
                 c[strcspn(c, "\n")] = 0;
                 snprintf(model, sizeof model, "%s", c);
             }
@@ -128,7 +131,8 @@ static json_t *hardware(void) {
         while (g && fgets(line, sizeof line, g)) {
             if (!strncmp(line, "Model:", 6)) {
                 char *c = line + 6;
-                while (*c == ' ' || *c == '\t') c++;
+                while (*c == ' ' || *c == '\t')
+                    c++;
                 c[strcspn(c, "\n")] = 0;
                 json_array_append_new(gpus, json_pack("{s:s,s:s}", "bus", de->d_name, "model", c));
             }
@@ -139,8 +143,9 @@ static json_t *hardware(void) {
     json_object_set_new(o, "gpus", gpus);
     struct utsname u;
     if (!uname(&u))
-        json_object_set_new(o, "kernel", json_pack("{s:s,s:s,s:s}", "sysname", u.sysname, "release",
-                                                   u.release, "machine", u.machine));
+        json_object_set_new(o, "kernel",
+                            json_pack("{s:s,s:s,s:s}", "sysname", u.sysname, "release", u.release,
+                                      "machine", u.machine));
     return o;
 }
 
@@ -163,11 +168,12 @@ static json_t *model_dir_json(const char *dir) {
     struct dirent *de;
     while (d && (de = readdir(d))) {
         size_t n = strlen(de->d_name);
-        bool want = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
-                    (n > 5 && !strcmp(de->d_name + n - 5, ".gguf")) || !strcmp(de->d_name, "config.json") ||
-                    !strcmp(de->d_name, "generation_config.json") || !strcmp(de->d_name, "tokenizer.json") ||
-                    !strcmp(de->d_name, "tokenizer_config.json") ||
-                    !strcmp(de->d_name, "model.safetensors.index.json");
+        bool want =
+            (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
+            (n > 5 && !strcmp(de->d_name + n - 5, ".gguf")) || !strcmp(de->d_name, "config.json") ||
+            !strcmp(de->d_name, "generation_config.json") ||
+            !strcmp(de->d_name, "tokenizer.json") || !strcmp(de->d_name, "tokenizer_config.json") ||
+            !strcmp(de->d_name, "model.safetensors.index.json");
         if (!want) continue;
         char *p = lm_path_join(dir, de->d_name);
         json_array_append_new(files, file_hash(p));
@@ -184,10 +190,13 @@ json_t *lm_bench_settings_json(const struct lm_bench_run *run) {
     json_t *o = json_object();
     json_object_set_new(o, "url", json_string(run->url ? run->url : ""));
     json_object_set_new(o, "model", json_string(run->model ? run->model : ""));
-    json_object_set_new(o, "load_mode", json_string(p->request_rate > 0 ? "request_rate" : "concurrency"));
+    json_object_set_new(o, "load_mode",
+                        json_string(p->request_rate > 0 ? "request_rate" : "concurrency"));
     json_object_set_new(o, "concurrency", json_integer(p->concurrency));
-    json_object_set_new(o, "request_rate", p->request_rate > 0 ? json_real(p->request_rate) : json_null());
-    json_object_set_new(o, "arrival", json_string(p->arrival == LM_BENCH_ARRIVAL_POISSON ? "poisson" : "constant"));
+    json_object_set_new(o, "request_rate",
+                        p->request_rate > 0 ? json_real(p->request_rate) : json_null());
+    json_object_set_new(
+        o, "arrival", json_string(p->arrival == LM_BENCH_ARRIVAL_POISSON ? "poisson" : "constant"));
     json_object_set_new(o, "conversations", json_integer((json_int_t)p->conversations));
     json_object_set_new(o, "request_count", json_integer((json_int_t)p->request_count));
     json_object_set_new(o, "benchmark_duration_s", json_real(p->duration_s));
@@ -221,19 +230,25 @@ json_t *lm_bench_manifest(const struct lm_bench_run *run, const struct lm_bench_
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
     json_object_set_new(o, "started_utc", json_string(when));
     json_object_set_new(o, "run_id", json_string(run->run_id));
-    json_object_set_new(o, "command_line", info->command_line ? json_string(info->command_line) : json_null());
+    json_object_set_new(o, "command_line",
+                        info->command_line ? json_string(info->command_line) : json_null());
     json_object_set_new(o, "preset", info->preset ? json_string(info->preset) : json_null());
-    json_object_set_new(o, "server", json_pack("{s:s,s:s,s:O}", "url", run->url ? run->url : "",
-                                               "model", run->model ? run->model : "", "v1_models",
-                                               info->models ? info->models : json_null()));
+    json_object_set_new(o, "server",
+                        json_pack("{s:s,s:s,s:O}", "url", run->url ? run->url : "", "model",
+                                  run->model ? run->model : "", "v1_models",
+                                  info->models ? info->models : json_null()));
     if (info->metrics_before || info->metrics_after)
         json_object_set_new(o, "server_metrics_speculative",
-                            json_pack("{s:O,s:O}", "before", info->metrics_before ? info->metrics_before : json_null(),
-                                      "after", info->metrics_after ? info->metrics_after : json_null()));
-    json_object_set_new(o, "model_dir", info->model_dir ? model_dir_json(info->model_dir) : json_null());
+                            json_pack("{s:O,s:O}", "before",
+                                      info->metrics_before ? info->metrics_before : json_null(),
+                                      "after",
+                                      info->metrics_after ? info->metrics_after : json_null()));
+    json_object_set_new(o, "model_dir",
+                        info->model_dir ? model_dir_json(info->model_dir) : json_null());
     if (info->tokenizer_dir) {
-        char *tj = lm_dir_exists(info->tokenizer_dir) ? lm_path_join(info->tokenizer_dir, "tokenizer.json")
-                                                      : strdup(info->tokenizer_dir);
+        char *tj = lm_dir_exists(info->tokenizer_dir)
+                       ? lm_path_join(info->tokenizer_dir, "tokenizer.json")
+                       : strdup(info->tokenizer_dir);
         json_object_set_new(o, "tokenizer", file_hash(tj));
         free(tj);
     } else {
@@ -248,17 +263,20 @@ json_t *lm_bench_manifest(const struct lm_bench_run *run, const struct lm_bench_
     json_object_set_new(d, "considered", json_integer((json_int_t)ds->n_considered));
     json_object_set_new(d, "selected", json_integer((json_int_t)ds->n));
     json_object_set_new(d, "rejected", json_deep_copy(ds->rejected));
-    json_object_set_new(d, "ledger", info->ledger_file ? json_string(info->ledger_file) : json_null());
+    json_object_set_new(d, "ledger",
+                        info->ledger_file ? json_string(info->ledger_file) : json_null());
     json_object_set_new(o, "dataset", d);
     json_object_set_new(o, "hardware", hardware());
     json_object_set_new(o, "settings", lm_bench_settings_json(run));
-    json_object_set_new(o, "server_records", info->server_records ? json_string(info->server_records) : json_null());
+    json_object_set_new(o, "server_records",
+                        info->server_records ? json_string(info->server_records) : json_null());
     return o;
 }
 
 /* ---- coverage ---- */
 
-static const char *const k_workloads[] = {"sharegpt", "mt_bench", "spec_bench", "synthetic", "custom"};
+static const char *const k_workloads[] = {"sharegpt", "mt_bench", "spec_bench", "synthetic",
+                                          "custom"};
 static const char *const k_status[] = {"planned", "implemented", "validated", "qualified"};
 
 static int status_rank(const char *s) {
@@ -270,13 +288,14 @@ static int status_rank(const char *s) {
 json_t *lm_bench_coverage(const struct lm_bench_run *run, const struct lm_bench_dataset *ds,
                           const struct lm_bench_summary *s, const struct lm_bench_verification *v) {
     json_t *o = json_object();
-    json_object_set_new(o, "definitions",
-                        json_pack("{s:s,s:s,s:s,s:s}", "planned",
-                                  "lumen profile can run it, but no run has exercised it",
-                                  "implemented", "a run exercised it and at least one request succeeded",
-                                  "validated", "implemented, and verification against the server's records passed",
-                                  "qualified", "validated, with no failed request, every conversation "
-                                  "complete, usage agreeing with lumen's token counts, and warmup apart"));
+    json_object_set_new(
+        o, "definitions",
+        json_pack("{s:s,s:s,s:s,s:s}", "planned",
+                  "lumen profile can run it, but no run has exercised it", "implemented",
+                  "a run exercised it and at least one request succeeded", "validated",
+                  "implemented, and verification against the server's records passed", "qualified",
+                  "validated, with no failed request, every conversation "
+                  "complete, usage agreeing with lumen's token counts, and warmup apart"));
     int rank = 0;
     json_t *evidence = json_array();
     if (s->n_ok > 0) {
@@ -305,12 +324,17 @@ json_t *lm_bench_coverage(const struct lm_bench_run *run, const struct lm_bench_
             json_object_set_new(c, "workload", json_string(k_workloads[w]));
             json_object_set_new(c, "model", json_string(run->model ? run->model : ""));
             json_object_set_new(c, "mode", json_string(m == 0 ? "ordinary" : "speculative"));
-            json_object_set_new(c, "method", m == 0 ? json_null() : json_string(spec ? "server-reported" : "unknown"));
+            json_object_set_new(c, "method",
+                                m == 0 ? json_null()
+                                       : json_string(spec ? "server-reported" : "unknown"));
             json_object_set_new(c, "status", json_string(k_status[r]));
             json_object_set_new(c, "run_id", r ? json_string(run->run_id) : json_null());
-            json_object_set_new(c, "evidence", r ? json_deep_copy(evidence)
-                                : this_one && m == 1 ? json_pack("[s]", "the server reported no speculative execution")
-                                                     : json_array());
+            json_object_set_new(
+                c, "evidence",
+                r ? json_deep_copy(evidence)
+                : this_one && m == 1
+                    ? json_pack("[s]", "the server reported no speculative execution")
+                    : json_array());
             json_array_append_new(cells, c);
         }
     }
@@ -353,7 +377,9 @@ lm_status lm_bench_coverage_merge(const char *path, json_t *cov, json_t **merged
         }
     }
     lm_status st = lm_bench_write_json(path, base);
-    if (merged && !st) *merged = base;
-    else json_decref(base);
+    if (merged && !st)
+        *merged = base;
+    else
+        json_decref(base);
     return st;
 }

@@ -44,7 +44,9 @@ static lm_status make_dirs(const char *path) {
     return st;
 }
 
-static char *in_dir(const char *dir, const char *name) { return lm_path_join(dir, name); }
+static char *in_dir(const char *dir, const char *name) {
+    return lm_path_join(dir, name);
+}
 
 /* Loaded once per run or sweep. */
 struct session {
@@ -73,8 +75,10 @@ static lm_status session_open(struct session *s, const struct lm_bench_profile_o
         if (st) return lm_error_prefix(st, "--model-dir %s", o->model_dir);
         s->have_model = true;
     }
-    if (s->have_model && lm_bench_prompt_can_render(&s->model)) s->render = &s->model;
-    else if (s->have_tok && o->render_with_tokenizer && lm_bench_prompt_can_render(&s->tok)) s->render = &s->tok;
+    if (s->have_model && lm_bench_prompt_can_render(&s->model))
+        s->render = &s->model;
+    else if (s->have_tok && o->render_with_tokenizer && lm_bench_prompt_can_render(&s->tok))
+        s->render = &s->tok;
     struct lm_bench_dataset_opts d = o->data;
     d.prompt = s->have_model ? &s->model : s->have_tok ? &s->tok : NULL;
     d.max_tokens = o->params.max_tokens;
@@ -108,8 +112,10 @@ static json_t *spec_counters(const char *text) {
                 !strstr(name, "_count") && !strstr(name, "_created")) {
                 double v = strtod(sp + 1, NULL);
                 if (isfinite(v)) {
-                    if (is_acc) accepted += v;
-                    else drafted += v;
+                    if (is_acc)
+                        accepted += v;
+                    else
+                        drafted += v;
                     any = true;
                     json_array_append_new(lines, json_string(line));
                 }
@@ -124,15 +130,18 @@ static json_t *spec_counters(const char *text) {
     return json_pack("{s:f,s:f,s:o}", "drafted", drafted, "accepted", accepted, "lines", lines);
 }
 
-static json_t *get_json(const char *url, const char *api_key, const char *path, struct lm_buf *raw) {
+static json_t *get_json(const char *url, const char *api_key, const char *path,
+                        struct lm_buf *raw) {
     struct lm_bench_client c;
     json_t *o = NULL;
     if (!lm_bench_client_init(&c, url, api_key, 10)) {
         long status = 0;
         struct lm_buf body = {0};
         if (!lm_bench_client_get(&c, path, &body, &status) && status == 200) {
-            if (raw) lm_buf_append(raw, body.p ? body.p : "", body.len);
-            else o = json_loadb(body.p ? body.p : "", body.len, 0, NULL);
+            if (raw)
+                lm_buf_append(raw, body.p ? body.p : "", body.len);
+            else
+                o = json_loadb(body.p ? body.p : "", body.len, 0, NULL);
         }
         lm_buf_free(&body);
     }
@@ -148,7 +157,8 @@ static json_t *metrics_spec(const struct lm_bench_params *p) {
     return o;
 }
 
-static void note(const struct lm_bench_profile_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const struct lm_bench_profile_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void note(const struct lm_bench_profile_opts *o, const char *fmt, ...) {
     if (!o->log) return;
     va_list ap;
@@ -215,32 +225,38 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     res->dir = lm_buf_take(&dirb);
     if ((st = make_dirs(res->dir))) goto done;
 
-#define WRITE(name, call)                 \
-    do {                                  \
-        free(path);                       \
-        path = in_dir(res->dir, name);    \
-        if ((st = (call))) goto done;     \
+#define WRITE(name, call)                                                                          \
+    do {                                                                                           \
+        free(path);                                                                                \
+        path = in_dir(res->dir, name);                                                             \
+        if ((st = (call))) goto done;                                                              \
     } while (0)
 
     WRITE("requests.jsonl", lm_bench_write_jsonl(path, &run));
     if (o->output_jsonl && (st = lm_bench_write_jsonl(o->output_jsonl, &run))) goto done;
     sj = lm_bench_summary_json(&run, &s);
     json_object_set_new(sj, "settings", lm_bench_settings_json(&run));
-    json_object_set_new(sj, "dataset", json_pack("{s:s,s:I,s:I,s:O}", "name", se->ds.name,
-                                                 "considered", (json_int_t)se->ds.n_considered,
-                                                 "selected", (json_int_t)se->ds.n, "rejected",
-                                                 se->ds.rejected));
-    json_object_set_new(sj, "verification", json_pack("{s:b,s:b}", "available", v.available, "ok", v.ok));
+    json_object_set_new(sj, "dataset",
+                        json_pack("{s:s,s:I,s:I,s:O}", "name", se->ds.name, "considered",
+                                  (json_int_t)se->ds.n_considered, "selected", (json_int_t)se->ds.n,
+                                  "rejected", se->ds.rejected));
+    json_object_set_new(sj, "verification",
+                        json_pack("{s:b,s:b}", "available", v.available, "ok", v.ok));
     WRITE("summary.json", lm_bench_write_json(path, sj));
     WRITE("summary.csv", lm_bench_write_summary_csv(path, &run, &s));
     vj = lm_bench_verification_json(&v);
     WRITE("verification.json", lm_bench_write_json(path, vj));
     WRITE("selection.jsonl", lm_bench_dataset_write_ledger(&se->ds, path));
     struct lm_bench_manifest_info mi = {
-        .command_line = o->command_line, .preset = o->preset,
-        .tokenizer_dir = o->tokenizer_dir, .model_dir = o->model_dir,
-        .server_records = o->server_records, .ledger_file = "selection.jsonl",
-        .models = models, .metrics_before = m_before, .metrics_after = m_after,
+        .command_line = o->command_line,
+        .preset = o->preset,
+        .tokenizer_dir = o->tokenizer_dir,
+        .model_dir = o->model_dir,
+        .server_records = o->server_records,
+        .ledger_file = "selection.jsonl",
+        .models = models,
+        .metrics_before = m_before,
+        .metrics_after = m_after,
     };
     manifest = lm_bench_manifest(&run, &se->ds, &mi);
     WRITE("manifest.json", lm_bench_write_json(path, manifest));
@@ -249,8 +265,10 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     if (merge_parent) {
         char *parent = strdup(res->dir);
         char *slash = strrchr(parent, '/');
-        if (slash) *slash = 0;
-        else strcpy(parent, ".");
+        if (slash)
+            *slash = 0;
+        else
+            strcpy(parent, ".");
         char *cp = lm_path_join(parent, "coverage.json");
         if (lm_bench_coverage_merge(cp, cov, &merged))
             note(o, "lumen profile: note: %s: %s (the run's own coverage.json is written)\n", cp,
@@ -258,7 +276,8 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         free(cp);
         free(parent);
     }
-    WRITE("report.html", lm_bench_write_html(path, &run, &s, &v, &se->ds, manifest, merged ? merged : cov));
+    WRITE("report.html",
+          lm_bench_write_html(path, &run, &s, &v, &se->ds, manifest, merged ? merged : cov));
 
     /* the text summary */
     {
@@ -274,12 +293,15 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         json_t *cnt;
         bool first = true;
         json_object_foreach(se->ds.rejected, reason, cnt) {
-            fprintf(mf, "%s%s %lld", first ? " (rejected: " : ", ", reason, (long long)json_integer_value(cnt));
+            fprintf(mf, "%s%s %lld", first ? " (rejected: " : ", ", reason,
+                    (long long)json_integer_value(cnt));
             first = false;
         }
         fprintf(mf, "%s\n", first ? "" : ")");
-        fprintf(mf, "Run folder: %s (report.html, summary.json, summary.csv, requests.jsonl, "
-                    "manifest.json, coverage.json, selection.jsonl, verification.json)\n", res->dir);
+        fprintf(mf,
+                "Run folder: %s (report.html, summary.json, summary.csv, requests.jsonl, "
+                "manifest.json, coverage.json, selection.jsonl, verification.json)\n",
+                res->dir);
         fclose(mf);
         txt.len = strlen(txt.p);
         WRITE("summary.txt", lm_file_write(path, txt.p, txt.len));
@@ -295,7 +317,8 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     res->verification_ok = v.ok;
     res->exit_code = s.n_ok == 0 || (v.available && !v.ok) ? 1 : 0;
     if (s.n_ok == 0) note(o, "lumen profile: no profiling request succeeded\n");
-    if (v.available && !v.ok) note(o, "lumen profile: verification FAILED (see %s/verification.json)\n", res->dir);
+    if (v.available && !v.ok)
+        note(o, "lumen profile: verification FAILED (see %s/verification.json)\n", res->dir);
 #undef WRITE
 done:
     free(path);
@@ -312,7 +335,8 @@ done:
     return st;
 }
 
-lm_status lm_bench_profile(const struct lm_bench_profile_opts *o, struct lm_bench_profile_result *res) {
+lm_status lm_bench_profile(const struct lm_bench_profile_opts *o,
+                           struct lm_bench_profile_result *res) {
     memset(res, 0, sizeof *res);
     res->exit_code = 1;
     struct session se;
@@ -327,7 +351,9 @@ static double stat_of(json_t *summary, const char *metric, const char *key) {
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *num_or_null(double v) {
+    return isfinite(v) ? json_real(v) : json_null();
+}
 
 lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what,
                          const double *values, size_t n, char **dir_out, int *exit_code) {
@@ -377,18 +403,19 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         json_t *sj = res.summary;
         json_array_append_new(
             points,
-            json_pack("{s:s,s:f,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:I,s:b}", "label", label, "value",
-                      values[i], "dir", sub, "output_token_throughput",
-                      num_or_null(json_number_value(json_object_get(sj, "output_token_throughput"))),
-                      "request_throughput",
-                      num_or_null(json_number_value(json_object_get(sj, "request_throughput"))),
-                      "ttft_p50", num_or_null(stat_of(sj, "time_to_first_token", "p50")), "ttft_p95",
-                      num_or_null(stat_of(sj, "time_to_first_token", "p95")), "itl_p50",
-                      num_or_null(stat_of(sj, "inter_token_latency", "p50")), "latency_p50",
-                      num_or_null(stat_of(sj, "request_latency", "p50")), "latency_p95",
-                      num_or_null(stat_of(sj, "request_latency", "p95")), "goodput",
-                      num_or_null(json_number_value(json_object_get(sj, "goodput"))), "request_count",
-                      (json_int_t)res.n_ok, "verification_ok", res.verification_ok));
+            json_pack(
+                "{s:s,s:f,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:I,s:b}", "label", label, "value",
+                values[i], "dir", sub, "output_token_throughput",
+                num_or_null(json_number_value(json_object_get(sj, "output_token_throughput"))),
+                "request_throughput",
+                num_or_null(json_number_value(json_object_get(sj, "request_throughput"))),
+                "ttft_p50", num_or_null(stat_of(sj, "time_to_first_token", "p50")), "ttft_p95",
+                num_or_null(stat_of(sj, "time_to_first_token", "p95")), "itl_p50",
+                num_or_null(stat_of(sj, "inter_token_latency", "p50")), "latency_p50",
+                num_or_null(stat_of(sj, "request_latency", "p50")), "latency_p95",
+                num_or_null(stat_of(sj, "request_latency", "p95")), "goodput",
+                num_or_null(json_number_value(json_object_get(sj, "goodput"))), "request_count",
+                (json_int_t)res.n_ok, "verification_ok", res.verification_ok));
         lm_bench_profile_result_free(&res);
     }
     if (!st) {
@@ -404,20 +431,30 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         if (!f) {
             st = lm_errorf(LM_ERR_IO, "%s: cannot create", p);
         } else {
-            fprintf(f, "%s,output_token_throughput,request_throughput,ttft_p50,ttft_p95,itl_p50,"
-                       "latency_p50,latency_p95,request_count,dir\n", what);
+            fprintf(f,
+                    "%s,output_token_throughput,request_throughput,ttft_p50,ttft_p95,itl_p50,"
+                    "latency_p50,latency_p95,request_count,dir\n",
+                    what);
             size_t i;
             json_t *pt;
             json_array_foreach(points, i, pt) {
                 fprintf(f, "%g", json_number_value(json_object_get(pt, "value")));
-                const char *keys[] = {"output_token_throughput", "request_throughput", "ttft_p50",
-                                      "ttft_p95", "itl_p50", "latency_p50", "latency_p95"};
+                const char *keys[] = {"output_token_throughput",
+                                      "request_throughput",
+                                      "ttft_p50",
+                                      "ttft_p95",
+                                      "itl_p50",
+                                      "latency_p50",
+                                      "latency_p95"};
                 for (int k = 0; k < 7; k++) {
                     json_t *v = json_object_get(pt, keys[k]);
-                    if (json_is_number(v)) fprintf(f, ",%.6g", json_number_value(v));
-                    else fprintf(f, ",");
+                    if (json_is_number(v))
+                        fprintf(f, ",%.6g", json_number_value(v));
+                    else
+                        fprintf(f, ",");
                 }
-                fprintf(f, ",%lld,%s\n", (long long)json_integer_value(json_object_get(pt, "request_count")),
+                fprintf(f, ",%lld,%s\n",
+                        (long long)json_integer_value(json_object_get(pt, "request_count")),
                         json_string_value(json_object_get(pt, "dir")));
             }
             fclose(f);
@@ -432,20 +469,28 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         free(p);
     }
     if (!st && o->out) {
-        fprintf(o->out, "\nSweep over %s (%s/sweep.html)\n%-12s %14s %12s %10s %10s %10s %12s %12s\n",
-                what, dir, what, "output tok/s", "requests/s", "TTFT p50", "TTFT p95", "ITL p50",
+        fprintf(o->out,
+                "\nSweep over %s (%s/sweep.html)\n%-12s %14s %12s %10s %10s %10s %12s %12s\n", what,
+                dir, what, "output tok/s", "requests/s", "TTFT p50", "TTFT p95", "ITL p50",
                 "latency p50", "latency p95");
         size_t i;
         json_t *pt;
         json_array_foreach(points, i, pt) {
             fprintf(o->out, "%-12s", json_string_value(json_object_get(pt, "label")));
-            const char *keys[] = {"output_token_throughput", "request_throughput", "ttft_p50",
-                                  "ttft_p95", "itl_p50", "latency_p50", "latency_p95"};
+            const char *keys[] = {"output_token_throughput",
+                                  "request_throughput",
+                                  "ttft_p50",
+                                  "ttft_p95",
+                                  "itl_p50",
+                                  "latency_p50",
+                                  "latency_p95"};
             const int w[] = {14, 12, 10, 10, 10, 12, 12};
             for (int k = 0; k < 7; k++) {
                 json_t *v = json_object_get(pt, keys[k]);
-                if (json_is_number(v)) fprintf(o->out, " %*.2f", w[k], json_number_value(v));
-                else fprintf(o->out, " %*s", w[k], "n/a");
+                if (json_is_number(v))
+                    fprintf(o->out, " %*.2f", w[k], json_number_value(v));
+                else
+                    fprintf(o->out, " %*s", w[k], "n/a");
             }
             fprintf(o->out, "\n");
         }

@@ -43,25 +43,26 @@ struct lm_bench_profile_opts {
     const char *server_records; /* the server's --records file; NULL: verification unavailable */
     const char *output_jsonl;   /* an extra copy of requests.jsonl; NULL: none */
     struct lm_bench_slo slo;
-    const char *command_line;   /* for the manifest */
-    const char *preset;         /* for the manifest; NULL */
-    FILE *out;                  /* the summary tables; NULL: none */
-    FILE *log;                  /* notes ("verification unavailable", file paths); NULL: none */
+    const char *command_line; /* for the manifest */
+    const char *preset;       /* for the manifest; NULL */
+    FILE *out;                /* the summary tables; NULL: none */
+    FILE *log;                /* notes ("verification unavailable", file paths); NULL: none */
 };
 
 struct lm_bench_profile_result {
-    char *dir;               /* the run folder; owned */
-    json_t *summary;         /* summary.json's content; owned */
-    size_t n_ok;             /* successful profiling requests */
+    char *dir;       /* the run folder; owned */
+    json_t *summary; /* summary.json's content; owned */
+    size_t n_ok;     /* successful profiling requests */
     bool verification_available, verification_ok;
-    int exit_code;           /* 0; 1 when no request succeeded or verification failed */
+    int exit_code; /* 0; 1 when no request succeeded or verification failed */
 };
 
 void lm_bench_profile_result_free(struct lm_bench_profile_result *r);
 
 /* One run. Fails (status) only when the run could not happen: tokenizer or dataset cannot be
  * loaded, the server cannot be reached for its model, the folder cannot be written. */
-lm_status lm_bench_profile(const struct lm_bench_profile_opts *o, struct lm_bench_profile_result *res);
+lm_status lm_bench_profile(const struct lm_bench_profile_opts *o,
+                           struct lm_bench_profile_result *res);
 
 /* A sweep: one run per value of `what` ("concurrency" or "request_rate"), each in
  * <folder>/<what>-<value>/, then sweep.json, sweep.csv and sweep.html (the throughput-versus-

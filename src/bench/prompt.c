@@ -77,13 +77,15 @@ lm_status lm_bench_prompt_render_ids(const struct lm_bench_prompt *p, const json
         json_t *m = json_array_get(messages, i);
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role || !lm_chat_role_parse(role, &msgs[i].role)) {
-            st = lm_errorf(LM_ERR_INVALID, "messages[%zu].role: expected system, user or assistant", i);
+            st = lm_errorf(LM_ERR_INVALID, "messages[%zu].role: expected system, user or assistant",
+                           i);
             break;
         }
         json_t *c = json_object_get(m, "content");
         lm_buf_puts(&texts[i], "");
         if (c && !json_is_null(c) && !lm_bench_content_text(c, &texts[i]))
-            st = lm_errorf(LM_ERR_INVALID, "messages[%zu].content: expected a string or text parts", i);
+            st = lm_errorf(LM_ERR_INVALID, "messages[%zu].content: expected a string or text parts",
+                           i);
         msgs[i].content = texts[i].p;
         msgs[i].reasoning_content = json_string_value(json_object_get(m, "reasoning_content"));
     }
@@ -94,7 +96,8 @@ lm_status lm_bench_prompt_render_ids(const struct lm_bench_prompt *p, const json
     }
     if (!st) st = lm_tokenizer_encode(p->tok, text.p ? text.p : "", text.len, 0, ids);
     lm_buf_free(&text);
-    for (size_t i = 0; i < n; i++) lm_buf_free(&texts[i]);
+    for (size_t i = 0; i < n; i++)
+        lm_buf_free(&texts[i]);
     free(texts);
     free(msgs);
     return st;

@@ -78,12 +78,14 @@ double lm_bench_record_itl_ms(const struct lm_bench_record *r) {
  * usage total spread over the chunks in proportion to lumen's counts (largest remainder). */
 static void chunk_weights(const struct lm_bench_record *r, int *k) {
     if (!r->tokens_counted) {
-        for (size_t i = 0; i < r->n_chunks; i++) k[i] = 1;
+        for (size_t i = 0; i < r->n_chunks; i++)
+            k[i] = 1;
         return;
     }
     long own = r->own_output_tokens, use = r->output_tokens;
     bool stop = r->finish_reason && !strcmp(r->finish_reason, "stop");
-    for (size_t i = 0; i < r->n_chunks; i++) k[i] = r->chunks[i].tokens;
+    for (size_t i = 0; i < r->n_chunks; i++)
+        k[i] = r->chunks[i].tokens;
     if (use < 0 || own <= 0 || own == use || (stop && own + 1 == use)) return;
     double *frac = malloc(r->n_chunks * sizeof *frac);
     if (!frac) abort();
@@ -114,7 +116,8 @@ void lm_bench_record_itl_samples(const struct lm_bench_record *r, struct lm_benc
     for (size_t i = 1; i < r->n_chunks; i++) {
         if (k[i] <= 0) continue; /* no token ends here: its time belongs to the next chunk's gap */
         double per = (r->chunks[i].t_ms - prev) / k[i];
-        for (int j = 0; j < k[i]; j++) lm_bench_samples_push(out, per);
+        for (int j = 0; j < k[i]; j++)
+            lm_bench_samples_push(out, per);
         prev = r->chunks[i].t_ms;
     }
     free(k);
@@ -137,7 +140,8 @@ double lm_bench_record_ttst_ms(const struct lm_bench_record *r) {
  * through the detokenizer; a token belongs to the chunk holding its text's last byte. Returns
  * the token count, or -1 when the decoded text differs from the original (the caller then
  * counts chunk by chunk). */
-static long count_stream(struct lm_bench_record *r, const struct lm_bench_prompt *p, bool reasoning) {
+static long count_stream(struct lm_bench_record *r, const struct lm_bench_prompt *p,
+                         bool reasoning) {
     const struct lm_buf *text = reasoning ? &r->reasoning : &r->content;
     if (!text->len) return 0;
     struct lm_ids ids = {0};
@@ -177,16 +181,18 @@ static long count_stream(struct lm_bench_record *r, const struct lm_bench_prompt
 
 void lm_bench_record_count_tokens(struct lm_bench_record *r, const struct lm_bench_prompt *p) {
     if (!p || !p->tok) return;
-    for (size_t i = 0; i < r->n_chunks; i++) r->chunks[i].tokens = 0;
+    for (size_t i = 0; i < r->n_chunks; i++)
+        r->chunks[i].tokens = 0;
     long a = count_stream(r, p, true), b = a < 0 ? -1 : count_stream(r, p, false);
     if (a < 0 || b < 0) { /* fall back: each slice on its own */
         a = lm_bench_prompt_count(p, r->reasoning.p ? r->reasoning.p : "", r->reasoning.len);
         b = lm_bench_prompt_count(p, r->content.p ? r->content.p : "", r->content.len);
         for (size_t i = 0; i < r->n_chunks; i++) {
             struct lm_bench_chunk *c = &r->chunks[i];
-            c->tokens = (int)(lm_bench_prompt_count(p, r->reasoning.p + c->reasoning_off,
-                                                    c->reasoning_len) +
-                              lm_bench_prompt_count(p, r->content.p + c->content_off, c->content_len));
+            c->tokens =
+                (int)(lm_bench_prompt_count(p, r->reasoning.p + c->reasoning_off,
+                                            c->reasoning_len) +
+                      lm_bench_prompt_count(p, r->content.p + c->content_off, c->content_len));
         }
     }
     r->own_output_tokens = a + b;
@@ -212,7 +218,8 @@ void lm_bench_record_issue(struct lm_bench_record *r, const char *check, const c
     lm_buf_vprintf(&b, fmt, ap);
     va_end(ap);
     if (!r->issues) r->issues = json_array();
-    json_array_append_new(r->issues, json_pack("{s:s,s:s}", "check", check, "detail", b.p ? b.p : ""));
+    json_array_append_new(r->issues,
+                          json_pack("{s:s,s:s}", "check", check, "detail", b.p ? b.p : ""));
     lm_buf_free(&b);
 }
 
@@ -245,7 +252,8 @@ static void take_usage(struct lm_bench_record *r, json_t *usage) {
     json_t *pt = json_object_get(usage, "prompt_tokens");
     if (json_is_integer(ct)) r->output_tokens = (long)json_integer_value(ct);
     if (json_is_integer(pt)) r->input_tokens = (long)json_integer_value(pt);
-    json_t *cached = json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
+    json_t *cached =
+        json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
     if (json_is_integer(cached)) r->cached_tokens = (long)json_integer_value(cached);
     json_t *cd = json_object_get(usage, "completion_tokens_details");
     json_t *rt = json_object_get(cd, "reasoning_tokens");
@@ -313,7 +321,8 @@ void lm_bench_record_event(struct lm_bench_record *r, const char *data, size_t l
     r->n_events++;
     r->t_last_event_ms = t_ms;
     if (r->error) return;
-    while (len && (data[len - 1] == ' ' || data[len - 1] == '\n' || data[len - 1] == '\r')) len--;
+    while (len && (data[len - 1] == ' ' || data[len - 1] == '\n' || data[len - 1] == '\r'))
+        len--;
     if (len == 6 && !memcmp(data, "[DONE]", 6)) {
         r->done = true;
         return;
@@ -433,4 +442,6 @@ void lm_bench_stream_finish(struct lm_bench_stream *s, double t_ms) {
     r->latency_ms = isfinite(r->t_last_event_ms) ? r->t_last_event_ms : t_ms;
 }
 
-void lm_bench_stream_free(struct lm_bench_stream *s) { lm_sse_free(&s->sse); }
+void lm_bench_stream_free(struct lm_bench_stream *s) {
+    lm_sse_free(&s->sse);
+}

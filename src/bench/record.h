@@ -69,26 +69,26 @@ const char *lm_bench_skip_name(enum lm_bench_skip s);
 
 /* One content-bearing chunk of a streamed response. */
 struct lm_bench_chunk {
-    double t_ms;                          /* arrival, ms after the request was sent */
-    size_t content_off, content_len;      /* its slice of record.content (bytes) */
-    size_t reasoning_off, reasoning_len;  /* its slice of record.reasoning (bytes) */
-    int tokens;                           /* tokens in the slice by lumen's tokenizer (0 when
-                                             not counted, or when the slice holds no token end) */
+    double t_ms;                         /* arrival, ms after the request was sent */
+    size_t content_off, content_len;     /* its slice of record.content (bytes) */
+    size_t reasoning_off, reasoning_len; /* its slice of record.reasoning (bytes) */
+    int tokens;                          /* tokens in the slice by lumen's tokenizer (0 when
+                                            not counted, or when the slice holds no token end) */
 };
 
 struct lm_bench_record {
     /* set by the replay */
     enum lm_bench_phase phase;
-    size_t conversation;     /* index of the conversation within its phase */
-    char *conversation_id;   /* X-Conversation-Id; owned */
-    char *dataset_id;        /* the corpus's id of the conversation; owned */
-    char *category;          /* the corpus's category; owned; NULL when none */
-    int turn;                /* 1-based (X-Lumen-Turn sends turn - 1) */
-    int n_turns;             /* turns planned for its conversation */
-    char *request_id;        /* X-Request-Id; owned */
-    json_t *messages;        /* the messages array exactly as sent; owned reference */
-    int max_tokens;          /* max_tokens as sent */
-    bool sent;               /* false: skipped (see skip) */
+    size_t conversation;   /* index of the conversation within its phase */
+    char *conversation_id; /* X-Conversation-Id; owned */
+    char *dataset_id;      /* the corpus's id of the conversation; owned */
+    char *category;        /* the corpus's category; owned; NULL when none */
+    int turn;              /* 1-based (X-Lumen-Turn sends turn - 1) */
+    int n_turns;           /* turns planned for its conversation */
+    char *request_id;      /* X-Request-Id; owned */
+    json_t *messages;      /* the messages array exactly as sent; owned reference */
+    int max_tokens;        /* max_tokens as sent */
+    bool sent;             /* false: skipped (see skip) */
     enum lm_bench_skip skip;
     double t_scheduled;      /* CLOCK_MONOTONIC s when the load mode released it (rate mode: its
                                 arrival time; concurrency mode: when its slot or think time
@@ -97,23 +97,23 @@ struct lm_bench_record {
     double think_ms;         /* measured: previous turn's last byte -> this send; NAN for turn 1 */
 
     /* set by the client */
-    double start_unix;       /* when sent, seconds since the Unix epoch */
-    double t_send, t_end;    /* CLOCK_MONOTONIC seconds: sent, last byte of the stream */
-    double ttft_ms;          /* NAN when no chunk carried text */
-    double ttfo_ms;          /* first chunk with non-empty content; NAN when none */
-    double latency_ms;       /* request latency */
+    double start_unix;             /* when sent, seconds since the Unix epoch */
+    double t_send, t_end;          /* CLOCK_MONOTONIC seconds: sent, last byte of the stream */
+    double ttft_ms;                /* NAN when no chunk carried text */
+    double ttfo_ms;                /* first chunk with non-empty content; NAN when none */
+    double latency_ms;             /* request latency */
     struct lm_bench_chunk *chunks; /* [n_chunks] content-bearing chunks, in arrival order; owned */
     size_t n_chunks, cap_chunks;
-    size_t n_events;         /* SSE events received, [DONE] included */
-    long output_tokens;      /* usage.completion_tokens; -1 when the server sent no usage */
-    long input_tokens;       /* usage.prompt_tokens; -1 when absent */
-    long cached_tokens;      /* usage.prompt_tokens_details.cached_tokens; -1 when absent */
-    long reasoning_tokens;   /* usage.completion_tokens_details.reasoning_tokens; -1 absent */
-    long draft_tokens;       /* speculative drafts: llama.cpp timings.draft_n, or usage.
-                                completion_tokens_details.accepted + rejected_prediction_tokens;
-                                -1 when the server reported none */
-    long accepted_tokens;    /* timings.draft_n_accepted / accepted_prediction_tokens; -1 */
-    long http_status;        /* 0 when no response came */
+    size_t n_events;       /* SSE events received, [DONE] included */
+    long output_tokens;    /* usage.completion_tokens; -1 when the server sent no usage */
+    long input_tokens;     /* usage.prompt_tokens; -1 when absent */
+    long cached_tokens;    /* usage.prompt_tokens_details.cached_tokens; -1 when absent */
+    long reasoning_tokens; /* usage.completion_tokens_details.reasoning_tokens; -1 absent */
+    long draft_tokens;     /* speculative drafts: llama.cpp timings.draft_n, or usage.
+                              completion_tokens_details.accepted + rejected_prediction_tokens;
+                              -1 when the server reported none */
+    long accepted_tokens;  /* timings.draft_n_accepted / accepted_prediction_tokens; -1 */
+    long http_status;      /* 0 when no response came */
     enum lm_bench_error error;
     char *error_message;     /* owned; NULL when ok */
     char *finish_reason;     /* owned; NULL when none came */
@@ -125,14 +125,14 @@ struct lm_bench_record {
     struct lm_buf reasoning; /* delta.reasoning_content joined */
 
     /* lumen's own counts (lm_bench_record_count_tokens, lm_bench_record_render_prompt) */
-    bool tokens_counted;     /* chunks[].tokens are set */
-    long own_output_tokens;  /* tokens of reasoning + content by lumen's tokenizer; -1 */
-    long own_input_tokens;   /* tokens of the rendered prompt; -1 when not rendered */
+    bool tokens_counted;        /* chunks[].tokens are set */
+    long own_output_tokens;     /* tokens of reasoning + content by lumen's tokenizer; -1 */
+    long own_input_tokens;      /* tokens of the rendered prompt; -1 when not rendered */
     char prompt_ids_sha256[65]; /* of the rendered prompt ids; "" when not rendered */
 
     /* verification (verify.h) */
-    json_t *server_record;   /* the joined server record; owned reference; NULL when none */
-    json_t *issues;          /* array of {"check", "detail"}; owned; NULL when none */
+    json_t *server_record; /* the joined server record; owned reference; NULL when none */
+    json_t *issues;        /* array of {"check", "detail"}; owned; NULL when none */
 };
 
 /* Releases everything the record owns and zeroes it; accepts a zeroed record. */

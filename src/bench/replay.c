@@ -28,7 +28,8 @@ struct lm_bench_params lm_bench_default_params(void) {
 void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t *out) {
     size_t *perm = malloc((ds_n ? ds_n : 1) * sizeof *perm);
     if (!perm) abort();
-    for (size_t i = 0; i < ds_n; i++) perm[i] = i;
+    for (size_t i = 0; i < ds_n; i++)
+        perm[i] = i;
     if (shuffle) { /* Fisher-Yates */
         uint64_t s = seed;
         for (size_t i = ds_n; i > 1; i--) {
@@ -38,7 +39,8 @@ void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t 
             perm[j] = t;
         }
     }
-    for (size_t i = 0; i < n; i++) out[i] = perm[i % ds_n];
+    for (size_t i = 0; i < n; i++)
+        out[i] = perm[i % ds_n];
     free(perm);
 }
 
@@ -51,7 +53,7 @@ static void sleep_ms(double ms) {
 
 /* A conversation in flight: its records, its history, where it is. */
 struct conv {
-    size_t k;        /* index within the phase */
+    size_t k; /* index within the phase */
     const struct lm_bench_conversation *c;
     struct lm_bench_record *recs; /* [n_turns] owned until the run takes them */
     size_t n_turns;
@@ -59,25 +61,25 @@ struct conv {
     size_t next;     /* the next turn to send */
     double ready_at; /* rate mode: when the next turn may go (CLOCK_MONOTONIC s) */
     bool busy, done;
-    uint64_t rng;    /* think-time draws */
+    uint64_t rng; /* think-time draws */
 };
 
 struct phase {
     const struct lm_bench_dataset *ds;
     const struct lm_bench_params *p;
     struct lm_bench_run *run;
-    json_t *extra;         /* params.extra_body parsed; borrowed */
-    const char *label;     /* "warmup" / "profiling" */
+    json_t *extra;     /* params.extra_body parsed; borrowed */
+    const char *label; /* "warmup" / "profiling" */
     enum lm_bench_phase phase;
-    char tag;              /* 'w' / 'c' in ids */
-    const size_t *order;   /* dataset indices, cycled */
+    char tag;            /* 'w' / 'c' in ids */
+    const size_t *order; /* dataset indices, cycled */
     size_t n_order;
-    size_t max_convs;      /* 0: no cap */
-    size_t turns_cap;      /* 0: all turns */
-    size_t request_cap;    /* 0: no cap */
-    double deadline;       /* CLOCK_MONOTONIC s; INFINITY for none */
+    size_t max_convs;   /* 0: no cap */
+    size_t turns_cap;   /* 0: all turns */
+    size_t request_cap; /* 0: no cap */
+    double deadline;    /* CLOCK_MONOTONIC s; INFINITY for none */
     int workers;
-    bool rate;             /* request-rate mode */
+    bool rate; /* request-rate mode */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct conv **convs;
@@ -91,13 +93,15 @@ struct phase {
     bool closing;
     int in_flight;
     /* progress */
-    size_t planned;        /* requests planned; 0 when unknown */
+    size_t planned; /* requests planned; 0 when unknown */
     double t_start, last_print;
     int last_decile;
     bool tty;
 };
 
-static double now_s(void) { return lm_bench_now(); }
+static double now_s(void) {
+    return lm_bench_now();
+}
 
 /* ---- progress: a bar on a terminal, plain lines otherwise ---- */
 
@@ -105,7 +109,7 @@ static void progress(struct phase *ph, bool final) {
     FILE *f = ph->p->progress;
     if (!f) return;
     double t = now_s(), el = t - ph->t_start;
-    double frac = ph->planned ? (double)ph->finished / (double)ph->planned
+    double frac = ph->planned              ? (double)ph->finished / (double)ph->planned
                   : isfinite(ph->deadline) ? el / (ph->deadline - ph->t_start)
                                            : NAN;
     if (frac > 1) frac = 1;
@@ -115,7 +119,8 @@ static void progress(struct phase *ph, bool final) {
         ph->last_print = t;
         char bar[31];
         int fill = isfinite(frac) ? (int)(frac * 30 + 0.5) : 0;
-        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < fill ? '#' : '.';
         bar[30] = 0;
         fprintf(f, "\r%-9s [%s] %zu", ph->label, bar, ph->finished);
         if (ph->planned) fprintf(f, "/%zu", ph->planned);
@@ -315,7 +320,8 @@ static void *rate_worker(void *arg) {
     w->st = lm_bench_client_init(&client, ph->p->url, ph->p->api_key, ph->p->timeout_s);
     pthread_mutex_lock(&ph->mu);
     for (;;) {
-        while (!ph->q_len && !ph->closing) pthread_cond_wait(&ph->cv, &ph->mu);
+        while (!ph->q_len && !ph->closing)
+            pthread_cond_wait(&ph->cv, &ph->mu);
         if (!ph->q_len) break;
         struct conv *cv = ph->queue[ph->q_head];
         ph->q_head = (ph->q_head + 1) % (size_t)ph->workers;
@@ -442,8 +448,9 @@ static lm_status run_rate(struct phase *ph) {
         ph->queue[(ph->q_head + ph->q_len) % (size_t)ph->workers] = cv;
         ph->q_len++;
         pthread_cond_broadcast(&ph->cv);
-        next += ph->p->arrival == LM_BENCH_ARRIVAL_POISSON ? lm_bench_rng_exponential(&rng, mean_gap)
-                                                           : mean_gap;
+        next += ph->p->arrival == LM_BENCH_ARRIVAL_POISSON
+                    ? lm_bench_rng_exponential(&rng, mean_gap)
+                    : mean_gap;
     }
     ph->closing = true;
     pthread_cond_broadcast(&ph->cv);
@@ -500,7 +507,8 @@ static lm_status run_phase(struct phase *ph, struct lm_bench_record **recs, size
     progress(ph, true);
     pthread_mutex_unlock(&ph->mu);
     size_t total = *n_recs;
-    for (size_t i = 0; i < ph->n_convs; i++) total += ph->convs[i]->n_turns;
+    for (size_t i = 0; i < ph->n_convs; i++)
+        total += ph->convs[i]->n_turns;
     *recs = realloc(*recs, (total ? total : 1) * sizeof **recs);
     if (!*recs) abort();
     for (size_t i = 0; i < ph->n_convs; i++) {
@@ -531,9 +539,11 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
     run->enable_thinking = -1;
     const struct lm_bench_params *p = &run->params;
     if (!p->url) return lm_errorf(LM_ERR_INVALID, "no server url");
-    if (ds->n == 0) return lm_errorf(LM_ERR_INVALID, "%s: no conversations", ds->path ? ds->path : ds->name);
+    if (ds->n == 0)
+        return lm_errorf(LM_ERR_INVALID, "%s: no conversations", ds->path ? ds->path : ds->name);
     if (!p->conversations && !p->request_count && !(p->duration_s > 0))
-        return lm_errorf(LM_ERR_INVALID, "set --conversations, --request-count or --benchmark-duration");
+        return lm_errorf(LM_ERR_INVALID,
+                         "set --conversations, --request-count or --benchmark-duration");
     if (p->request_rate <= 0 && p->concurrency < 1)
         return lm_errorf(LM_ERR_INVALID, "--concurrency must be >= 1");
     if (p->request_rate < 0 || p->concurrency < 0)
@@ -550,14 +560,16 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
             return lm_errorf(LM_ERR_INVALID, "--extra-body: expected a JSON object (%s)",
                              extra ? "not an object" : e.text);
         }
-        json_t *et = json_object_get(json_object_get(extra, "chat_template_kwargs"), "enable_thinking");
+        json_t *et =
+            json_object_get(json_object_get(extra, "chat_template_kwargs"), "enable_thinking");
         if (json_is_boolean(et)) run->enable_thinking = json_is_true(et);
     }
     lm_bench_client_global_init();
     make_run_id(run->run_id, sizeof run->run_id);
     run->url = strdup(p->url);
     struct lm_bench_client c;
-    lm_status st = lm_bench_client_init(&c, p->url, p->api_key, p->timeout_s > 0 ? p->timeout_s : 30);
+    lm_status st =
+        lm_bench_client_init(&c, p->url, p->api_key, p->timeout_s > 0 ? p->timeout_s : 30);
     if (!st && p->model) {
         run->model = strdup(p->model);
     } else if (!st) {
@@ -577,20 +589,30 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
     if (!order || !warm || !used) abort();
     lm_bench_select(ds->n, ds->n, p->shuffle, p->seed, order);
     size_t n_used = p->conversations && p->conversations < ds->n ? p->conversations : ds->n;
-    for (size_t i = 0; i < n_used; i++) used[order[i]] = true;
+    for (size_t i = 0; i < n_used; i++)
+        used[order[i]] = true;
     size_t nw = 0;
     for (size_t j = ds->n; j-- > 0;)
         if (!used[j]) warm[nw++] = j;
     if (nw == 0)
-        for (size_t j = ds->n; j-- > 0;) warm[nw++] = j;
+        for (size_t j = ds->n; j-- > 0;)
+            warm[nw++] = j;
 
     struct lm_bench_record *recs = NULL;
     size_t n_recs = 0;
     bool warm_on = p->warmup_duration_s > 0 || p->warmup_requests > 0;
     struct phase wp = {
-        .ds = ds, .p = p, .run = run, .extra = extra, .label = "warmup",
-        .phase = LM_BENCH_PHASE_WARMUP, .tag = 'w', .order = warm, .n_order = nw,
-        .max_convs = p->warmup_duration_s > 0 ? 0 : p->warmup_requests, .turns_cap = 1,
+        .ds = ds,
+        .p = p,
+        .run = run,
+        .extra = extra,
+        .label = "warmup",
+        .phase = LM_BENCH_PHASE_WARMUP,
+        .tag = 'w',
+        .order = warm,
+        .n_order = nw,
+        .max_convs = p->warmup_duration_s > 0 ? 0 : p->warmup_requests,
+        .turns_cap = 1,
         .deadline = INFINITY,
         .workers = p->warmup_concurrency > 0 ? p->warmup_concurrency
                    : p->request_rate > 0     ? 1
@@ -604,11 +626,21 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
     }
     run->n_warmup = n_recs;
     struct phase pp = {
-        .ds = ds, .p = p, .run = run, .extra = extra, .label = "profiling",
-        .phase = LM_BENCH_PHASE_PROFILING, .tag = 'c', .order = order, .n_order = ds->n,
-        .max_convs = p->conversations, .request_cap = p->request_count, .deadline = INFINITY,
+        .ds = ds,
+        .p = p,
+        .run = run,
+        .extra = extra,
+        .label = "profiling",
+        .phase = LM_BENCH_PHASE_PROFILING,
+        .tag = 'c',
+        .order = order,
+        .n_order = ds->n,
+        .max_convs = p->conversations,
+        .request_cap = p->request_count,
+        .deadline = INFINITY,
         .rate = p->request_rate > 0,
-        .workers = p->request_rate > 0 ? (p->concurrency > 0 ? p->concurrency : 256) : p->concurrency,
+        .workers =
+            p->request_rate > 0 ? (p->concurrency > 0 ? p->concurrency : 256) : p->concurrency,
     };
     if (!st) {
         if (p->duration_s > 0) pp.deadline = now_s() + p->duration_s;
@@ -640,7 +672,8 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
 
 void lm_bench_run_free(struct lm_bench_run *run) {
     if (!run) return;
-    for (size_t i = 0; i < run->n_records; i++) lm_bench_record_free(&run->records[i]);
+    for (size_t i = 0; i < run->n_records; i++)
+        lm_bench_record_free(&run->records[i]);
     free(run->records);
     free(run->model);
     free(run->url);

@@ -51,34 +51,34 @@ enum lm_bench_arrival {
 };
 
 struct lm_bench_params {
-    const char *url;            /* server base, "http://127.0.0.1:8080" */
-    const char *model;          /* NULL: data[0].id of GET /v1/models */
-    const char *api_key;        /* NULL: no Authorization header */
-    size_t conversations;       /* conversations to profile (cycling through the dataset); 0: no
-                                   cap (request_count or duration_s must be set) */
-    size_t request_count;       /* profiling requests to send at most; 0: no cap */
-    double duration_s;          /* release no profiling request after this; 0: no cap */
-    int concurrency;            /* concurrency mode: conversations in flight (>= 1); rate mode:
-                                   requests in flight at most (0: 256) */
-    double request_rate;        /* > 0: request-rate mode, requests/s */
+    const char *url;      /* server base, "http://127.0.0.1:8080" */
+    const char *model;    /* NULL: data[0].id of GET /v1/models */
+    const char *api_key;  /* NULL: no Authorization header */
+    size_t conversations; /* conversations to profile (cycling through the dataset); 0: no
+                             cap (request_count or duration_s must be set) */
+    size_t request_count; /* profiling requests to send at most; 0: no cap */
+    double duration_s;    /* release no profiling request after this; 0: no cap */
+    int concurrency;      /* concurrency mode: conversations in flight (>= 1); rate mode:
+                             requests in flight at most (0: 256) */
+    double request_rate;  /* > 0: request-rate mode, requests/s */
     enum lm_bench_arrival arrival;
-    size_t warmup_requests;     /* warmup turn-1 requests (count mode) */
-    double warmup_duration_s;   /* > 0: warmup for this long instead of a count */
-    int warmup_concurrency;     /* warmup requests in flight; 0 = concurrency (1 in rate mode) */
-    double think_time_mean_ms;  /* wait between a response and the conversation's next turn */
-    double think_time_std_ms;   /* 0: fixed; else normal(mean, std) clamped at 0, per turn */
-    int max_tokens;             /* max_tokens of every request (a conversation's own, from
-                                   synthetic or custom data, wins) */
-    double temperature;         /* temperature of every request (0 = greedy) */
-    bool ignore_eos;            /* send "ignore_eos": true (vLLM, llama.cpp, lumen extension) */
-    bool shuffle;               /* pick conversations in an order drawn from `seed`; else file order */
-    uint64_t seed;              /* conversation order, think times, Poisson arrivals */
-    double timeout_s;           /* per request; <= 0 for none */
-    const char *extra_body;     /* a JSON object merged into every request body; NULL for none */
+    size_t warmup_requests;    /* warmup turn-1 requests (count mode) */
+    double warmup_duration_s;  /* > 0: warmup for this long instead of a count */
+    int warmup_concurrency;    /* warmup requests in flight; 0 = concurrency (1 in rate mode) */
+    double think_time_mean_ms; /* wait between a response and the conversation's next turn */
+    double think_time_std_ms;  /* 0: fixed; else normal(mean, std) clamped at 0, per turn */
+    int max_tokens;            /* max_tokens of every request (a conversation's own, from
+                                  synthetic or custom data, wins) */
+    double temperature;        /* temperature of every request (0 = greedy) */
+    bool ignore_eos;           /* send "ignore_eos": true (vLLM, llama.cpp, lumen extension) */
+    bool shuffle;           /* pick conversations in an order drawn from `seed`; else file order */
+    uint64_t seed;          /* conversation order, think times, Poisson arrivals */
+    double timeout_s;       /* per request; <= 0 for none */
+    const char *extra_body; /* a JSON object merged into every request body; NULL for none */
     const struct lm_bench_prompt *prompt; /* optional: counts response tokens per chunk; borrowed */
     const struct lm_bench_prompt *render; /* optional: renders each request's prompt ids (for
                                              verification and the usage comparison); borrowed */
-    FILE *progress;             /* progress: a bar on a terminal, else plain lines; NULL: silent */
+    FILE *progress; /* progress: a bar on a terminal, else plain lines; NULL: silent */
 };
 
 /* Defaults: 10 conversations, concurrency 1, 2 warmup requests, no think time, max_tokens 128,
@@ -86,24 +86,24 @@ struct lm_bench_params {
 struct lm_bench_params lm_bench_default_params(void);
 
 struct lm_bench_run {
-    char run_id[20];                   /* 8 hex digits, unique per run */
-    char *model;                       /* the model name sent; owned */
-    char *url;                         /* owned copy of params.url */
-    struct lm_bench_params params;     /* a copy; its pointers are borrowed from the caller */
-    int enable_thinking;               /* chat_template_kwargs.enable_thinking of extra_body:
-                                          -1 not given, 0, 1 */
-    struct lm_bench_record *records;   /* [n_records]: warmup first, then profiling,
-                                          conversation-major in turn order; owned */
+    char run_id[20];                 /* 8 hex digits, unique per run */
+    char *model;                     /* the model name sent; owned */
+    char *url;                       /* owned copy of params.url */
+    struct lm_bench_params params;   /* a copy; its pointers are borrowed from the caller */
+    int enable_thinking;             /* chat_template_kwargs.enable_thinking of extra_body:
+                                        -1 not given, 0, 1 */
+    struct lm_bench_record *records; /* [n_records]: warmup first, then profiling,
+                                        conversation-major in turn order; owned */
     size_t n_records;
-    size_t n_warmup;                   /* records[0 .. n_warmup) are warmup */
-    size_t n_conversations;            /* profiled conversations (started) */
-    double t_begin, t_end;             /* profiling window, CLOCK_MONOTONIC s: the first measured
-                                          request sent .. the last measured response ended */
-    double unix_begin;                 /* t_begin as Unix time */
+    size_t n_warmup;                     /* records[0 .. n_warmup) are warmup */
+    size_t n_conversations;              /* profiled conversations (started) */
+    double t_begin, t_end;               /* profiling window, CLOCK_MONOTONIC s: the first measured
+                                            request sent .. the last measured response ended */
+    double unix_begin;                   /* t_begin as Unix time */
     double warmup_t_begin, warmup_t_end; /* the warmup phase (0 when none) */
-    size_t n_deferred;                 /* rate mode: arrivals that had to wait */
-    double max_lag_ms;                 /* rate mode: the longest such wait */
-    const char *limit_hit;             /* "request_count", "duration" or NULL; static */
+    size_t n_deferred;                   /* rate mode: arrivals that had to wait */
+    double max_lag_ms;                   /* rate mode: the longest such wait */
+    const char *limit_hit;               /* "request_count", "duration" or NULL; static */
 };
 
 /* Picks n conversations (indices into a dataset of ds_n): file order 0,1,2,... or, when

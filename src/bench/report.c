@@ -64,13 +64,16 @@ struct seg {
     int row; /* the row holding the server alone */
 };
 
-static int row_of(int turn, int n_rows) { return turn - 1 < n_rows ? turn - 1 : n_rows - 1; }
+static int row_of(int turn, int n_rows) {
+    return turn - 1 < n_rows ? turn - 1 : n_rows - 1;
+}
 
 static void turn_alone(const struct lm_bench_run *run, struct lm_bench_summary *s) {
     int nr = s->n_turn_rows;
     if (nr == 0) return;
     size_t n = 0;
-    for (size_t i = run->n_warmup; i < run->n_records; i++) n += run->records[i].sent;
+    for (size_t i = run->n_warmup; i < run->n_records; i++)
+        n += run->records[i].sent;
     struct edge *e = calloc(2 * n + 1, sizeof *e);
     struct seg *seg = calloc(2 * n + 1, sizeof *seg);
     if (!e || !seg) abort();
@@ -116,10 +119,13 @@ static void turn_alone(const struct lm_bench_run *run, struct lm_bench_summary *
             size_t lo = 0, hi = ns;
             while (lo < hi) {
                 size_t mid = (lo + hi) / 2;
-                if (seg[mid].a <= t) lo = mid + 1;
-                else hi = mid;
+                if (seg[mid].a <= t)
+                    lo = mid + 1;
+                else
+                    hi = mid;
             }
-            if (lo > 0 && seg[lo - 1].row == row && t <= seg[lo - 1].b) s->turns[row].alone_tokens += k;
+            if (lo > 0 && seg[lo - 1].row == row && t <= seg[lo - 1].b)
+                s->turns[row].alone_tokens += k;
         }
     }
     for (int k = 0; k < nr; k++) {
@@ -145,8 +151,10 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
     for (size_t i = run->n_warmup; i < run->n_records; i++) {
         const struct lm_bench_record *r = &run->records[i];
         if (!r->sent) {
-            if (r->skip == LM_BENCH_SKIP_LIMIT) s->n_skipped_limit++;
-            else s->n_skipped_failure++;
+            if (r->skip == LM_BENCH_SKIP_LIMIT)
+                s->n_skipped_limit++;
+            else
+                s->n_skipped_failure++;
             continue;
         }
         s->n_requests++;
@@ -175,7 +183,8 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
             s->n_no_usage++;
         }
         s->total_output_tokens += record_tokens(r);
-        if (r->input_tokens >= 0) lm_bench_samples_push(&v[LM_BENCH_M_ISL], (double)r->input_tokens);
+        if (r->input_tokens >= 0)
+            lm_bench_samples_push(&v[LM_BENCH_M_ISL], (double)r->input_tokens);
         if (r->turn > 1) lm_bench_samples_push(&v[LM_BENCH_M_THINK], r->think_ms);
         if (r->server_record) {
             lm_bench_samples_push(&v[LM_BENCH_M_S_QUEUE], server_ms(r, "queue_ms"));
@@ -204,7 +213,8 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
                              r->output_tokens, r->own_output_tokens);
                 s->out_mismatch++;
                 if ((r->content.len && memmem(r->content.p, r->content.len, "\xef\xbf\xbd", 3)) ||
-                    (r->reasoning.len && memmem(r->reasoning.p, r->reasoning.len, "\xef\xbf\xbd", 3)))
+                    (r->reasoning.len &&
+                     memmem(r->reasoning.p, r->reasoning.len, "\xef\xbf\xbd", 3)))
                     s->out_mismatch_fffd++;
             }
         }
@@ -231,10 +241,12 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
             s->accepted_tokens_total += r->accepted_tokens;
         }
     }
-    for (int m = 0; m < LM_BENCH_M_COUNT; m++) lm_bench_stats_compute(v[m].v, v[m].n, &s->m[m]);
+    for (int m = 0; m < LM_BENCH_M_COUNT; m++)
+        lm_bench_stats_compute(v[m].v, v[m].n, &s->m[m]);
     s->window_s = run->t_end > run->t_begin ? run->t_end - run->t_begin : NAN;
     s->request_throughput = s->window_s > 0 ? (double)s->n_ok / s->window_s : NAN;
-    s->output_token_throughput = s->window_s > 0 && s->n_ok ? s->total_output_tokens / s->window_s : NAN;
+    s->output_token_throughput =
+        s->window_s > 0 && s->n_ok ? s->total_output_tokens / s->window_s : NAN;
     s->goodput = s->slo_set && s->window_s > 0 ? (double)s->n_good / s->window_s : NAN;
 
     s->n_turn_rows = max_turn < LM_BENCH_MAX_TURN_ROWS ? max_turn : LM_BENCH_MAX_TURN_ROWS;
@@ -268,7 +280,8 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
         lm_bench_samples_free(&f);
     }
     turn_alone(run, s);
-    for (int m = 0; m < LM_BENCH_M_COUNT; m++) lm_bench_samples_free(&v[m]);
+    for (int m = 0; m < LM_BENCH_M_COUNT; m++)
+        lm_bench_samples_free(&v[m]);
 }
 
 /* ---- text ---- */
@@ -283,7 +296,8 @@ static void cell(FILE *f, int width, double v) {
 static void stats_row(FILE *f, const char *name, const struct lm_bench_stats *st) {
     fprintf(f, "%-44s", name);
     const double v[] = {st->min, st->mean, st->std, st->p50, st->p90, st->p95, st->p99, st->max};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) cell(f, 9, v[i]);
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        cell(f, 9, v[i]);
     fprintf(f, " %6zu\n", st->n);
 }
 
@@ -293,7 +307,8 @@ static void scalar(FILE *f, const char *name, double v) {
     fprintf(f, "\n");
 }
 
-void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct lm_bench_summary *s) {
+void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
+                           const struct lm_bench_summary *s) {
     const struct lm_bench_params *p = &run->params;
     fprintf(f, "lumen profile: run %s, model %s, %s\n", run->run_id, run->model, run->url);
     if (p->request_rate > 0)
@@ -302,8 +317,9 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
                 p->concurrency > 0 ? p->concurrency : 256);
     else
         fprintf(f, "load: concurrency %d", p->concurrency);
-    fprintf(f, "; %zu conversations (%zu requests sent), %zu warmup requests; max_tokens %d, "
-               "temperature %g%s; think time %g ms",
+    fprintf(f,
+            "; %zu conversations (%zu requests sent), %zu warmup requests; max_tokens %d, "
+            "temperature %g%s; think time %g ms",
             run->n_conversations, s->n_requests, s->n_warmup, p->max_tokens, p->temperature,
             p->ignore_eos ? ", ignore_eos" : "", p->think_time_mean_ms);
     if (p->think_time_std_ms > 0) fprintf(f, " (std %g ms)", p->think_time_std_ms);
@@ -321,14 +337,17 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
     fprintf(f, "\n");
     fprintf(f, "%-44s", "Profiling Window (s)");
     cell(f, 9, s->window_s);
-    fprintf(f, "   first measured send -> last measured byte; throughputs include the think gaps\n");
+    fprintf(f,
+            "   first measured send -> last measured byte; throughputs include the think gaps\n");
     scalar(f, "Request Throughput (requests/s)", s->request_throughput);
     scalar(f, "Output Token Throughput (tokens/s)", s->output_token_throughput);
     if (s->slo_set) {
         char slo[160] = "";
         int n = 0;
-        if (s->slo.ttft_ms > 0) n += snprintf(slo + n, sizeof slo - (size_t)n, " TTFT<=%gms", s->slo.ttft_ms);
-        if (s->slo.itl_ms > 0) n += snprintf(slo + n, sizeof slo - (size_t)n, " ITL<=%gms", s->slo.itl_ms);
+        if (s->slo.ttft_ms > 0)
+            n += snprintf(slo + n, sizeof slo - (size_t)n, " TTFT<=%gms", s->slo.ttft_ms);
+        if (s->slo.itl_ms > 0)
+            n += snprintf(slo + n, sizeof slo - (size_t)n, " ITL<=%gms", s->slo.itl_ms);
         if (s->slo.latency_ms > 0)
             snprintf(slo + n, sizeof slo - (size_t)n, " latency<=%gms", s->slo.latency_ms);
         fprintf(f, "%-44s", "Goodput (requests/s)");
@@ -337,12 +356,13 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
     }
     fprintf(f, "%-44s %zu ok, %zu failed, %zu skipped after a failure, %zu not sent (limit)\n",
             "Requests", s->n_ok, s->n_failed, s->n_skipped_failure, s->n_skipped_limit);
-    fprintf(f, "%-44s %zu sent, %zu ok (excluded from every figure)\n", "Warmup requests", s->n_warmup,
-            s->n_warmup_ok);
+    fprintf(f, "%-44s %zu sent, %zu ok (excluded from every figure)\n", "Warmup requests",
+            s->n_warmup, s->n_warmup_ok);
     fprintf(f, "%-44s", "Errors");
     if (!s->n_failed) fprintf(f, " none");
     for (int e = 1; e < LM_BENCH_ERR_COUNT; e++)
-        if (s->errors[e]) fprintf(f, " %s: %zu", lm_bench_error_name((enum lm_bench_error)e), s->errors[e]);
+        if (s->errors[e])
+            fprintf(f, " %s: %zu", lm_bench_error_name((enum lm_bench_error)e), s->errors[e]);
     fprintf(f, "\n");
     if (s->n_failed) { /* the first message of each type, so a person can act on it */
         for (int e = 1; e < LM_BENCH_ERR_COUNT; e++) {
@@ -361,8 +381,9 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
         fprintf(f, "%-44s %zu arrivals waited (longest %.1f ms)\n", "Schedule", run->n_deferred,
                 run->max_lag_ms);
     if (s->n_no_usage)
-        fprintf(f, "note: %zu responses carried no usage (stream_options.include_usage); their "
-                   "output tokens are lumen's own count\n",
+        fprintf(f,
+                "note: %zu responses carried no usage (stream_options.include_usage); their "
+                "output tokens are lumen's own count\n",
                 s->n_no_usage);
 
     /* usage against lumen's own counts */
@@ -375,32 +396,41 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
         fprintf(f, "%-44s not compared (no usage, or no tokenizer)\n",
                 "Output tokens: usage vs lumen's tokenizer");
     if (s->out_mismatch)
-        fprintf(f, "  (lumen re-encodes the text it received: a mismatch is a server that miscounts, or "
-                   "text that does not re-encode to the ids generated, as random weights often give; "
-                   "%zu of the %zu hold U+FFFD replacement characters)\n",
-                s->out_mismatch_fffd, s->out_mismatch);
+        fprintf(
+            f,
+            "  (lumen re-encodes the text it received: a mismatch is a server that miscounts, or "
+            "text that does not re-encode to the ids generated, as random weights often give; "
+            "%zu of the %zu hold U+FFFD replacement characters)\n",
+            s->out_mismatch_fffd, s->out_mismatch);
     if (s->in_compared)
-        fprintf(f, "%-44s %zu equal, %zu MISMATCH of %zu%s%s\n", "Input tokens: usage vs rendered prompt",
-                s->in_match, s->in_mismatch, s->in_compared, s->in_mismatch ? "; first: " : "",
+        fprintf(f, "%-44s %zu equal, %zu MISMATCH of %zu%s%s\n",
+                "Input tokens: usage vs rendered prompt", s->in_match, s->in_mismatch,
+                s->in_compared, s->in_mismatch ? "; first: " : "",
                 s->in_mismatch ? s->in_mismatch_example : "");
     if (s->n_cached_reported)
         fprintf(f, "%-44s %ld of %ld prompt tokens (%.1f%%) over %zu requests\n",
-                "Prefix cache (usage cached_tokens)", s->cached_tokens_total, s->prompt_tokens_total,
-                s->prompt_tokens_total ? 100.0 * (double)s->cached_tokens_total / (double)s->prompt_tokens_total : 0.0,
+                "Prefix cache (usage cached_tokens)", s->cached_tokens_total,
+                s->prompt_tokens_total,
+                s->prompt_tokens_total
+                    ? 100.0 * (double)s->cached_tokens_total / (double)s->prompt_tokens_total
+                    : 0.0,
                 s->n_cached_reported);
     if (s->n_spec_reported)
-        fprintf(f, "%-44s speculative decoding reported by the server: %ld of %ld drafted tokens "
-                   "accepted (%.1f%%) over %zu requests\n",
+        fprintf(f,
+                "%-44s speculative decoding reported by the server: %ld of %ld drafted tokens "
+                "accepted (%.1f%%) over %zu requests\n",
                 "Runtime mode", s->accepted_tokens_total, s->draft_tokens_total,
                 100.0 * (double)s->accepted_tokens_total / (double)s->draft_tokens_total,
                 s->n_spec_reported);
     else
-        fprintf(f, "%-44s ordinary generation (the server reported no speculative-decoding "
-                   "counters; acceptance: unavailable)\n",
+        fprintf(f,
+                "%-44s ordinary generation (the server reported no speculative-decoding "
+                "counters; acceptance: unavailable)\n",
                 "Runtime mode");
 
     if (s->server_side) {
-        fprintf(f, "\nServer-side time (from the server's records; not mixed with the client's figures)\n");
+        fprintf(f, "\nServer-side time (from the server's records; not mixed with the client's "
+                   "figures)\n");
         for (int m = LM_BENCH_M_S_QUEUE; m <= LM_BENCH_M_S_TOTAL; m++) {
             char name[80];
             snprintf(name, sizeof name, "%s (%s)", k_metrics[m].label, k_metrics[m].unit);
@@ -432,25 +462,30 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct
                     100.0 * t->alone_tokens / t->tokens);
         fprintf(f, "\n");
     }
-    fprintf(f,
-            "tok/s alone: the turn's output tokens that arrived while only that turn's requests were "
-            "in flight, over that time.\n"
-            "ITL per token divides each chunk's gap by its token count (lumen's tokenizer); ITL per "
-            "request is AIPerf's (latency - TTFT) / (output tokens - 1). Percentiles interpolate "
-            "linearly (numpy's default); std is the population std.\n");
+    fprintf(
+        f,
+        "tok/s alone: the turn's output tokens that arrived while only that turn's requests were "
+        "in flight, over that time.\n"
+        "ITL per token divides each chunk's gap by its token count (lumen's tokenizer); ITL per "
+        "request is AIPerf's (latency - TTFT) / (output tokens - 1). Percentiles interpolate "
+        "linearly (numpy's default); std is the population std.\n");
 }
 
 /* ---- JSON and CSV ---- */
 
-static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-static json_t *int_or_null(long v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *num_or_null(double v) {
+    return isfinite(v) ? json_real(v) : json_null();
+}
+static json_t *int_or_null(long v) {
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
 static json_t *stats_json(const struct lm_bench_stats *st, const char *unit) {
     return json_pack("{s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "unit", unit, "avg",
-                     num_or_null(st->mean), "min", num_or_null(st->min), "max", num_or_null(st->max),
-                     "std", num_or_null(st->std), "p50", num_or_null(st->p50), "p90",
-                     num_or_null(st->p90), "p95", num_or_null(st->p95), "p99", num_or_null(st->p99),
-                     "count", (json_int_t)st->n);
+                     num_or_null(st->mean), "min", num_or_null(st->min), "max",
+                     num_or_null(st->max), "std", num_or_null(st->std), "p50", num_or_null(st->p50),
+                     "p90", num_or_null(st->p90), "p95", num_or_null(st->p95), "p99",
+                     num_or_null(st->p99), "count", (json_int_t)st->n);
 }
 
 json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_bench_summary *s) {
@@ -480,25 +515,27 @@ json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_be
     if (s->slo_set) {
         json_object_set_new(o, "goodput", num_or_null(s->goodput));
         json_object_set_new(o, "good_request_count", json_integer((json_int_t)s->n_good));
-        json_object_set_new(o, "slo", json_pack("{s:o,s:o,s:o}", "time_to_first_token_ms",
-                                                num_or_null(s->slo.ttft_ms > 0 ? s->slo.ttft_ms : NAN),
-                                                "inter_token_latency_ms",
-                                                num_or_null(s->slo.itl_ms > 0 ? s->slo.itl_ms : NAN),
-                                                "request_latency_ms",
-                                                num_or_null(s->slo.latency_ms > 0 ? s->slo.latency_ms : NAN)));
+        json_object_set_new(
+            o, "slo",
+            json_pack("{s:o,s:o,s:o}", "time_to_first_token_ms",
+                      num_or_null(s->slo.ttft_ms > 0 ? s->slo.ttft_ms : NAN),
+                      "inter_token_latency_ms",
+                      num_or_null(s->slo.itl_ms > 0 ? s->slo.itl_ms : NAN), "request_latency_ms",
+                      num_or_null(s->slo.latency_ms > 0 ? s->slo.latency_ms : NAN)));
     }
     json_t *errs = json_object();
     for (int e = 1; e < LM_BENCH_ERR_COUNT; e++)
-        if (s->errors[e]) json_object_set_new(errs, lm_bench_error_name((enum lm_bench_error)e),
-                                              json_integer((json_int_t)s->errors[e]));
+        if (s->errors[e])
+            json_object_set_new(errs, lm_bench_error_name((enum lm_bench_error)e),
+                                json_integer((json_int_t)s->errors[e]));
     json_object_set_new(o, "errors", errs);
-    json_object_set_new(o, "usage_check",
-                        json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "output_compared",
-                                  (json_int_t)s->out_compared, "output_equal", (json_int_t)s->out_match,
-                                  "output_plus_stop_token", (json_int_t)s->out_eos,
-                                  "output_mismatch", (json_int_t)s->out_mismatch, "input_compared",
-                                  (json_int_t)s->in_compared, "input_equal", (json_int_t)s->in_match,
-                                  "input_mismatch", (json_int_t)s->in_mismatch));
+    json_object_set_new(
+        o, "usage_check",
+        json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "output_compared", (json_int_t)s->out_compared,
+                  "output_equal", (json_int_t)s->out_match, "output_plus_stop_token",
+                  (json_int_t)s->out_eos, "output_mismatch", (json_int_t)s->out_mismatch,
+                  "input_compared", (json_int_t)s->in_compared, "input_equal",
+                  (json_int_t)s->in_match, "input_mismatch", (json_int_t)s->in_mismatch));
     json_object_set_new(json_object_get(o, "usage_check"), "output_mismatch_with_replacement_chars",
                         json_integer((json_int_t)s->out_mismatch_fffd));
     if (s->n_cached_reported)
@@ -511,8 +548,9 @@ json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_be
         json_object_set_new(spec, "mode", json_string("speculative"));
         json_object_set_new(spec, "draft_tokens", json_integer(s->draft_tokens_total));
         json_object_set_new(spec, "accepted_tokens", json_integer(s->accepted_tokens_total));
-        json_object_set_new(spec, "acceptance_rate",
-                            json_real((double)s->accepted_tokens_total / (double)s->draft_tokens_total));
+        json_object_set_new(
+            spec, "acceptance_rate",
+            json_real((double)s->accepted_tokens_total / (double)s->draft_tokens_total));
     } else {
         json_object_set_new(spec, "mode", json_string("ordinary"));
         json_object_set_new(spec, "acceptance_rate", json_string("unavailable"));
@@ -534,7 +572,8 @@ json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_be
         json_object_set_new(row, "alone_s", json_real(t->alone_s));
         json_object_set_new(row, "alone_tokens", json_real(t->alone_tokens));
         json_object_set_new(row, "tokens", json_real(t->tokens));
-        json_object_set_new(row, "output_token_throughput_alone", num_or_null(t->output_token_throughput));
+        json_object_set_new(row, "output_token_throughput_alone",
+                            num_or_null(t->output_token_throughput));
         json_array_append_new(turns, row);
     }
     json_object_set_new(o, "per_turn", turns);
@@ -542,8 +581,10 @@ json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_be
 }
 
 static void csv_num(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, ",%.6g", v);
-    else fprintf(f, ",");
+    if (isfinite(v))
+        fprintf(f, ",%.6g", v);
+    else
+        fprintf(f, ",");
 }
 
 lm_status lm_bench_write_summary_csv(const char *path, const struct lm_bench_run *run,
@@ -606,9 +647,10 @@ lm_status lm_bench_write_jsonl(const char *path, const struct lm_bench_run *run)
     for (size_t i = 0; i < run->n_records; i++) {
         const struct lm_bench_record *r = &run->records[i];
         json_t *o = json_object();
-        json_object_set_new(o, "phase", json_string(r->phase == LM_BENCH_PHASE_WARMUP ? "warmup"
-                                                                                    : "profiling"));
-        json_object_set_new(o, "conversation_id", json_string(r->conversation_id ? r->conversation_id : ""));
+        json_object_set_new(
+            o, "phase", json_string(r->phase == LM_BENCH_PHASE_WARMUP ? "warmup" : "profiling"));
+        json_object_set_new(o, "conversation_id",
+                            json_string(r->conversation_id ? r->conversation_id : ""));
         json_object_set_new(o, "conversation_index", json_integer((json_int_t)r->conversation));
         json_object_set_new(o, "dataset_id", json_string(r->dataset_id ? r->dataset_id : ""));
         json_object_set_new(o, "category", r->category ? json_string(r->category) : json_null());
@@ -616,7 +658,8 @@ lm_status lm_bench_write_jsonl(const char *path, const struct lm_bench_run *run)
         json_object_set_new(o, "turns", json_integer(r->n_turns));
         json_object_set_new(o, "request_id", json_string(r->request_id ? r->request_id : ""));
         json_object_set_new(o, "sent", json_boolean(r->sent));
-        json_object_set_new(o, "skip_reason", r->sent ? json_null() : json_string(lm_bench_skip_name(r->skip)));
+        json_object_set_new(o, "skip_reason",
+                            r->sent ? json_null() : json_string(lm_bench_skip_name(r->skip)));
         if (!r->sent) {
             char *line = json_dumps(o, JSON_COMPACT);
             json_decref(o);
@@ -627,9 +670,11 @@ lm_status lm_bench_write_jsonl(const char *path, const struct lm_bench_run *run)
         json_t *itl = json_array(), *times = json_array(), *tokens = NULL;
         struct lm_bench_samples is = {0};
         lm_bench_record_itl_samples(r, &is);
-        for (size_t k = 0; k < is.n; k++) json_array_append_new(itl, json_real(is.v[k]));
+        for (size_t k = 0; k < is.n; k++)
+            json_array_append_new(itl, json_real(is.v[k]));
         lm_bench_samples_free(&is);
-        for (size_t c = 0; c < r->n_chunks; c++) json_array_append_new(times, json_real(r->chunks[c].t_ms));
+        for (size_t c = 0; c < r->n_chunks; c++)
+            json_array_append_new(times, json_real(r->chunks[c].t_ms));
         if (r->tokens_counted) {
             tokens = json_array();
             for (size_t c = 0; c < r->n_chunks; c++)
@@ -637,7 +682,8 @@ lm_status lm_bench_write_jsonl(const char *path, const struct lm_bench_run *run)
         }
         json_object_set_new(o, "start_time", json_real(r->start_unix));
         json_object_set_new(o, "scheduled_offset_ms",
-                            r->t_scheduled > 0 ? json_real((r->t_send - r->t_scheduled) * 1e3) : json_null());
+                            r->t_scheduled > 0 ? json_real((r->t_send - r->t_scheduled) * 1e3)
+                                               : json_null());
         json_object_set_new(o, "think_time_ms", num_or_null(r->think_ms));
         json_object_set_new(o, "think_time_planned_ms", json_real(r->think_planned_ms));
         json_object_set_new(o, "ttft_ms", num_or_null(r->ttft_ms));
@@ -652,17 +698,22 @@ lm_status lm_bench_write_jsonl(const char *path, const struct lm_bench_run *run)
         json_object_set_new(o, "input_tokens", int_or_null(r->input_tokens));
         json_object_set_new(o, "cached_tokens", int_or_null(r->cached_tokens));
         json_object_set_new(o, "reasoning_tokens", int_or_null(r->reasoning_tokens));
-        json_object_set_new(o, "own_output_tokens", r->tokens_counted ? json_integer(r->own_output_tokens) : json_null());
-        json_object_set_new(o, "own_input_tokens", r->prompt_ids_sha256[0] ? json_integer(r->own_input_tokens) : json_null());
-        json_object_set_new(o, "prompt_ids_sha256", r->prompt_ids_sha256[0] ? json_string(r->prompt_ids_sha256) : json_null());
+        json_object_set_new(o, "own_output_tokens",
+                            r->tokens_counted ? json_integer(r->own_output_tokens) : json_null());
+        json_object_set_new(o, "own_input_tokens",
+                            r->prompt_ids_sha256[0] ? json_integer(r->own_input_tokens)
+                                                    : json_null());
+        json_object_set_new(o, "prompt_ids_sha256",
+                            r->prompt_ids_sha256[0] ? json_string(r->prompt_ids_sha256)
+                                                    : json_null());
         if (r->draft_tokens > 0) {
             json_object_set_new(o, "draft_tokens", json_integer(r->draft_tokens));
             json_object_set_new(o, "accepted_tokens", json_integer(r->accepted_tokens));
         }
         json_object_set_new(o, "max_tokens", json_integer(r->max_tokens));
         json_object_set_new(o, "http_status", json_integer(r->http_status));
-        json_object_set_new(o, "error_type", r->error ? json_string(lm_bench_error_name(r->error))
-                                                      : json_null());
+        json_object_set_new(o, "error_type",
+                            r->error ? json_string(lm_bench_error_name(r->error)) : json_null());
         json_object_set_new(o, "error_message",
                             r->error_message ? json_string(r->error_message) : json_null());
         json_object_set_new(o, "finish_reason",

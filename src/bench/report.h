@@ -32,24 +32,24 @@
 /* Metrics with a distribution. Tags are AIPerf's (profile_export_aiperf.json) where AIPerf has
  * the metric. */
 enum lm_bench_metric {
-    LM_BENCH_M_TTFT,         /* time_to_first_token, ms */
-    LM_BENCH_M_TTST,         /* time_to_second_token, ms */
-    LM_BENCH_M_TTFO,         /* time_to_first_output_token, ms (first answer token after the
-                                reasoning) */
-    LM_BENCH_M_ITL,          /* inter_token_latency, ms, per token (record.h) */
-    LM_BENCH_M_ITL_REQUEST,  /* inter_token_latency_per_request, ms: AIPerf's formula,
-                                (latency - TTFT) / (output tokens - 1) */
-    LM_BENCH_M_ICL,          /* inter_chunk_latency, ms */
-    LM_BENCH_M_LATENCY,      /* request_latency, ms */
-    LM_BENCH_M_OTPU,         /* output_token_throughput_per_user, tokens/s: 1000 / ITL per
-                                request */
-    LM_BENCH_M_OSL,          /* output_sequence_length, tokens (usage) */
-    LM_BENCH_M_ISL,          /* input_sequence_length, tokens (usage) */
-    LM_BENCH_M_THINK,        /* think_time_measured, ms: previous turn's end -> this send */
-    LM_BENCH_M_S_QUEUE,      /* server_queue_time, ms (server records) */
-    LM_BENCH_M_S_PREFILL,    /* server_prefill_time, ms */
-    LM_BENCH_M_S_DECODE,     /* server_decode_time, ms */
-    LM_BENCH_M_S_TOTAL,      /* server_total_time, ms */
+    LM_BENCH_M_TTFT,        /* time_to_first_token, ms */
+    LM_BENCH_M_TTST,        /* time_to_second_token, ms */
+    LM_BENCH_M_TTFO,        /* time_to_first_output_token, ms (first answer token after the
+                               reasoning) */
+    LM_BENCH_M_ITL,         /* inter_token_latency, ms, per token (record.h) */
+    LM_BENCH_M_ITL_REQUEST, /* inter_token_latency_per_request, ms: AIPerf's formula,
+                               (latency - TTFT) / (output tokens - 1) */
+    LM_BENCH_M_ICL,         /* inter_chunk_latency, ms */
+    LM_BENCH_M_LATENCY,     /* request_latency, ms */
+    LM_BENCH_M_OTPU,        /* output_token_throughput_per_user, tokens/s: 1000 / ITL per
+                               request */
+    LM_BENCH_M_OSL,         /* output_sequence_length, tokens (usage) */
+    LM_BENCH_M_ISL,         /* input_sequence_length, tokens (usage) */
+    LM_BENCH_M_THINK,       /* think_time_measured, ms: previous turn's end -> this send */
+    LM_BENCH_M_S_QUEUE,     /* server_queue_time, ms (server records) */
+    LM_BENCH_M_S_PREFILL,   /* server_prefill_time, ms */
+    LM_BENCH_M_S_DECODE,    /* server_decode_time, ms */
+    LM_BENCH_M_S_TOTAL,     /* server_total_time, ms */
     LM_BENCH_M_COUNT,
 };
 
@@ -69,45 +69,45 @@ struct lm_bench_slo {
 #define LM_BENCH_MAX_TURN_ROWS 8 /* per-turn rows; later turns are folded into the last row */
 
 struct lm_bench_turn_summary {
-    int turn;                     /* 1-based; the last row holds turns >= turn when folded */
-    size_t n_ok;                  /* successful requests of this turn */
+    int turn;    /* 1-based; the last row holds turns >= turn when folded */
+    size_t n_ok; /* successful requests of this turn */
     struct lm_bench_stats ttft_ms, ttfo_ms, itl_ms, latency_ms, isl, osl;
-    double alone_s;               /* time this turn held the server alone (see above) */
-    double alone_tokens;          /* its tokens that arrived in that time */
-    double tokens;                /* all its tokens (usage, else lumen's count, else chunks) */
+    double alone_s;                 /* time this turn held the server alone (see above) */
+    double alone_tokens;            /* its tokens that arrived in that time */
+    double tokens;                  /* all its tokens (usage, else lumen's count, else chunks) */
     double output_token_throughput; /* alone_tokens / alone_s; NAN when alone_s == 0 */
 };
 
 struct lm_bench_summary {
     struct lm_bench_stats m[LM_BENCH_M_COUNT];
-    size_t n_requests;                    /* profiling requests sent */
+    size_t n_requests; /* profiling requests sent */
     size_t n_ok, n_failed;
     size_t n_skipped_failure, n_skipped_limit; /* turns never sent, and why */
-    size_t n_no_usage;                    /* successful requests without usage in the stream */
-    size_t errors[LM_BENCH_ERR_COUNT];    /* failed requests by type */
-    size_t n_warmup, n_warmup_ok;         /* warmup requests sent / successful */
-    double window_s;                      /* profiling window */
-    double request_throughput;            /* successful requests / s */
-    double output_token_throughput;       /* output tokens / s */
+    size_t n_no_usage;                         /* successful requests without usage in the stream */
+    size_t errors[LM_BENCH_ERR_COUNT];         /* failed requests by type */
+    size_t n_warmup, n_warmup_ok;              /* warmup requests sent / successful */
+    double window_s;                           /* profiling window */
+    double request_throughput;                 /* successful requests / s */
+    double output_token_throughput;            /* output tokens / s */
     double total_output_tokens;
     struct lm_bench_slo slo;
     bool slo_set;
-    size_t n_good;                        /* successful requests meeting every SLO */
-    double goodput;                       /* n_good / window (requests/s); NAN without SLOs */
+    size_t n_good;  /* successful requests meeting every SLO */
+    double goodput; /* n_good / window (requests/s); NAN without SLOs */
     /* the server's usage against lumen's own counts */
     size_t out_compared, out_match, out_eos, out_mismatch; /* completion tokens: equal, one more
                                                 (the stop token, finish_reason "stop"), other */
     size_t in_compared, in_match, in_mismatch; /* prompt tokens vs the rendered prompt */
-    size_t out_mismatch_fffd;             /* mismatches whose text holds U+FFFD (invalid UTF-8
-                                             replaced: such text cannot re-encode to the ids) */
+    size_t out_mismatch_fffd;                  /* mismatches whose text holds U+FFFD (invalid UTF-8
+                                                  replaced: such text cannot re-encode to the ids) */
     char out_mismatch_example[160], in_mismatch_example[160]; /* first of each, for the report */
     long prompt_tokens_total, cached_tokens_total; /* where usage reported cached_tokens */
     size_t n_cached_reported;
     /* speculative decoding: only what the server reported (usage, timings) */
     size_t n_spec_reported;
     long draft_tokens_total, accepted_tokens_total;
-    bool tokens_counted;                  /* ITL divides chunks by lumen's token counts */
-    bool server_side;                     /* server records were joined */
+    bool tokens_counted; /* ITL divides chunks by lumen's token counts */
+    bool server_side;    /* server records were joined */
     int n_turn_rows;
     struct lm_bench_turn_summary turns[LM_BENCH_MAX_TURN_ROWS];
 };
@@ -118,7 +118,8 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
                         struct lm_bench_summary *s);
 
 /* Prints the summary tables. */
-void lm_bench_report_print(FILE *f, const struct lm_bench_run *run, const struct lm_bench_summary *s);
+void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
+                           const struct lm_bench_summary *s);
 
 /* The summary as JSON: {"run_id", "model", "url", "settings", "window_s", "metrics": {tag:
  * {"unit", "avg", "min", "max", "std", "p50", "p90", "p95", "p99", "count"}}, "request_throughput",

@@ -10,7 +10,9 @@ uint64_t lm_bench_rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-double lm_bench_rng_uniform(uint64_t *s) { return (double)(lm_bench_rng_next(s) >> 11) * 0x1.0p-53; }
+double lm_bench_rng_uniform(uint64_t *s) {
+    return (double)(lm_bench_rng_next(s) >> 11) * 0x1.0p-53;
+}
 
 double lm_bench_rng_normal(uint64_t *s, double mean, double std) {
     if (!(std > 0)) return mean;

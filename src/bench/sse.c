@@ -3,7 +3,9 @@
 
 #include <string.h>
 
-void lm_sse_init(struct lm_sse_parser *p) { memset(p, 0, sizeof *p); }
+void lm_sse_init(struct lm_sse_parser *p) {
+    memset(p, 0, sizeof *p);
+}
 
 void lm_sse_free(struct lm_sse_parser *p) {
     lm_buf_free(&p->line);
@@ -42,7 +44,8 @@ static int process_line(struct lm_sse_parser *p, lm_sse_event_fn fn, void *ctx) 
     return rc;
 }
 
-int lm_sse_feed(struct lm_sse_parser *p, const char *bytes, size_t n, lm_sse_event_fn fn, void *ctx) {
+int lm_sse_feed(struct lm_sse_parser *p, const char *bytes, size_t n, lm_sse_event_fn fn,
+                void *ctx) {
     size_t i = 0;
     while (i < n) {
         char c = bytes[i];
@@ -62,7 +65,8 @@ int lm_sse_feed(struct lm_sse_parser *p, const char *bytes, size_t n, lm_sse_eve
         }
         /* Copy the run of ordinary bytes up to the next line end in one go. */
         size_t j = i;
-        while (j < n && bytes[j] != '\r' && bytes[j] != '\n') j++;
+        while (j < n && bytes[j] != '\r' && bytes[j] != '\n')
+            j++;
         lm_buf_append(&p->line, bytes + i, j - i);
         i = j;
     }

@@ -32,7 +32,8 @@ void lm_sse_free(struct lm_sse_parser *p);
 
 /* Parses n bytes; calls fn for each event completed by them. Returns 0, or the first nonzero
  * value fn returned (parsing stops there; the parser must not be fed again). */
-int lm_sse_feed(struct lm_sse_parser *p, const char *bytes, size_t n, lm_sse_event_fn fn, void *ctx);
+int lm_sse_feed(struct lm_sse_parser *p, const char *bytes, size_t n, lm_sse_event_fn fn,
+                void *ctx);
 
 /* End of stream: completes a pending line and delivers a pending event. Returns as lm_sse_feed. */
 int lm_sse_finish(struct lm_sse_parser *p, lm_sse_event_fn fn, void *ctx);

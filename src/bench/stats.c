@@ -31,9 +31,11 @@ void lm_bench_stats_compute(const double *v, size_t n, struct lm_bench_stats *ou
     if (m) {
         qsort(s, m, sizeof *s, cmp_double);
         double sum = 0;
-        for (size_t i = 0; i < m; i++) sum += s[i];
+        for (size_t i = 0; i < m; i++)
+            sum += s[i];
         double mean = sum / (double)m, ss = 0;
-        for (size_t i = 0; i < m; i++) ss += (s[i] - mean) * (s[i] - mean);
+        for (size_t i = 0; i < m; i++)
+            ss += (s[i] - mean) * (s[i] - mean);
         out->n = m;
         out->min = s[0];
         out->max = s[m - 1];

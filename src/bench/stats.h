@@ -10,9 +10,9 @@
 #include <stddef.h>
 
 struct lm_bench_stats {
-    size_t n;                       /* samples; 0 means every field below is NAN */
+    size_t n; /* samples; 0 means every field below is NAN */
     double min, mean, p50, p90, p95, p99, max;
-    double std;                     /* population standard deviation (numpy.std's default) */
+    double std; /* population standard deviation (numpy.std's default) */
 };
 
 /* Percentile p (0..100) of `sorted` (ascending, n > 0) by linear interpolation. */

@@ -14,11 +14,23 @@
 #include "text/tokenizer.h"
 
 static const char *const k_check_names[LM_BENCH_CHECK_COUNT] = {
-    "joined", "identity", "roles", "user_content", "history", "prompt_tokens", "prompt_ids",
-    "completion", "completion_ids", "server_times", "conversations_complete", "warmup_apart",
+    "joined",
+    "identity",
+    "roles",
+    "user_content",
+    "history",
+    "prompt_tokens",
+    "prompt_ids",
+    "completion",
+    "completion_ids",
+    "server_times",
+    "conversations_complete",
+    "warmup_apart",
 };
 
-const char *lm_bench_check_name(enum lm_bench_check c) { return k_check_names[c]; }
+const char *lm_bench_check_name(enum lm_bench_check c) {
+    return k_check_names[c];
+}
 
 void lm_bench_verification_free(struct lm_bench_verification *v) {
     if (!v) return;
@@ -28,7 +40,8 @@ void lm_bench_verification_free(struct lm_bench_verification *v) {
 }
 
 static void issue(struct lm_bench_verification *v, struct lm_bench_record *r, const char *rid,
-                  enum lm_bench_check c, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+                  enum lm_bench_check c, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 static void issue(struct lm_bench_verification *v, struct lm_bench_record *r, const char *rid,
                   enum lm_bench_check c, const char *fmt, ...) {
@@ -37,26 +50,34 @@ static void issue(struct lm_bench_verification *v, struct lm_bench_record *r, co
     va_start(ap, fmt);
     lm_buf_vprintf(&b, fmt, ap);
     va_end(ap);
-    json_array_append_new(v->issues, json_pack("{s:s,s:s,s:s}", "request_id", rid ? rid : "",
-                                               "check", k_check_names[c], "detail", b.p ? b.p : ""));
+    json_array_append_new(v->issues,
+                          json_pack("{s:s,s:s,s:s}", "request_id", rid ? rid : "", "check",
+                                    k_check_names[c], "detail", b.p ? b.p : ""));
     if (r) lm_bench_record_issue(r, k_check_names[c], "%s", b.p ? b.p : "");
     lm_buf_free(&b);
 }
 
-static const char *sget(json_t *o, const char *key) { return json_string_value(json_object_get(o, key)); }
+static const char *sget(json_t *o, const char *key) {
+    return json_string_value(json_object_get(o, key));
+}
 
 static double nget(json_t *o, const char *key) {
     json_t *x = json_object_get(o, key);
     return json_is_number(x) ? json_number_value(x) : NAN;
 }
 
-static void sha_of(const char *s, size_t n, char hex[LM_SHA256_HEX]) { lm_bench_sha256_hex(s, n, hex); }
+static void sha_of(const char *s, size_t n, char hex[LM_SHA256_HEX]) {
+    lm_bench_sha256_hex(s, n, hex);
+}
 
 /* One check outcome for a request. */
 static void tally(struct lm_bench_verification *v, enum lm_bench_check c, int outcome) {
-    if (outcome > 0) v->passed[c]++;
-    else if (outcome < 0) v->failed[c]++;
-    else v->unavailable[c]++;
+    if (outcome > 0)
+        v->passed[c]++;
+    else if (outcome < 0)
+        v->failed[c]++;
+    else
+        v->unavailable[c]++;
 }
 
 static const char *phase_name(enum lm_bench_phase p) {
@@ -82,9 +103,11 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     int ok = 1;
     const char *s;
     if ((s = sget(sr, "conversation_id")) && strcmp(s, r->conversation_id))
-        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "conversation_id '%s', sent '%s'", s, r->conversation_id);
+        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "conversation_id '%s', sent '%s'", s,
+                       r->conversation_id);
     if ((s = sget(sr, "phase")) && strcmp(s, phase_name(r->phase)))
-        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "phase '%s', sent '%s'", s, phase_name(r->phase));
+        ok = -1,
+        issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "phase '%s', sent '%s'", s, phase_name(r->phase));
     json_t *turn = json_object_get(sr, "turn");
     if (json_is_integer(turn) && json_integer_value(turn) != r->turn - 1)
         ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "turn %lld, sent %d (0-based)",
@@ -94,7 +117,8 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
         ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "http_status %lld, the client got %ld",
                        (long long)json_integer_value(hs), r->http_status);
     if ((s = sget(sr, "id")) && r->server_id && strcmp(s, r->server_id))
-        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY, "id '%s', the stream's chunks carried '%s'", s, r->server_id);
+        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY,
+                       "id '%s', the stream's chunks carried '%s'", s, r->server_id);
     if (!sget(sr, "conversation_id") && !sget(sr, "phase") && !json_is_integer(turn)) ok = 0;
     tally(v, LM_BENCH_CHECK_IDENTITY, ok);
 
@@ -112,8 +136,8 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
         }
         if (ok < 0) {
             char *a = json_dumps(roles, JSON_COMPACT);
-            issue(v, r, rid, LM_BENCH_CHECK_ROLES, "server roles %s differ from the %zu messages sent",
-                  a ? a : "?", nm);
+            issue(v, r, rid, LM_BENCH_CHECK_ROLES,
+                  "server roles %s differ from the %zu messages sent", a ? a : "?", nm);
             free(a);
         }
         tally(v, LM_BENCH_CHECK_ROLES, ok);
@@ -140,10 +164,12 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
             snprintf(key, sizeof key, "%s#%d", r->conversation_id, n_assistant + 1);
             n_assistant++;
             json_t *pi = json_object_get(by_turn, key);
-            struct lm_bench_record *prev = json_is_integer(pi) ? &run->records[json_integer_value(pi)] : NULL;
+            struct lm_bench_record *prev =
+                json_is_integer(pi) ? &run->records[json_integer_value(pi)] : NULL;
             if (!prev) {
                 hist_ok = -1;
-                issue(v, r, rid, LM_BENCH_CHECK_HISTORY, "messages[%zu]: no earlier turn %d", i, n_assistant);
+                issue(v, r, rid, LM_BENCH_CHECK_HISTORY, "messages[%zu]: no earlier turn %d", i,
+                      n_assistant);
                 continue;
             }
             const char *recv = prev->content.p ? prev->content.p : "";
@@ -151,7 +177,8 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
                 hist_ok = -1;
                 issue(v, r, rid, LM_BENCH_CHECK_HISTORY,
                       "messages[%zu]: the client sent an assistant message that differs from the "
-                      "answer it received in turn %d", i, n_assistant);
+                      "answer it received in turn %d",
+                      i, n_assistant);
             }
             sha_of(recv, prev->content.len, hex);
             if (!got) {
@@ -160,26 +187,31 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
                 hist_ok = -1;
                 issue(v, r, rid, LM_BENCH_CHECK_HISTORY,
                       "messages[%zu]: the server saw assistant content %.12s..., the client "
-                      "received %.12s... in turn %d", i, got, hex, n_assistant);
+                      "received %.12s... in turn %d",
+                      i, got, hex, n_assistant);
             }
             const char *prev_text = sget(prev->server_record, "completion_text_sha256");
             if (prev_text && !prev->reasoning.len && strcmp(prev_text, hex)) {
                 hist_ok = -1;
                 issue(v, r, rid, LM_BENCH_CHECK_HISTORY,
                       "messages[%zu]: turn %d's server record says its completion was %.12s..., "
-                      "this request's history carries %.12s...", i, n_assistant, prev_text, hex);
+                      "this request's history carries %.12s...",
+                      i, n_assistant, prev_text, hex);
             }
         } else {
             const char *orig = sent;
             if (conv) {
-                if (!strcmp(role, "system")) orig = conv->system;
-                else if ((size_t)n_user < conv->n_turns) orig = conv->turns[n_user];
+                if (!strcmp(role, "system"))
+                    orig = conv->system;
+                else if ((size_t)n_user < conv->n_turns)
+                    orig = conv->turns[n_user];
             }
             if (!strcmp(role, "user")) n_user++;
             if (!orig || !sent || strcmp(orig, sent)) {
                 user_ok = -1;
                 issue(v, r, rid, LM_BENCH_CHECK_USER_CONTENT,
-                      "messages[%zu]: the client sent a %s string that is not the corpus's", i, role);
+                      "messages[%zu]: the client sent a %s string that is not the corpus's", i,
+                      role);
                 continue;
             }
             sha_of(orig, strlen(orig), hex);
@@ -209,8 +241,9 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
             ok = -1, issue(v, r, rid, LM_BENCH_CHECK_PROMPT_TOKENS,
                            "server prompt_tokens %ld, usage.prompt_tokens %ld", n, r->input_tokens);
         if (r->prompt_ids_sha256[0] && n != r->own_input_tokens)
-            ok = -1, issue(v, r, rid, LM_BENCH_CHECK_PROMPT_TOKENS,
-                           "server prompt_tokens %ld, the rendered prompt has %ld", n, r->own_input_tokens);
+            ok = -1,
+            issue(v, r, rid, LM_BENCH_CHECK_PROMPT_TOKENS,
+                  "server prompt_tokens %ld, the rendered prompt has %ld", n, r->own_input_tokens);
         tally(v, LM_BENCH_CHECK_PROMPT_TOKENS, ok);
     }
     const char *pids = sget(sr, "prompt_ids_sha256");
@@ -234,9 +267,11 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     json_t *ctok = json_object_get(sr, "completion_tokens");
     ok = ct ? 1 : 0;
     if (ct && strcmp(ct, hex))
-        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_COMPLETION,
-                       "the server's completion text hash %.12s..., the client received %.12s...", ct, hex);
-    if (json_is_integer(ctok) && r->output_tokens >= 0 && json_integer_value(ctok) != r->output_tokens)
+        ok = -1,
+        issue(v, r, rid, LM_BENCH_CHECK_COMPLETION,
+              "the server's completion text hash %.12s..., the client received %.12s...", ct, hex);
+    if (json_is_integer(ctok) && r->output_tokens >= 0 &&
+        json_integer_value(ctok) != r->output_tokens)
         ok = -1, issue(v, r, rid, LM_BENCH_CHECK_COMPLETION,
                        "server completion_tokens %lld, usage.completion_tokens %ld",
                        (long long)json_integer_value(ctok), r->output_tokens);
@@ -244,7 +279,8 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     const char *cids = sget(sr, "completion_ids_sha256");
     if (cids && render && render->tok) {
         struct lm_ids ids = {0};
-        lm_tokenizer_encode(render->tok, text.p ? text.p : "", text.len, LM_ENCODE_SPECIAL_AS_TEXT, &ids);
+        lm_tokenizer_encode(render->tok, text.p ? text.p : "", text.len, LM_ENCODE_SPECIAL_AS_TEXT,
+                            &ids);
         lm_bench_sha256_ids(ids.v, ids.n, hex);
         tally(v, LM_BENCH_CHECK_COMPLETION_IDS, strcmp(cids, hex) ? -1 : 1);
         lm_ids_free(&ids);
@@ -255,8 +291,8 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
 
     /* server times */
     double ta = nget(sr, "t_arrival_ms"), ts = nget(sr, "t_scheduled_ms"),
-           tf = nget(sr, "t_first_token_ms"), te = nget(sr, "t_finish_ms"), total = nget(sr, "total_ms"),
-           q = nget(sr, "queue_ms");
+           tf = nget(sr, "t_first_token_ms"), te = nget(sr, "t_finish_ms"),
+           total = nget(sr, "total_ms"), q = nget(sr, "queue_ms");
     if (!isfinite(ta) || !isfinite(te) || !isfinite(total)) {
         tally(v, LM_BENCH_CHECK_SERVER_TIMES, 0);
     } else {
@@ -266,15 +302,19 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
         if (isfinite(tf) && isfinite(ts) && !(ts <= tf + eps)) ok = -1;
         if (isfinite(tf) && !(tf <= te + eps)) ok = -1;
         if (!(ta <= te + eps) || fabs(total - (te - ta)) > 0.01 + 1e-6 * fabs(total)) ok = -1;
-        if (isfinite(q) && (q < -eps || (isfinite(ts) && fabs(q - (ts - ta)) > 0.01 + 1e-6 * fabs(q)))) ok = -1;
+        if (isfinite(q) &&
+            (q < -eps || (isfinite(ts) && fabs(q - (ts - ta)) > 0.01 + 1e-6 * fabs(q))))
+            ok = -1;
         if (ok < 0)
             issue(v, r, rid, LM_BENCH_CHECK_SERVER_TIMES,
                   "server times out of order or inconsistent: arrival %.3f scheduled %.3f first "
-                  "%.3f finish %.3f total %.3f queue %.3f", ta, ts, tf, te, total, q);
+                  "%.3f finish %.3f total %.3f queue %.3f",
+                  ta, ts, tf, te, total, q);
         if (isfinite(r->latency_ms) && total > r->latency_ms + 1.0) {
             ok = -1;
             issue(v, r, rid, LM_BENCH_CHECK_SERVER_TIMES,
-                  "server total %.3f ms exceeds the client's request latency %.3f ms", total, r->latency_ms);
+                  "server total %.3f ms exceeds the client's request latency %.3f ms", total,
+                  r->latency_ms);
         }
         tally(v, LM_BENCH_CHECK_SERVER_TIMES, ok);
     }
@@ -327,7 +367,8 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
         line_no++;
         const char *q = p;
         p = nl ? nl + 1 : end;
-        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r'))
+            q++;
         if (q == le) continue;
         json_error_t e;
         json_t *o = json_loadb(q, (size_t)(le - q), 0, &e);
@@ -374,20 +415,24 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
         v->available = true;
         for (size_t i = 0; i < run->n_records; i++) {
             struct lm_bench_record *r = &run->records[i];
-            if (!r->sent || !r->http_status) continue; /* no answer: nothing for the server to record */
+            if (!r->sent || !r->http_status)
+                continue; /* no answer: nothing for the server to record */
             v->n_client++;
             if (!r->server_record) {
                 v->n_unmatched_client++;
                 tally(v, LM_BENCH_CHECK_JOINED, -1);
-                issue(v, r, r->request_id, LM_BENCH_CHECK_JOINED, "no server record for this request");
+                issue(v, r, r->request_id, LM_BENCH_CHECK_JOINED,
+                      "no server record for this request");
                 continue;
             }
             v->n_matched++;
             tally(v, LM_BENCH_CHECK_JOINED, 1);
             check_request(v, run, ds, conv_index, by_turn, render, r);
-            double ta = nget(r->server_record, "t_arrival_ms"), te = nget(r->server_record, "t_finish_ms");
+            double ta = nget(r->server_record, "t_arrival_ms"),
+                   te = nget(r->server_record, "t_finish_ms");
             if (r->phase == LM_BENCH_PHASE_WARMUP) {
-                if (isfinite(te) && !(te <= v->warmup_last_finish_ms)) v->warmup_last_finish_ms = te;
+                if (isfinite(te) && !(te <= v->warmup_last_finish_ms))
+                    v->warmup_last_finish_ms = te;
             } else if (isfinite(ta) && !(ta >= v->profiling_first_arrival_ms)) {
                 v->profiling_first_arrival_ms = ta;
             }
@@ -398,11 +443,14 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
         for (size_t i = run->n_warmup; i < run->n_records;) {
             size_t j = i;
             bool limited = false, failed = false, broken = false;
-            while (j < run->n_records && !strcmp(run->records[j].conversation_id, run->records[i].conversation_id)) {
+            while (j < run->n_records &&
+                   !strcmp(run->records[j].conversation_id, run->records[i].conversation_id)) {
                 struct lm_bench_record *r = &run->records[j];
                 if (!r->sent) {
-                    if (r->skip == LM_BENCH_SKIP_LIMIT) limited = true;
-                    else failed = true;
+                    if (r->skip == LM_BENCH_SKIP_LIMIT)
+                        limited = true;
+                    else
+                        failed = true;
                 } else if (r->error) {
                     failed = true;
                     if (r->http_status && !r->server_record) broken = true;
@@ -418,9 +466,12 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
                       "conversation %s: a turn the client sent has no server record",
                       run->records[i].conversation_id);
             } else {
-                if (limited) v->conversations_limited++;
-                else if (failed) v->conversations_failed++;
-                else v->conversations_complete++;
+                if (limited)
+                    v->conversations_limited++;
+                else if (failed)
+                    v->conversations_failed++;
+                else
+                    v->conversations_complete++;
                 tally(v, LM_BENCH_CHECK_CONVERSATIONS, 1);
             }
             i = j;
@@ -433,8 +484,8 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
             tally(v, LM_BENCH_CHECK_WARMUP_APART, -1);
             issue(v, NULL, run->run_id, LM_BENCH_CHECK_WARMUP_APART,
                   "the last warmup request finished at %.3f ms, after the first measured one "
-                  "arrived (%.3f ms, server clock)", v->warmup_last_finish_ms,
-                  v->profiling_first_arrival_ms);
+                  "arrived (%.3f ms, server clock)",
+                  v->warmup_last_finish_ms, v->profiling_first_arrival_ms);
         } else {
             tally(v, LM_BENCH_CHECK_WARMUP_APART, 1);
         }
@@ -459,7 +510,8 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
 
 size_t lm_bench_verify_wait(const struct lm_bench_run *run, const char *path, double timeout_s) {
     size_t want = 0;
-    for (size_t i = 0; i < run->n_records; i++) want += run->records[i].sent && run->records[i].http_status;
+    for (size_t i = 0; i < run->n_records; i++)
+        want += run->records[i].sent && run->records[i].http_status;
     char prefix[32];
     snprintf(prefix, sizeof prefix, "%s-", run->run_id);
     size_t have = 0;
@@ -493,16 +545,18 @@ void lm_bench_verification_print(FILE *f, const struct lm_bench_verification *v)
         return;
     }
     fprintf(f, "Verification against %s: %s\n", v->path, v->ok ? "PASSED" : "FAILED");
-    fprintf(f, "  %zu server records (%zu of this run, %zu of others ignored); %zu of %zu answered "
-               "requests joined; %zu requests without a record, %zu records without a request, %zu "
-               "duplicates\n",
+    fprintf(f,
+            "  %zu server records (%zu of this run, %zu of others ignored); %zu of %zu answered "
+            "requests joined; %zu requests without a record, %zu records without a request, %zu "
+            "duplicates\n",
             v->n_lines, v->n_this_run, v->n_other, v->n_matched, v->n_client, v->n_unmatched_client,
             v->n_unmatched_server, v->n_duplicate);
     fprintf(f, "  %-24s %8s %8s %12s\n", "check", "passed", "failed", "unavailable");
     for (int c = 0; c < LM_BENCH_CHECK_COUNT; c++)
         fprintf(f, "  %-24s %8zu %8zu %12zu%s\n", k_check_names[c], v->passed[c], v->failed[c],
                 v->unavailable[c], c == LM_BENCH_CHECK_COMPLETION_IDS ? "  (informational)" : "");
-    fprintf(f, "  conversations: %zu complete, %zu cut by a limit, %zu cut by a failure, %zu broken\n",
+    fprintf(f,
+            "  conversations: %zu complete, %zu cut by a limit, %zu cut by a failure, %zu broken\n",
             v->conversations_complete, v->conversations_limited, v->conversations_failed,
             v->conversations_broken);
     if (v->prompt_ids_note[0]) fprintf(f, "  prompt_ids: %s\n", v->prompt_ids_note);
@@ -518,8 +572,9 @@ json_t *lm_bench_verification_json(const struct lm_bench_verification *v) {
     json_t *o = json_object();
     json_object_set_new(o, "available", json_boolean(v->available));
     if (!v->available) {
-        json_object_set_new(o, "note", json_string("verification unavailable: no server records "
-                                                   "(--server-records); docs/RECORDS.md"));
+        json_object_set_new(o, "note",
+                            json_string("verification unavailable: no server records "
+                                        "(--server-records); docs/RECORDS.md"));
         return o;
     }
     json_object_set_new(o, "ok", json_boolean(v->ok));
@@ -529,8 +584,10 @@ json_t *lm_bench_verification_json(const struct lm_bench_verification *v) {
     json_object_set_new(o, "records_of_others", json_integer((json_int_t)v->n_other));
     json_object_set_new(o, "requests_answered", json_integer((json_int_t)v->n_client));
     json_object_set_new(o, "joined", json_integer((json_int_t)v->n_matched));
-    json_object_set_new(o, "requests_without_record", json_integer((json_int_t)v->n_unmatched_client));
-    json_object_set_new(o, "records_without_request", json_integer((json_int_t)v->n_unmatched_server));
+    json_object_set_new(o, "requests_without_record",
+                        json_integer((json_int_t)v->n_unmatched_client));
+    json_object_set_new(o, "records_without_request",
+                        json_integer((json_int_t)v->n_unmatched_server));
     json_object_set_new(o, "duplicate_records", json_integer((json_int_t)v->n_duplicate));
     json_t *checks = json_object();
     for (int c = 0; c < LM_BENCH_CHECK_COUNT; c++)
@@ -540,13 +597,20 @@ json_t *lm_bench_verification_json(const struct lm_bench_verification *v) {
                                       (json_int_t)v->unavailable[c]));
     json_object_set_new(o, "checks", checks);
     json_object_set_new(o, "conversations",
-                        json_pack("{s:I,s:I,s:I,s:I}", "complete", (json_int_t)v->conversations_complete,
-                                  "cut_by_limit", (json_int_t)v->conversations_limited, "cut_by_failure",
+                        json_pack("{s:I,s:I,s:I,s:I}", "complete",
+                                  (json_int_t)v->conversations_complete, "cut_by_limit",
+                                  (json_int_t)v->conversations_limited, "cut_by_failure",
                                   (json_int_t)v->conversations_failed, "broken",
                                   (json_int_t)v->conversations_broken));
-    json_object_set_new(o, "warmup_last_finish_ms", isfinite(v->warmup_last_finish_ms) ? json_real(v->warmup_last_finish_ms) : json_null());
-    json_object_set_new(o, "profiling_first_arrival_ms", isfinite(v->profiling_first_arrival_ms) ? json_real(v->profiling_first_arrival_ms) : json_null());
-    if (v->prompt_ids_note[0]) json_object_set_new(o, "prompt_ids_note", json_string(v->prompt_ids_note));
+    json_object_set_new(o, "warmup_last_finish_ms",
+                        isfinite(v->warmup_last_finish_ms) ? json_real(v->warmup_last_finish_ms)
+                                                           : json_null());
+    json_object_set_new(o, "profiling_first_arrival_ms",
+                        isfinite(v->profiling_first_arrival_ms)
+                            ? json_real(v->profiling_first_arrival_ms)
+                            : json_null());
+    if (v->prompt_ids_note[0])
+        json_object_set_new(o, "prompt_ids_note", json_string(v->prompt_ids_note));
     json_object_set(o, "issues", v->issues);
     return o;
 }

@@ -39,24 +39,24 @@ enum lm_bench_check {
 const char *lm_bench_check_name(enum lm_bench_check c);
 
 struct lm_bench_verification {
-    bool available;                /* server records were given and read */
-    char *path;                    /* the records file; owned */
-    size_t n_lines;                /* records in the file */
-    size_t n_this_run;             /* records whose x_request_id carries this run's id */
-    size_t n_other;                /* records of other runs or clients, ignored */
-    size_t n_client;               /* client requests that got an HTTP answer (joinable) */
+    bool available;    /* server records were given and read */
+    char *path;        /* the records file; owned */
+    size_t n_lines;    /* records in the file */
+    size_t n_this_run; /* records whose x_request_id carries this run's id */
+    size_t n_other;    /* records of other runs or clients, ignored */
+    size_t n_client;   /* client requests that got an HTTP answer (joinable) */
     size_t n_matched;
-    size_t n_unmatched_client;     /* sent and answered, but no server record */
-    size_t n_unmatched_server;     /* a server record of this run that no request explains */
-    size_t n_duplicate;            /* a second server record for one request */
+    size_t n_unmatched_client; /* sent and answered, but no server record */
+    size_t n_unmatched_server; /* a server record of this run that no request explains */
+    size_t n_duplicate;        /* a second server record for one request */
     size_t passed[LM_BENCH_CHECK_COUNT], failed[LM_BENCH_CHECK_COUNT],
         unavailable[LM_BENCH_CHECK_COUNT];
     size_t conversations_complete, conversations_limited, conversations_failed,
-        conversations_broken;      /* broken: a sent turn without its server record */
+        conversations_broken; /* broken: a sent turn without its server record */
     double warmup_last_finish_ms, profiling_first_arrival_ms; /* server clock; NAN when none */
-    char prompt_ids_note[160];     /* why prompt_ids is unavailable, or "" */
-    json_t *issues;                /* [{"request_id", "check", "detail"}]; owned */
-    bool ok;                       /* available and nothing failed */
+    char prompt_ids_note[160]; /* why prompt_ids is unavailable, or "" */
+    json_t *issues;            /* [{"request_id", "check", "detail"}]; owned */
+    bool ok;                   /* available and nothing failed */
 };
 
 /* Reads `server_records` (JSONL; LM_ERR_IO / LM_ERR_FORMAT "path:line: ..." when it cannot be
@@ -73,7 +73,8 @@ void lm_bench_verification_free(struct lm_bench_verification *v);
  * got an HTTP answer (a server writes a record when the request retires, which can be just
  * after the client read its last byte). Returns how many of them it found (counting lines whose
  * x_request_id carries the run's id). */
-size_t lm_bench_verify_wait(const struct lm_bench_run *run, const char *server_records, double timeout_s);
+size_t lm_bench_verify_wait(const struct lm_bench_run *run, const char *server_records,
+                            double timeout_s);
 
 /* Prints the verification table; with v->available false, "verification unavailable" and why. */
 void lm_bench_verification_print(FILE *f, const struct lm_bench_verification *v);

@@ -75,7 +75,8 @@ lm_status lm_emitter_push(struct lm_emitter *e, int32_t id, bool *stopped) {
         return LM_OK;
     }
     size_t n = e->held.len - partial_stop(e);
-    while (n > 0 && ((unsigned char)e->held.p[n] & 0xC0) == 0x80) n--; /* whole characters */
+    while (n > 0 && ((unsigned char)e->held.p[n] & 0xC0) == 0x80)
+        n--; /* whole characters */
     release(e, n);
     return LM_OK;
 }

@@ -28,12 +28,12 @@ struct lm_emitter {
     const char *const *stop; /* borrowed stop strings (empty ones are ignored) */
     size_t n_stop;
     struct lm_detok detok;
-    size_t n_tok;            /* ids at or past this have no text (embedding padding) */
-    struct lm_buf held;      /* detokenized text not yet released (owned) */
-    struct lm_buf *text;     /* released text accumulates here (borrowed) */
-    lm_gen_text_fn on_text;  /* may be NULL */
+    size_t n_tok;           /* ids at or past this have no text (embedding padding) */
+    struct lm_buf held;     /* detokenized text not yet released (owned) */
+    struct lm_buf *text;    /* released text accumulates here (borrowed) */
+    lm_gen_text_fn on_text; /* may be NULL */
     void *ctx;
-    bool cancelled;          /* the callback returned false */
+    bool cancelled; /* the callback returned false */
 };
 
 /* `tok`, `stop` and `text` are borrowed for the emitter's life. */

@@ -18,7 +18,8 @@ static uint64_t mix64(uint64_t x) {
 
 uint64_t lm_kv_hash(uint64_t parent, const int32_t *tokens, int n) {
     uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull);
-    for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x100000000ull * (uint64_t)(i + 1)));
+    for (int i = 0; i < n; i++)
+        h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x100000000ull * (uint64_t)(i + 1)));
     return mix64(h ^ (uint64_t)n);
 }
 
@@ -26,18 +27,21 @@ lm_status lm_kv_init(struct lm_kv *kv, int n_blocks, lm_kv_copy_fn copy, void *c
     memset(kv, 0, sizeof *kv);
     assert(n_blocks > 0);
     uint64_t buckets = 16;
-    while (buckets < 2 * (uint64_t)n_blocks) buckets *= 2;
+    while (buckets < 2 * (uint64_t)n_blocks)
+        buckets *= 2;
     kv->b = calloc((size_t)n_blocks, sizeof *kv->b);
     kv->free = malloc(sizeof *kv->free * (size_t)n_blocks);
     kv->hash_bucket = malloc(sizeof *kv->hash_bucket * buckets);
     kv->child_bucket = malloc(sizeof *kv->child_bucket * buckets);
     if (!kv->b || !kv->free || !kv->hash_bucket || !kv->child_bucket) {
         lm_kv_free(kv);
-        return lm_errorf(LM_ERR_NOMEM, "out of memory for the bookkeeping of %d KV blocks", n_blocks);
+        return lm_errorf(LM_ERR_NOMEM, "out of memory for the bookkeeping of %d KV blocks",
+                         n_blocks);
     }
     kv->n_blocks = n_blocks;
     kv->mask = buckets - 1;
-    for (uint64_t i = 0; i < buckets; i++) kv->hash_bucket[i] = kv->child_bucket[i] = -1;
+    for (uint64_t i = 0; i < buckets; i++)
+        kv->hash_bucket[i] = kv->child_bucket[i] = -1;
     /* Block 0 on top of the stack: a fresh pool hands out 0, 1, 2, ... */
     for (int i = 0; i < n_blocks; i++) {
         kv->free[i] = n_blocks - 1 - i;
@@ -59,17 +63,25 @@ void lm_kv_free(struct lm_kv *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
-int lm_kv_available(const struct lm_kv *kv) { return kv->n_free + kv->n_cached; }
-int lm_kv_used(const struct lm_kv *kv) { return kv->n_blocks - kv->n_free - kv->n_cached; }
+int lm_kv_available(const struct lm_kv *kv) {
+    return kv->n_free + kv->n_cached;
+}
+int lm_kv_used(const struct lm_kv *kv) {
+    return kv->n_blocks - kv->n_free - kv->n_cached;
+}
 
 /* ---- the cached (LRU) list ---- */
 
 static void lru_remove(struct lm_kv *kv, int i) {
     struct lm_kv_block *b = &kv->b[i];
-    if (b->lru_prev >= 0) kv->b[b->lru_prev].lru_next = b->lru_next;
-    else kv->lru_head = b->lru_next;
-    if (b->lru_next >= 0) kv->b[b->lru_next].lru_prev = b->lru_prev;
-    else kv->lru_tail = b->lru_prev;
+    if (b->lru_prev >= 0)
+        kv->b[b->lru_prev].lru_next = b->lru_next;
+    else
+        kv->lru_head = b->lru_next;
+    if (b->lru_next >= 0)
+        kv->b[b->lru_next].lru_prev = b->lru_prev;
+    else
+        kv->lru_tail = b->lru_prev;
     b->lru_prev = b->lru_next = -1;
     kv->n_cached--;
 }
@@ -78,8 +90,10 @@ static void lru_push(struct lm_kv *kv, int i) {
     struct lm_kv_block *b = &kv->b[i];
     b->lru_prev = kv->lru_tail;
     b->lru_next = -1;
-    if (kv->lru_tail >= 0) kv->b[kv->lru_tail].lru_next = i;
-    else kv->lru_head = i;
+    if (kv->lru_tail >= 0)
+        kv->b[kv->lru_tail].lru_next = i;
+    else
+        kv->lru_head = i;
     kv->lru_tail = i;
     kv->n_cached++;
 }
@@ -88,11 +102,14 @@ static void lru_push(struct lm_kv *kv, int i) {
 
 static void unlink_chain(struct lm_kv *kv, int *head, int i, bool by_hash) {
     int *pp = head;
-    while (*pp >= 0 && *pp != i) pp = by_hash ? &kv->b[*pp].hash_next : &kv->b[*pp].child_next;
+    while (*pp >= 0 && *pp != i)
+        pp = by_hash ? &kv->b[*pp].hash_next : &kv->b[*pp].child_next;
     assert(*pp == i);
     *pp = by_hash ? kv->b[i].hash_next : kv->b[i].child_next;
-    if (by_hash) kv->b[i].hash_next = -1;
-    else kv->b[i].child_next = -1;
+    if (by_hash)
+        kv->b[i].hash_next = -1;
+    else
+        kv->b[i].child_next = -1;
 }
 
 static void unindex(struct lm_kv *kv, int i) {
@@ -116,13 +133,15 @@ static int find_full(const struct lm_kv *kv, uint64_t parent, const int32_t *tok
 
 /* The indexed child of `parent` sharing the longest token prefix with ids[0..n) (n <=
  * LM_KV_BLOCK); *len gets that prefix length. -1 when none shares a token. */
-static int find_child(const struct lm_kv *kv, uint64_t parent, const int32_t *ids, int n, int *len) {
+static int find_child(const struct lm_kv *kv, uint64_t parent, const int32_t *ids, int n,
+                      int *len) {
     int best = -1, best_len = 0;
     for (int i = kv->child_bucket[parent & kv->mask]; i >= 0; i = kv->b[i].child_next) {
         const struct lm_kv_block *b = &kv->b[i];
         if (b->parent != parent) continue;
         int m = b->n_tokens < n ? b->n_tokens : n, k = 0;
-        while (k < m && b->tokens[k] == ids[k]) k++;
+        while (k < m && b->tokens[k] == ids[k])
+            k++;
         if (k > best_len) {
             best = i;
             best_len = k;
@@ -157,8 +176,10 @@ void lm_kv_release(struct lm_kv *kv, int i) {
     struct lm_kv_block *b = &kv->b[i];
     assert(b->ref > 0);
     if (--b->ref > 0) return;
-    if (b->n_tokens > 0) lru_push(kv, i);
-    else kv->free[kv->n_free++] = i;
+    if (b->n_tokens > 0)
+        lru_push(kv, i);
+    else
+        kv->free[kv->n_free++] = i;
 }
 
 uint64_t lm_kv_commit(struct lm_kv *kv, int i, uint64_t parent, const int32_t *tokens) {

@@ -53,12 +53,12 @@ struct lm_kv {
     int *free;             /* stack of blocks neither held nor indexed */
     int n_free;
     int lru_head, lru_tail, n_cached; /* held by none, indexed: evictable, oldest first */
-    int *hash_bucket;      /* [mask + 1] heads of full-block hash chains, -1 empty */
-    int *child_bucket;     /* [mask + 1] heads of parent-hash chains, -1 empty */
+    int *hash_bucket;                 /* [mask + 1] heads of full-block hash chains, -1 empty */
+    int *child_bucket;                /* [mask + 1] heads of parent-hash chains, -1 empty */
     uint64_t mask;
     lm_kv_copy_fn copy;
     void *copy_ctx;
-    long long evictions;   /* cached blocks taken for new data */
+    long long evictions; /* cached blocks taken for new data */
 };
 
 /* Sets up `n_blocks` free blocks. `copy` (may be NULL: no partial-block reuse) copies K/V rows

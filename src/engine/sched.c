@@ -14,21 +14,21 @@
 
 struct seq {
     struct lm_sched_req *r;
-    long long arrival;    /* submission order: lower runs first and is preempted last */
-    int32_t *tokens;      /* [cap_tokens] prompt then generated ids */
+    long long arrival; /* submission order: lower runs first and is preempted last */
+    int32_t *tokens;   /* [cap_tokens] prompt then generated ids */
     int n_tokens, cap_tokens, n_prompt;
-    int n_computed;       /* tokens[0..n_computed) have K/V in the blocks */
-    int32_t *blocks;      /* [cap_blocks] block table */
+    int n_computed;  /* tokens[0..n_computed) have K/V in the blocks */
+    int32_t *blocks; /* [cap_blocks] block table */
     int n_blocks, cap_blocks;
-    int n_indexed;        /* blocks[0..n_indexed) are full and indexed (or known duplicates) */
-    uint64_t chain;       /* chain hash of blocks[n_indexed - 1], LM_KV_ROOT when none */
+    int n_indexed;  /* blocks[0..n_indexed) are full and indexed (or known duplicates) */
+    uint64_t chain; /* chain hash of blocks[n_indexed - 1], LM_KV_ROOT when none */
     struct lm_rng rng;
     struct lm_emitter em;
-    bool started;         /* admitted at least once */
-    bool preempt;         /* chosen as a victim during this step's planning */
-    bool flush;           /* ended at EOS or length: release the held text */
-    int chunk;            /* tokens planned for this step */
-    struct seq *next;     /* waiting list */
+    bool started;     /* admitted at least once */
+    bool preempt;     /* chosen as a victim during this step's planning */
+    bool flush;       /* ended at EOS or length: release the held text */
+    int chunk;        /* tokens planned for this step */
+    struct seq *next; /* waiting list */
 };
 
 struct lm_sched {
@@ -45,28 +45,35 @@ struct lm_sched {
     struct seq **plan;          /* [max_seqs] */
     struct seq **running;       /* [max_seqs] in arrival order */
     int n_running;
-    struct seq *wait_head;      /* priority requests first, then arrival order */
+    struct seq *wait_head; /* priority requests first, then arrival order */
     int n_waiting;
     long long arrivals;
     struct lm_sched_stats st;
 };
 
 struct lm_sched_params lm_sched_default_params(void) {
-    return (struct lm_sched_params){.max_seqs = 16, .max_batch_tokens = 512, .n_blocks = 0, .max_ctx = 0};
+    return (struct lm_sched_params){
+        .max_seqs = 16, .max_batch_tokens = 512, .n_blocks = 0, .max_ctx = 0};
 }
 
-const struct lm_sched_params *lm_sched_params(const struct lm_sched *s) { return &s->p; }
+const struct lm_sched_params *lm_sched_params(const struct lm_sched *s) {
+    return &s->p;
+}
 
-static void copy_rows(void *ctx, int src, int dst, int n) { lm_kv_cache_copy(ctx, src, dst, n); }
+static void copy_rows(void *ctx, int src, int dst, int n) {
+    lm_kv_cache_copy(ctx, src, dst, n);
+}
 
-lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p, struct lm_sched **out) {
+lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
+                          struct lm_sched **out) {
     *out = NULL;
     if (p->max_seqs < 1 || p->max_seqs > 4096)
         return lm_errorf(LM_ERR_INVALID, "max_seqs %d is not in 1..4096", p->max_seqs);
     if (p->max_batch_tokens < p->max_seqs)
         return lm_errorf(LM_ERR_INVALID,
                          "max_batch_tokens %d is below max_seqs %d (every running sequence decodes "
-                         "one token a step)", p->max_batch_tokens, p->max_seqs);
+                         "one token a step)",
+                         p->max_batch_tokens, p->max_seqs);
     if (p->max_ctx < 1) return lm_errorf(LM_ERR_INVALID, "max_ctx %d is below 1", p->max_ctx);
     long need = (p->max_ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
     if (p->n_blocks < need)
@@ -113,9 +120,11 @@ static void wait_push(struct lm_sched *s, struct seq *q, bool front) {
     struct seq **pp = &s->wait_head;
     if (!front) {
         if (q->r->priority)
-            while (*pp && (*pp)->r->priority) pp = &(*pp)->next;
+            while (*pp && (*pp)->r->priority)
+                pp = &(*pp)->next;
         else
-            while (*pp) pp = &(*pp)->next;
+            while (*pp)
+                pp = &(*pp)->next;
     }
     q->next = *pp;
     *pp = q;
@@ -124,9 +133,11 @@ static void wait_push(struct lm_sched *s, struct seq *q, bool front) {
 
 static void running_remove(struct lm_sched *s, struct seq *q) {
     int i = 0;
-    while (i < s->n_running && s->running[i] != q) i++;
+    while (i < s->n_running && s->running[i] != q)
+        i++;
     assert(i < s->n_running);
-    memmove(s->running + i, s->running + i + 1, sizeof *s->running * (size_t)(s->n_running - i - 1));
+    memmove(s->running + i, s->running + i + 1,
+            sizeof *s->running * (size_t)(s->n_running - i - 1));
     s->n_running--;
 }
 
@@ -161,7 +172,8 @@ static void release_blocks(struct lm_sched *s, struct seq *q) {
         lm_kv_commit_partial(&s->kv, q->blocks[q->n_indexed], q->chain,
                              q->tokens + (size_t)q->n_indexed * LM_KV_BLOCK, rows);
     /* The tail first: the cached list then evicts a sequence's end before its prefix. */
-    for (int i = q->n_blocks - 1; i >= 0; i--) lm_kv_release(&s->kv, q->blocks[i]);
+    for (int i = q->n_blocks - 1; i >= 0; i--)
+        lm_kv_release(&s->kv, q->blocks[i]);
     q->n_blocks = q->n_indexed = 0;
     q->n_computed = 0;
     q->chain = LM_KV_ROOT;
@@ -214,16 +226,21 @@ static void finish_running(struct lm_sched *s, struct seq *q, enum lm_finish how
 lm_status lm_sched_submit(struct lm_sched *s, struct lm_sched_req *r) {
     const struct lm_gen_request *g = &r->gen;
     if (g->n_prompt == 0 || !g->prompt) return lm_errorf(LM_ERR_INVALID, "prompt: no tokens");
-    if (g->max_tokens < 0) return lm_errorf(LM_ERR_INVALID, "max_tokens: %d is negative", g->max_tokens);
-    if (g->n_prompt > (size_t)s->p.max_ctx || (size_t)g->max_tokens > (size_t)s->p.max_ctx - g->n_prompt)
+    if (g->max_tokens < 0)
+        return lm_errorf(LM_ERR_INVALID, "max_tokens: %d is negative", g->max_tokens);
+    if (g->n_prompt > (size_t)s->p.max_ctx ||
+        (size_t)g->max_tokens > (size_t)s->p.max_ctx - g->n_prompt)
         return lm_errorf(LM_ERR_RANGE,
                          "prompt (%zu tokens) + max_tokens (%d) = %zu exceeds the context of %d "
                          "tokens",
-                         g->n_prompt, g->max_tokens, g->n_prompt + (size_t)g->max_tokens, s->p.max_ctx);
+                         g->n_prompt, g->max_tokens, g->n_prompt + (size_t)g->max_tokens,
+                         s->p.max_ctx);
     for (size_t i = 0; i < g->n_prompt; i++)
         if (g->prompt[i] < 0 || g->prompt[i] >= s->vocab)
-            return lm_errorf(LM_ERR_INVALID, "prompt: token id %d at index %zu is outside the "
-                             "vocabulary [0, %d)", g->prompt[i], i, s->vocab);
+            return lm_errorf(LM_ERR_INVALID,
+                             "prompt: token id %d at index %zu is outside the "
+                             "vocabulary [0, %d)",
+                             g->prompt[i], i, s->vocab);
     struct seq *q = calloc(1, sizeof *q);
     if (!q) return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence");
     q->cap_tokens = (int)g->n_prompt + g->max_tokens + 1;
@@ -278,7 +295,8 @@ static bool should_defer(const struct lm_sched *s, const struct seq *q, int have
         int n = q->n_tokens < o->n_tokens ? q->n_tokens : o->n_tokens;
         if (n > match_limit(q)) n = match_limit(q);
         int k = 0;
-        while (k < n && q->tokens[k] == o->tokens[k]) k++;
+        while (k < n && q->tokens[k] == o->tokens[k])
+            k++;
         if (o->r->gen.max_tokens == 0) {
             /* A prefill-only request (prefix warming) indexes everything it computed, its last
              * partial block too, when it ends a few steps from now: wait for all of it. */
@@ -346,7 +364,8 @@ static struct seq *victim(struct lm_sched *s) {
 /* Plans this step into s->plan; returns the number of sequences in it. */
 static int plan_step(struct lm_sched *s) {
     int n_dec = 0;
-    for (int i = 0; i < s->n_running; i++) n_dec += s->running[i]->n_tokens - s->running[i]->n_computed == 1;
+    for (int i = 0; i < s->n_running; i++)
+        n_dec += s->running[i]->n_tokens - s->running[i]->n_computed == 1;
     int budget = s->p.max_batch_tokens - n_dec; /* for prefill chunks */
     int n_plan = 0;
     for (int i = 0; i < s->n_running; i++) {
@@ -399,12 +418,14 @@ static bool take_token(struct lm_sched *s, struct seq *q, const float *row) {
     struct lm_gen_result *res = &r->result;
     if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
     int n_out = q->n_tokens - q->n_prompt;
-    struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt, (size_t)n_out};
+    struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt,
+                                    (size_t)n_out};
     struct lm_token_logprob lp;
     int32_t id = lm_sample_next(&s->sampler, row, &r->gen.sampling, &hist, &q->rng,
                                 r->gen.sampling.logprobs ? &lp : NULL);
     bool eos = false;
-    for (int i = 0; i < s->gd->n_eos; i++) eos |= id == s->gd->eos_token_ids[i];
+    for (int i = 0; i < s->gd->n_eos; i++)
+        eos |= id == s->gd->eos_token_ids[i];
     if (eos && !r->gen.ignore_eos) {
         q->flush = true;
         finish_running(s, q, LM_FINISH_STOP, LM_OK, NULL);
@@ -438,12 +459,15 @@ static bool take_token(struct lm_sched *s, struct seq *q, const float *row) {
 
 /* ---- the step ---- */
 
-static bool cancelled(const struct seq *q) { return q->r->gen.cancel && atomic_load(q->r->gen.cancel); }
+static bool cancelled(const struct seq *q) {
+    return q->r->gen.cancel && atomic_load(q->r->gen.cancel);
+}
 
 int lm_sched_step(struct lm_sched *s) {
     /* 1. Cancellations: running sequences stop, waiting ones never run. */
     for (int i = s->n_running - 1; i >= 0; i--)
-        if (cancelled(s->running[i])) finish_running(s, s->running[i], LM_FINISH_CANCELLED, LM_OK, NULL);
+        if (cancelled(s->running[i]))
+            finish_running(s, s->running[i], LM_FINISH_CANCELLED, LM_OK, NULL);
     for (struct seq **pp = &s->wait_head; *pp;) {
         struct seq *q = *pp;
         if (!cancelled(q)) {
@@ -475,7 +499,8 @@ int lm_sched_step(struct lm_sched *s) {
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", lm_error_message());
-        for (int i = 0; i < n; i++) finish_running(s, s->plan[i], LM_FINISH_NONE, rc, msg);
+        for (int i = 0; i < n; i++)
+            finish_running(s, s->plan[i], LM_FINISH_NONE, rc, msg);
         return s->n_running + s->n_waiting;
     }
 
@@ -499,7 +524,8 @@ int lm_sched_step(struct lm_sched *s) {
 }
 
 void lm_sched_cancel_all(struct lm_sched *s) {
-    while (s->n_running > 0) finish_running(s, s->running[s->n_running - 1], LM_FINISH_CANCELLED, LM_OK, NULL);
+    while (s->n_running > 0)
+        finish_running(s, s->running[s->n_running - 1], LM_FINISH_CANCELLED, LM_OK, NULL);
     while (s->wait_head) {
         struct seq *q = s->wait_head;
         s->wait_head = q->next;

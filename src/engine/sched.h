@@ -61,7 +61,7 @@ struct lm_sched_req {
     bool priority;             /* admitted before ordinary requests (prefix warming) */
     lm_gen_text_fn on_text;    /* released text (emit.h); may be NULL; return false cancels */
     lm_sched_event_fn on_start, on_finish; /* may be NULL */
-    void *ctx;                 /* for the callbacks */
+    void *ctx;                             /* for the callbacks */
 
     /* Out: final at on_finish. */
     struct lm_gen_result result; /* ids, text, finish, token counts, cached_tokens, times (arrival
@@ -76,14 +76,14 @@ struct lm_sched_req {
 
 /* Counters for /metrics, logs and tests. */
 struct lm_sched_stats {
-    int running, waiting;   /* sequences admitted / submitted and not yet admitted */
-    int kv_blocks;          /* blocks in the pool */
-    int kv_blocks_used;     /* held by running sequences */
-    int kv_blocks_cached;   /* held by none but indexed for prefix reuse (evictable) */
-    int kv_blocks_free;     /* held by none, not indexed */
-    long long steps;        /* forward steps run */
-    long long step_tokens;  /* tokens run in those steps */
-    long long requests;     /* requests finished (any way) */
+    int running, waiting;  /* sequences admitted / submitted and not yet admitted */
+    int kv_blocks;         /* blocks in the pool */
+    int kv_blocks_used;    /* held by running sequences */
+    int kv_blocks_cached;  /* held by none but indexed for prefix reuse (evictable) */
+    int kv_blocks_free;    /* held by none, not indexed */
+    long long steps;       /* forward steps run */
+    long long step_tokens; /* tokens run in those steps */
+    long long requests;    /* requests finished (any way) */
     long long prompt_tokens, cached_tokens, generated_tokens; /* over finished requests */
     long long preemptions, evictions;
 };
@@ -92,7 +92,8 @@ struct lm_sched;
 
 /* A scheduler over `m` with its own KV cache (lm_kv_cache_create). `m` is borrowed and must
  * outlive it. LM_ERR_INVALID for parameters out of range (message names them), LM_ERR_NOMEM. */
-lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p, struct lm_sched **out);
+lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
+                          struct lm_sched **out);
 /* Frees the scheduler. Requests still inside finish first as cancelled (on_finish is called). */
 void lm_sched_destroy(struct lm_sched *s);
 

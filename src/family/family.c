@@ -206,12 +206,15 @@ lm_status lm_weight_store_matrix(struct lm_weight_store *ws, const char *name, i
         ws->bytes_mapped += f.nbytes;
         return LM_OK;
     }
-    void *p = lm_weight_store_alloc(ws, f.nbytes);
+    /* Copied into anonymous memory in the kernels' packed layout (ops.h, lm_cpu_pack). */
+    size_t bytes = lm_cpu_packed_bytes(f.dt, rows, cols);
+    void *p = lm_weight_store_alloc(ws, bytes);
     if (!p)
         return lm_errorf(LM_ERR_NOMEM, "%s: cannot allocate %zu bytes for tensor '%s'", f.file,
-                         f.nbytes, name);
-    memcpy(p, f.data, f.nbytes);
-    ws->bytes_copied += f.nbytes;
+                         bytes, name);
+    lm_cpu_pack(p, f.data, f.dt, rows, cols);
+    ws->bytes_copied += bytes;
+    out->dtype = lm_dtype_packed(f.dt);
     out->data = p;
     return LM_OK;
 }

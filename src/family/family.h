@@ -8,10 +8,11 @@
  *
  * The weight store (struct lm_weight_store) hands a family its tensors looked up by name with
  * shape and dtype checked at load (as calm's tensors.c does). Matrices stay in their file dtype
- * (bf16/f16/f32; the matmul widens on the fly); vectors (norm weights) are widened to float32.
- * By default every tensor is copied into anonymous memory, so the decode loop never faults on a
- * file page the kernel evicted; with `map` set, matrices are used in place from the file map
- * when aligned. */
+ * (bf16/f16/f32, or Q8_0 from a GGUF; the matmul widens on the fly); vectors (norm weights) are
+ * widened to float32. By default every tensor is copied into anonymous memory (huge pages), so
+ * the decode loop never faults on a file page the kernel evicted, and matrices are stored in the
+ * kernels' packed layout (ops.h, lm_cpu_pack; same numbers, faster streams); with `map` set,
+ * matrices are used in place from the file map when aligned (row-major). */
 #ifndef LM_FAMILY_FAMILY_H
 #define LM_FAMILY_FAMILY_H
 

@@ -26,6 +26,7 @@ struct lm_model {
     struct lm_weight_store ws;      /* owns the weight copies */
     struct lm_safetensors st;       /* open only while weights are mapped */
     struct lm_gguf gguf;            /* a GGUF bundle: open only while weights are mapped */
+    bool is_gguf;                   /* opened from a GGUF file */
     struct lm_tokenizer *tok;
     struct lm_pool *pool;
     const struct lm_cpu_ops *ops;
@@ -192,6 +193,7 @@ static lm_status open_gguf(const char *path, const struct lm_model_open_params *
     if (!m) return lm_errorf(LM_ERR_NOMEM, "%s: out of memory", path);
     pthread_mutex_init(&m->forward_mu, NULL);
     m->name = folder_name(path);
+    m->is_gguf = true;
     size_t nl = strlen(m->name);
     if (nl > 5 && !strcmp(m->name + nl - 5, ".gguf")) m->name[nl - 5] = 0;
     struct lm_hf_config hf = {0};
@@ -286,6 +288,8 @@ void lm_model_info(const struct lm_model *m, struct lm_model_info *out) {
     out->weight_dtype = m->ws.mixed_dtypes ? "mixed" : lm_dtype_name(m->ws.matrix_dtype);
     out->kernels = m->ops->name;
     out->weights_mapped = m->ws.bytes_mapped > 0;
+    out->weights_locked = m->ws.bytes_mapped > 0 && m->ws.locked;
+    out->format = m->is_gguf ? "gguf" : "safetensors";
     out->weight_bytes = m->ws.bytes_copied + m->ws.bytes_mapped;
     out->n_params = m->ws.n_params;
     out->n_threads = lm_pool_size(m->pool);

@@ -82,6 +82,8 @@ struct lm_model_info {
     const char *weight_dtype; /* dtype of the weight matrices: "bf16", "f16", "f32" or "mixed" */
     const char *kernels;      /* the CPU kernels in use: "avx512", "avx2", "generic", "scalar" */
     bool weights_mapped;      /* true: used in place from the file map; false: read into memory */
+    bool weights_locked;      /* mapped weights were prefaulted and locked resident (mlock) */
+    const char *format;       /* "safetensors" (a model folder) or "gguf" */
     size_t weight_bytes;      /* bytes of weights held (copied plus mapped) */
     long n_params;            /* parameters held (lm_head counted once when tied) */
     int n_threads;            /* threads of the forward pass */

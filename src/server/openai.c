@@ -19,7 +19,9 @@ lm_status lm_api_errorf(struct lm_api_error *e, int status, const char *type, co
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
-    lm_status st = status == 429 ? LM_ERR_RANGE : status < 500 ? LM_ERR_INVALID : LM_ERR_UNSUPPORTED;
+    lm_status st = status == 429  ? LM_ERR_RANGE
+                   : status < 500 ? LM_ERR_INVALID
+                                  : LM_ERR_UNSUPPORTED;
     return lm_errorf(st, "%s", e->message);
 }
 
@@ -65,15 +67,15 @@ static lm_status get_bool(const json_t *obj, const char *key, const char *param,
     return LM_OK;
 }
 
-static lm_status get_number(const json_t *obj, const char *key, double lo, double hi,
-                            bool lo_open, double *out, struct lm_api_error *e) {
+static lm_status get_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
+                            double *out, struct lm_api_error *e) {
     json_t *v = field(obj, key);
     if (!v) return LM_OK;
-    if (!json_is_number(v))
-        return bad(e, key, "%s must be a number, not %s", key, json_kind(v));
+    if (!json_is_number(v)) return bad(e, key, "%s must be a number, not %s", key, json_kind(v));
     double x = json_number_value(v);
     if (!isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi)
-        return bad(e, key, "%s is %g; it must be in %s%g, %g]", key, x, lo_open ? "(" : "[", lo, hi);
+        return bad(e, key, "%s is %g; it must be in %s%g, %g]", key, x, lo_open ? "(" : "[", lo,
+                   hi);
     *out = x;
     return LM_OK;
 }
@@ -82,8 +84,7 @@ static lm_status get_int(const json_t *obj, const char *key, long long lo, long 
                          bool *given, struct lm_api_error *e) {
     json_t *v = field(obj, key);
     if (!v) return LM_OK;
-    if (!json_is_integer(v))
-        return bad(e, key, "%s must be an integer, not %s", key, json_kind(v));
+    if (!json_is_integer(v)) return bad(e, key, "%s must be an integer, not %s", key, json_kind(v));
     long long x = json_integer_value(v);
     if (x < lo) return bad(e, key, "%s is %lld; it must be at least %lld", key, x, lo);
     *out = x;
@@ -159,7 +160,8 @@ static lm_status parse_messages(struct lm_chat_request *r, struct lm_api_error *
         json_t *m = json_array_get(msgs, i);
         char param[96];
         snprintf(param, sizeof param, "messages[%zu]", i);
-        if (!json_is_object(m)) return bad(e, param, "%s must be an object, not %s", param, json_kind(m));
+        if (!json_is_object(m))
+            return bad(e, param, "%s must be an object, not %s", param, json_kind(m));
         struct lm_chat_msg *cm = &r->messages[i];
         json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "messages[%zu].role", i);
@@ -169,7 +171,8 @@ static lm_status parse_messages(struct lm_chat_request *r, struct lm_api_error *
                        json_string_value(role));
         if (cm->role == LM_ROLE_TOOL)
             return lm_api_errorf(e, 400, INVALID, NULL, param,
-                                 "%s 'tool' is not supported: lumen does not serve tools yet", param);
+                                 "%s 'tool' is not supported: lumen does not serve tools yet",
+                                 param);
         json_t *tc = field(m, "tool_calls");
         if (tc && !(json_is_array(tc) && json_array_size(tc) == 0)) {
             snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
@@ -214,7 +217,8 @@ static lm_status parse_stop(struct lm_chat_request *r, struct lm_api_error *e) {
     json_array_foreach(s, i, v) {
         char param[32];
         snprintf(param, sizeof param, "stop[%zu]", i);
-        if (!json_is_string(v)) return bad(e, param, "%s must be a string, not %s", param, json_kind(v));
+        if (!json_is_string(v))
+            return bad(e, param, "%s must be a string, not %s", param, json_kind(v));
         if (!json_string_length(v)) return bad(e, param, "%s must not be empty", param);
         r->stop[r->n_stop++] = json_string_value(v);
     }
@@ -238,7 +242,8 @@ static lm_status parse_common(struct lm_chat_request *r, struct lm_api_error *e)
     /* Features lumen does not implement are refused rather than silently ignored; their neutral
      * values ({}) are accepted because SDKs send them. */
     if ((v = field(root, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0))
-        return lm_api_errorf(e, 400, INVALID, NULL, "logit_bias", "logit_bias is not supported yet");
+        return lm_api_errorf(e, 400, INVALID, NULL, "logit_bias",
+                             "logit_bias is not supported yet");
 
     json_t *model = field(root, "model");
     if (model && !json_is_string(model))
@@ -265,9 +270,12 @@ static lm_status parse_common(struct lm_chat_request *r, struct lm_api_error *e)
     if (k > 1 << 30) k = 1 << 30;
     r->top_k = k < 0 ? 0 : (int)k;
     if ((st = get_number(root, "min_p", 0, 1, false, &r->min_p, e))) return st;
-    if ((st = get_number(root, "presence_penalty", -2, 2, false, &r->presence_penalty, e))) return st;
-    if ((st = get_number(root, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e))) return st;
-    if ((st = get_number(root, "repetition_penalty", 0, 1e6, true, &r->repetition_penalty, e))) return st;
+    if ((st = get_number(root, "presence_penalty", -2, 2, false, &r->presence_penalty, e)))
+        return st;
+    if ((st = get_number(root, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e)))
+        return st;
+    if ((st = get_number(root, "repetition_penalty", 0, 1e6, true, &r->repetition_penalty, e)))
+        return st;
 
     json_t *seed = field(root, "seed");
     if (seed) {
@@ -284,10 +292,12 @@ static lm_status parse_common(struct lm_chat_request *r, struct lm_api_error *e)
     json_t *so = field(root, "stream_options");
     if (so) {
         if (!json_is_object(so))
-            return bad(e, "stream_options", "stream_options must be an object, not %s", json_kind(so));
+            return bad(e, "stream_options", "stream_options must be an object, not %s",
+                       json_kind(so));
         if (!r->stream)
             return bad(e, "stream_options", "stream_options is only allowed when stream is true");
-        if ((st = get_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage, e)))
+        if ((st = get_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage,
+                           e)))
             return st;
     }
     return LM_OK;
@@ -301,8 +311,9 @@ static lm_status parse_chat_fields(struct lm_chat_request *r, struct lm_api_erro
     if ((v = field(root, "response_format"))) {
         json_t *t = json_object_get(v, "type");
         if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-            return lm_api_errorf(e, 400, INVALID, NULL, "response_format",
-                                 "response_format is not supported yet (only {\"type\": \"text\"})");
+            return lm_api_errorf(
+                e, 400, INVALID, NULL, "response_format",
+                "response_format is not supported yet (only {\"type\": \"text\"})");
     }
     if ((st = parse_messages(r, e))) return st;
     if ((st = parse_common(r, e))) return st;
@@ -312,7 +323,8 @@ static lm_status parse_chat_fields(struct lm_chat_request *r, struct lm_api_erro
     bool tl_given = false;
     if ((st = get_int(root, "top_logprobs", 0, &tl, &tl_given, e))) return st;
     if (tl > LM_MAX_TOP_LOGPROBS)
-        return bad(e, "top_logprobs", "top_logprobs is %lld; it must be in [0, %d]", tl, LM_MAX_TOP_LOGPROBS);
+        return bad(e, "top_logprobs", "top_logprobs is %lld; it must be in [0, %d]", tl,
+                   LM_MAX_TOP_LOGPROBS);
     if (tl > 0 && !r->logprobs)
         return bad(e, "top_logprobs", "top_logprobs needs logprobs set to true");
     r->top_logprobs = (int)tl;
@@ -346,8 +358,8 @@ static lm_status parse_ids(const json_t *a, const char *param, struct lm_chat_re
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(a, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            return bad(e, param, "%s[%zu] must be a token id (a non-negative integer), not %s", param, i,
-                       json_is_integer(v) ? "a negative number" : json_kind(v));
+            return bad(e, param, "%s[%zu] must be a token id (a non-negative integer), not %s",
+                       param, i, json_is_integer(v) ? "a negative number" : json_kind(v));
         r->prompt_ids[i] = (int32_t)json_integer_value(v);
     }
     r->n_prompt_ids = n;
@@ -373,7 +385,8 @@ static lm_status parse_completion_fields(struct lm_chat_request *r, struct lm_ap
     } else if (json_is_array(p)) {
         if ((st = parse_ids(p, "prompt", r, e))) return st;
     } else {
-        return bad(e, "prompt", "prompt must be a string or an array of token ids, not %s", json_kind(p));
+        return bad(e, "prompt", "prompt must be a string or an array of token ids, not %s",
+                   json_kind(p));
     }
     if ((st = parse_common(r, e))) return st;
 
@@ -387,7 +400,8 @@ static lm_status parse_completion_fields(struct lm_chat_request *r, struct lm_ap
     long long lp = -1;
     if ((st = get_int(root, "logprobs", 0, &lp, &r->logprobs, e))) return st;
     if (lp > LM_MAX_TOP_LOGPROBS)
-        return bad(e, "logprobs", "logprobs is %lld; it must be in [0, %d]", lp, LM_MAX_TOP_LOGPROBS);
+        return bad(e, "logprobs", "logprobs is %lld; it must be in [0, %d]", lp,
+                   LM_MAX_TOP_LOGPROBS);
     r->top_logprobs = r->logprobs ? (int)lp : 0;
     return LM_OK;
 }
@@ -440,14 +454,16 @@ const char *lm_api_endpoint_path(enum lm_api_endpoint e) {
 
 /* Tokenizes the prompt of `req` into `prompt` (see lm_chat_request_prompt). */
 static lm_status prompt_ids(const struct lm_model *m, const struct lm_chat_request *req,
-                            struct lm_ids *prompt, struct lm_buf *rendered, struct lm_api_error *err) {
+                            struct lm_ids *prompt, struct lm_buf *rendered,
+                            struct lm_api_error *err) {
     if (req->endpoint == LM_API_COMPLETIONS && req->prompt_ids) {
         int vocab = lm_model_config(m)->vocab_size;
         for (size_t i = 0; i < req->n_prompt_ids; i++)
             if (req->prompt_ids[i] >= vocab)
-                return lm_api_errorf(err, 400, INVALID, NULL, "prompt",
-                                     "prompt[%zu] is %d; token ids must be below the vocabulary size %d",
-                                     i, req->prompt_ids[i], vocab);
+                return lm_api_errorf(
+                    err, 400, INVALID, NULL, "prompt",
+                    "prompt[%zu] is %d; token ids must be below the vocabulary size %d", i,
+                    req->prompt_ids[i], vocab);
         lm_ids_append(prompt, req->prompt_ids, req->n_prompt_ids);
         return LM_OK;
     }
@@ -457,16 +473,20 @@ static lm_status prompt_ids(const struct lm_model *m, const struct lm_chat_reque
         lm_status st = lm_model_render_chat(m, req->messages, req->n_messages, &req->chat, &text);
         if (st) {
             lm_buf_free(&text);
-            if (st == LM_ERR_NOMEM) return lm_api_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
-            return lm_api_errorf(err, 400, INVALID, NULL, param, "messages: %s", lm_error_message());
+            if (st == LM_ERR_NOMEM)
+                return lm_api_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
+            return lm_api_errorf(err, 400, INVALID, NULL, param, "messages: %s",
+                                 lm_error_message());
         }
     } else {
         lm_buf_puts(&text, req->prompt);
     }
-    lm_status st = lm_tokenizer_encode(lm_model_tokenizer(m), text.p ? text.p : "", text.len, 0, prompt);
+    lm_status st =
+        lm_tokenizer_encode(lm_model_tokenizer(m), text.p ? text.p : "", text.len, 0, prompt);
     if (!st && rendered) lm_buf_append(rendered, text.p ? text.p : "", text.len);
     lm_buf_free(&text);
-    if (st) return lm_api_errorf(err, 400, INVALID, NULL, param, "%s: %s", param, lm_error_message());
+    if (st)
+        return lm_api_errorf(err, 400, INVALID, NULL, param, "%s: %s", param, lm_error_message());
     return LM_OK;
 }
 
@@ -480,9 +500,10 @@ lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_
     long long n = (long long)(prompt->n - before);
     if (req->max_tokens > 0) {
         if (n + req->max_tokens > ctx)
-            return lm_api_errorf(err, 400, INVALID, "context_length_exceeded", param,
-                                 "prompt has %lld tokens and max_tokens is %d; the context holds %d",
-                                 n, req->max_tokens, ctx);
+            return lm_api_errorf(
+                err, 400, INVALID, "context_length_exceeded", param,
+                "prompt has %lld tokens and max_tokens is %d; the context holds %d", n,
+                req->max_tokens, ctx);
         *max_tokens = req->max_tokens;
     } else {
         if (n >= ctx)
@@ -491,7 +512,8 @@ lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_
                                  "room for a completion",
                                  n, ctx);
         *max_tokens = ctx - (int)n;
-        if (req->endpoint == LM_API_COMPLETIONS && *max_tokens > LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS)
+        if (req->endpoint == LM_API_COMPLETIONS &&
+            *max_tokens > LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS)
             *max_tokens = LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS;
     }
     return LM_OK;
@@ -500,12 +522,18 @@ lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_
 struct lm_sampling_params lm_chat_request_sampling(const struct lm_chat_request *req,
                                                    const struct lm_gen_defaults *d, int choice) {
     struct lm_sampling_params p = {.temperature = 0, .top_p = 1, .top_k = 0};
-    if (req->temperature >= 0) p.temperature = (float)req->temperature;
-    else if (d && d->temperature >= 0) p.temperature = d->temperature;
-    if (req->top_p > 0) p.top_p = (float)req->top_p;
-    else if (d && d->top_p > 0 && d->top_p <= 1) p.top_p = d->top_p;
-    if (req->has_top_k) p.top_k = req->top_k;
-    else if (d && d->top_k >= 0) p.top_k = d->top_k;
+    if (req->temperature >= 0)
+        p.temperature = (float)req->temperature;
+    else if (d && d->temperature >= 0)
+        p.temperature = d->temperature;
+    if (req->top_p > 0)
+        p.top_p = (float)req->top_p;
+    else if (d && d->top_p > 0 && d->top_p <= 1)
+        p.top_p = d->top_p;
+    if (req->has_top_k)
+        p.top_k = req->top_k;
+    else if (d && d->top_k >= 0)
+        p.top_k = d->top_k;
     p.seeded = req->has_seed;
     p.seed = req->seed + (uint64_t)(choice > 0 ? choice : 0);
     p.min_p = (float)req->min_p;
@@ -538,15 +566,17 @@ static json_t *task_list(unsigned tasks) {
     return a;
 }
 
-lm_status lm_api_check_task(unsigned tasks, unsigned need, const char *model, struct lm_api_error *err) {
+lm_status lm_api_check_task(unsigned tasks, unsigned need, const char *model,
+                            struct lm_api_error *err) {
     if ((tasks & need) == need) return LM_OK;
     struct lm_buf has = {0};
     for (unsigned b = 1; b; b <<= 1)
-        if ((tasks & b) && lm_task_name(b)) lm_buf_printf(&has, "%s%s", has.len ? ", " : "", lm_task_name(b));
-    lm_status st = lm_api_errorf(err, 400, INVALID, "model_not_capable", "model",
-                                 "model %s does not support the task %s (it declares: %s)", model,
-                                 lm_task_name(need) ? lm_task_name(need) : "?",
-                                 has.len ? has.p : "none");
+        if ((tasks & b) && lm_task_name(b))
+            lm_buf_printf(&has, "%s%s", has.len ? ", " : "", lm_task_name(b));
+    lm_status st =
+        lm_api_errorf(err, 400, INVALID, "model_not_capable", "model",
+                      "model %s does not support the task %s (it declares: %s)", model,
+                      lm_task_name(need) ? lm_task_name(need) : "?", has.len ? has.p : "none");
     lm_buf_free(&has);
     return st;
 }
@@ -564,10 +594,12 @@ static json_t *utf8_string(const char *s, size_t len) {
         unsigned c = p[i];
         size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
         bool ok = n > 0 && i + n <= len;
-        for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xC0) == 0x80;
+        for (size_t k = 1; ok && k < n; k++)
+            ok = (p[i + k] & 0xC0) == 0x80;
         if (ok && n > 1) { /* reject overlong forms, surrogates and values past U+10FFFF */
             unsigned cp = c & (0x7F >> n);
-            for (size_t k = 1; k < n; k++) cp = cp << 6 | (p[i + k] & 0x3F);
+            for (size_t k = 1; k < n; k++)
+                cp = cp << 6 | (p[i + k] & 0x3F);
             static const unsigned k_min[5] = {0, 0, 0x80, 0x800, 0x10000};
             ok = cp >= k_min[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
         }
@@ -594,17 +626,22 @@ static char *dump(json_t *j) {
 }
 
 static json_t *usage_obj(const struct lm_openai_usage *u) {
-    json_t *o = json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
-                          u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    json_t *o =
+        json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
+                  u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens);
     if (u->cached_tokens >= 0)
-        json_object_set_new(o, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", u->cached_tokens));
+        json_object_set_new(o, "prompt_tokens_details",
+                            json_pack("{s:i}", "cached_tokens", u->cached_tokens));
     return o;
 }
 
-static bool is_chat(const struct lm_openai_meta *meta) { return meta->endpoint == LM_API_CHAT; }
+static bool is_chat(const struct lm_openai_meta *meta) {
+    return meta->endpoint == LM_API_CHAT;
+}
 
 static json_t *base_obj(const struct lm_openai_meta *meta, bool chunk) {
-    const char *object = is_chat(meta) ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    const char *object =
+        is_chat(meta) ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     return json_pack("{s:s, s:s, s:I, s:s}", "id", meta->id, "object", object, "created",
                      (json_int_t)meta->created, "model", meta->model);
 }
@@ -614,7 +651,9 @@ const char *lm_openai_finish_reason(enum lm_finish f) {
 }
 
 /* A logprob as JSON: -inf (a masked token) becomes -9999.0, as OpenAI and vLLM report it. */
-static json_t *logprob_num(float lp) { return json_real(lp > -9999.0f ? (double)lp : -9999.0); }
+static json_t *logprob_num(float lp) {
+    return json_real(lp > -9999.0f ? (double)lp : -9999.0);
+}
 
 /* The text of one token (special tokens spelled out), lossy UTF-8 as vLLM's decode gives it. */
 static void token_text(const struct lm_openai_meta *meta, int32_t id, struct lm_buf *out) {
@@ -625,12 +664,14 @@ static void token_text(const struct lm_openai_meta *meta, int32_t id, struct lm_
 
 static json_t *bytes_array(const struct lm_buf *b) {
     json_t *a = json_array();
-    for (size_t i = 0; i < b->len; i++) json_array_append_new(a, json_integer((unsigned char)b->p[i]));
+    for (size_t i = 0; i < b->len; i++)
+        json_array_append_new(a, json_integer((unsigned char)b->p[i]));
     return a;
 }
 
 /* Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
-static json_t *chat_logprobs(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp, size_t n) {
+static json_t *chat_logprobs(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp,
+                             size_t n) {
     json_t *content = json_array();
     struct lm_buf t = {0};
     for (size_t i = 0; i < n; i++) {
@@ -639,14 +680,15 @@ static json_t *chat_logprobs(const struct lm_openai_meta *meta, const struct lm_
         for (int k = 0; k < lp[i].n_top; k++) {
             struct lm_buf tt = {0};
             token_text(meta, lp[i].top_id[k], &tt);
-            json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token", utf8_string(tt.p, tt.len),
-                                                 "logprob", logprob_num(lp[i].top_logprob[k]), "bytes",
-                                                 bytes_array(&tt)));
+            json_array_append_new(
+                top, json_pack("{s:o, s:o, s:o}", "token", utf8_string(tt.p, tt.len), "logprob",
+                               logprob_num(lp[i].top_logprob[k]), "bytes", bytes_array(&tt)));
             lm_buf_free(&tt);
         }
-        json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", utf8_string(t.p, t.len),
-                                                 "logprob", logprob_num(lp[i].logprob), "bytes", bytes_array(&t),
-                                                 "top_logprobs", top));
+        json_array_append_new(content,
+                              json_pack("{s:o, s:o, s:o, s:o}", "token", utf8_string(t.p, t.len),
+                                        "logprob", logprob_num(lp[i].logprob), "bytes",
+                                        bytes_array(&t), "top_logprobs", top));
     }
     lm_buf_free(&t);
     return json_pack("{s:o}", "content", content);
@@ -654,9 +696,10 @@ static json_t *chat_logprobs(const struct lm_openai_meta *meta, const struct lm_
 
 /* Completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; the
  * sampled token is always in its top_logprobs entry (up to logprobs + 1 entries, as OpenAI). */
-static json_t *completion_logprobs(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp,
-                                   size_t n, size_t offset0) {
-    json_t *tokens = json_array(), *values = json_array(), *tops = json_array(), *offs = json_array();
+static json_t *completion_logprobs(const struct lm_openai_meta *meta,
+                                   const struct lm_token_logprob *lp, size_t n, size_t offset0) {
+    json_t *tokens = json_array(), *values = json_array(), *tops = json_array(),
+           *offs = json_array();
     struct lm_buf t = {0}, tt = {0};
     size_t off = offset0;
     for (size_t i = 0; i < n; i++) {
@@ -675,12 +718,12 @@ static json_t *completion_logprobs(const struct lm_openai_meta *meta, const stru
     }
     lm_buf_free(&t);
     lm_buf_free(&tt);
-    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values, "top_logprobs", tops,
-                     "text_offset", offs);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values,
+                     "top_logprobs", tops, "text_offset", offs);
 }
 
-static json_t *logprobs_obj(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp, size_t n,
-                            size_t offset0) {
+static json_t *logprobs_obj(const struct lm_openai_meta *meta, const struct lm_token_logprob *lp,
+                            size_t n, size_t offset0) {
     if (!lp) return json_null();
     return is_chat(meta) ? chat_logprobs(meta, lp, n) : completion_logprobs(meta, lp, n, offset0);
 }
@@ -693,16 +736,19 @@ char *lm_openai_response(const struct lm_openai_meta *meta, const struct lm_open
         const struct lm_openai_choice *c = &choices[i];
         json_t *choice;
         if (is_chat(meta)) {
-            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", utf8_string(c->text, c->len));
+            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                    utf8_string(c->text, c->len));
             if (c->reasoning)
                 json_object_set_new(msg, "reasoning_content",
-                                    c->reasoning_len ? utf8_string(c->reasoning, c->reasoning_len) : json_null());
+                                    c->reasoning_len ? utf8_string(c->reasoning, c->reasoning_len)
+                                                     : json_null());
             choice = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message", msg, "logprobs",
                                logprobs_obj(meta, c->logprobs, c->n_logprobs, 0), "finish_reason",
                                c->finish_reason);
         } else {
-            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "text", utf8_string(c->text, c->len),
-                               "logprobs", logprobs_obj(meta, c->logprobs, c->n_logprobs, 0), "finish_reason",
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "text",
+                               utf8_string(c->text, c->len), "logprobs",
+                               logprobs_obj(meta, c->logprobs, c->n_logprobs, 0), "finish_reason",
                                c->finish_reason);
         }
         json_array_append_new(arr, choice);
@@ -730,13 +776,15 @@ void lm_openai_chunk(struct lm_buf *out, const struct lm_openai_meta *meta,
         if (d->role) json_object_set_new(delta, "role", json_string(d->role));
         if (d->content) json_object_set_new(delta, "content", utf8_string(d->content, d->len));
         if (d->reasoning)
-            json_object_set_new(delta, "reasoning_content", utf8_string(d->reasoning, d->reasoning_len));
+            json_object_set_new(delta, "reasoning_content",
+                                utf8_string(d->reasoning, d->reasoning_len));
         choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "delta", delta, "logprobs",
                            logprobs_obj(meta, d->logprobs, d->n_logprobs, 0), "finish_reason", fr);
     } else {
         choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "text",
-                           utf8_string(d->content ? d->content : "", d->content ? d->len : 0), "logprobs",
-                           logprobs_obj(meta, d->logprobs, d->n_logprobs, 0), "finish_reason", fr);
+                           utf8_string(d->content ? d->content : "", d->content ? d->len : 0),
+                           "logprobs", logprobs_obj(meta, d->logprobs, d->n_logprobs, 0),
+                           "finish_reason", fr);
     }
     json_object_set_new(o, "choices", json_pack("[o]", choice));
     if (usage_null) json_object_set_new(o, "usage", json_null());
@@ -751,13 +799,16 @@ void lm_openai_usage_chunk(struct lm_buf *out, const struct lm_openai_meta *meta
     sse(out, o);
 }
 
-void lm_openai_done(struct lm_buf *out) { lm_buf_puts(out, "data: [DONE]\n\n"); }
+void lm_openai_done(struct lm_buf *out) {
+    lm_buf_puts(out, "data: [DONE]\n\n");
+}
 
 char *lm_openai_error_json(const struct lm_api_error *e) {
-    json_t *err = json_pack("{s:o, s:s, s:o, s:o}", "message", utf8_string(e->message, strlen(e->message)),
-                            "type", e->type ? e->type : INVALID, "param",
-                            e->param[0] ? utf8_string(e->param, strlen(e->param)) : json_null(),
-                            "code", e->code ? json_string(e->code) : json_null());
+    json_t *err =
+        json_pack("{s:o, s:s, s:o, s:o}", "message", utf8_string(e->message, strlen(e->message)),
+                  "type", e->type ? e->type : INVALID, "param",
+                  e->param[0] ? utf8_string(e->param, strlen(e->param)) : json_null(), "code",
+                  e->code ? json_string(e->code) : json_null());
     return dump(json_pack("{s:o}", "error", err));
 }
 
@@ -776,8 +827,8 @@ lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const cha
     json_error_t jerr;
     json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                   jerr.column);
+        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                   jerr.line, jerr.column);
     lm_status st = LM_OK;
     struct lm_ids ids = {0};
     struct lm_chat_request req = {0};
@@ -790,15 +841,17 @@ lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const cha
         bool special = true; /* add_special_tokens: Qwen3's tokenizer adds none either way */
         if (!json_is_string(prompt))
             st = bad(err, "prompt", "prompt must be a string, not %s", json_kind(prompt));
-        else if (!(st = get_bool(root, "add_special_tokens", "add_special_tokens", &special, err)) &&
-                 lm_tokenizer_encode(lm_model_tokenizer(m), json_string_value(prompt), json_string_length(prompt),
-                                     0, &ids))
+        else if (!(st =
+                       get_bool(root, "add_special_tokens", "add_special_tokens", &special, err)) &&
+                 lm_tokenizer_encode(lm_model_tokenizer(m), json_string_value(prompt),
+                                     json_string_length(prompt), 0, &ids))
             st = bad(err, "prompt", "prompt: %s", lm_error_message());
     } else if (msgs) {
         if (!(st = lm_api_check_task(tasks, LM_TASK_TEXT_CONVERSATION, lm_model_name(m), err)) &&
             !(st = lm_chat_request_parse(body, len, &req, err))) {
             bool agp = true;
-            if (!(st = get_bool(root, "add_generation_prompt", "add_generation_prompt", &agp, err))) {
+            if (!(st = get_bool(root, "add_generation_prompt", "add_generation_prompt", &agp,
+                                err))) {
                 req.chat.add_generation_prompt = agp;
                 int ignored;
                 st = lm_chat_request_prompt(m, &req, INT32_MAX, &ids, &ignored, NULL, err);
@@ -809,8 +862,10 @@ lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const cha
     }
     if (!st) {
         json_t *t = json_array();
-        for (size_t i = 0; i < ids.n; i++) json_array_append_new(t, json_integer(ids.v[i]));
-        *out = dump(json_pack("{s:i, s:i, s:o}", "count", (int)ids.n, "max_model_len", ctx, "tokens", t));
+        for (size_t i = 0; i < ids.n; i++)
+            json_array_append_new(t, json_integer(ids.v[i]));
+        *out = dump(
+            json_pack("{s:i, s:i, s:o}", "count", (int)ids.n, "max_model_len", ctx, "tokens", t));
     }
     lm_chat_request_free(&req);
     lm_ids_free(&ids);
@@ -824,8 +879,8 @@ lm_status lm_openai_detokenize(const struct lm_model *m, const char *body, size_
     json_error_t jerr;
     json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                   jerr.column);
+        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                   jerr.line, jerr.column);
     lm_status st = LM_OK;
     json_t *tokens = json_is_object(root) ? field(root, "tokens") : NULL;
     struct lm_ids ids = {0};
@@ -848,7 +903,8 @@ lm_status lm_openai_detokenize(const struct lm_model *m, const char *body, size_
             }
             json_int_t id = json_integer_value(v);
             if (id < 0 || id >= vocab) {
-                st = bad(err, param, "%s is %lld; token ids are in [0, %d)", param, (long long)id, vocab);
+                st = bad(err, param, "%s is %lld; token ids are in [0, %d)", param, (long long)id,
+                         vocab);
                 break;
             }
             lm_ids_push(&ids, (int32_t)id);

@@ -29,7 +29,8 @@
 #define LM_OPENAI_MAX_MESSAGES 64
 #define LM_OPENAI_MAX_STOP 4
 #define LM_OPENAI_MAX_N 8 /* choices per request (`n`) */
-#define LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS 16 /* OpenAI's and vLLM's default for /v1/completions */
+#define LM_OPENAI_COMPLETIONS_DEFAULT_MAX_TOKENS                                                   \
+    16 /* OpenAI's and vLLM's default for /v1/completions */
 
 /* An error as OpenAI reports it: {"error":{"message","type","param","code"}} with an HTTP status.
  * A client mistake is always 4xx. */
@@ -69,30 +70,30 @@ struct lm_chat_request {
                                      chat_template_kwargs.enable_thinking */
 
     /* completions only: the prompt is a string, or token ids */
-    const char *prompt;   /* non-empty UTF-8; NULL when ids were given */
-    int32_t *prompt_ids;  /* [n_prompt_ids] malloc'd when the prompt is an array of ids */
+    const char *prompt;  /* non-empty UTF-8; NULL when ids were given */
+    int32_t *prompt_ids; /* [n_prompt_ids] malloc'd when the prompt is an array of ids */
     size_t n_prompt_ids;
 
-    const char *model;    /* "" when absent; any value is accepted */
-    int n;                /* choices: 1..LM_OPENAI_MAX_N */
-    int max_tokens;       /* max_completion_tokens, else max_tokens; -1 not given */
-    double temperature;   /* [0, 2]; -1 not given */
-    double top_p;         /* (0, 1]; -1 not given */
-    int top_k;            /* >= 0 (0 = off; -1 from the client means off); valid when has_top_k */
+    const char *model;  /* "" when absent; any value is accepted */
+    int n;              /* choices: 1..LM_OPENAI_MAX_N */
+    int max_tokens;     /* max_completion_tokens, else max_tokens; -1 not given */
+    double temperature; /* [0, 2]; -1 not given */
+    double top_p;       /* (0, 1]; -1 not given */
+    int top_k;          /* >= 0 (0 = off; -1 from the client means off); valid when has_top_k */
     bool has_top_k;
-    double min_p;         /* [0, 1]; 0 = off */
+    double min_p;              /* [0, 1]; 0 = off */
     double presence_penalty;   /* [-2, 2]; 0 = off */
     double frequency_penalty;  /* [-2, 2]; 0 = off */
     double repetition_penalty; /* > 0; 1 = off */
-    bool logprobs;        /* chat: logprobs true; completions: logprobs given (an integer) */
-    int top_logprobs;     /* chat: top_logprobs 0..20; completions: the logprobs integer 0..20 */
-    uint64_t seed;        /* valid when has_seed (negative seeds are cast) */
+    bool logprobs;             /* chat: logprobs true; completions: logprobs given (an integer) */
+    int top_logprobs; /* chat: top_logprobs 0..20; completions: the logprobs integer 0..20 */
+    uint64_t seed;    /* valid when has_seed (negative seeds are cast) */
     bool has_seed;
     const char *stop[LM_OPENAI_MAX_STOP]; /* non-empty stop strings */
     size_t n_stop;
     bool stream;
-    bool include_usage;   /* stream_options.include_usage */
-    bool ignore_eos;      /* vLLM extension */
+    bool include_usage; /* stream_options.include_usage */
+    bool ignore_eos;    /* vLLM extension */
 };
 
 /* Parses and validates `len` bytes of a /v1/chat/completions body. On error returns
@@ -138,16 +139,17 @@ struct lm_sampling_params lm_chat_request_sampling(const struct lm_chat_request 
  * lm_task bits the model's family declares) lacks it, with a message listing what the model
  * can do. */
 unsigned lm_api_endpoint_task(enum lm_api_endpoint e);
-lm_status lm_api_check_task(unsigned tasks, unsigned need, const char *model, struct lm_api_error *err);
+lm_status lm_api_check_task(unsigned tasks, unsigned need, const char *model,
+                            struct lm_api_error *err);
 /* "text_generation" / "text_conversation" for one enum lm_task bit, NULL for an unknown bit. */
 const char *lm_task_name(unsigned task);
 
 /* What every response object repeats. Strings and the tokenizer are borrowed. */
 struct lm_openai_meta {
-    const char *id;    /* "chatcmpl-<request id>" / "cmpl-<request id>" */
-    long long created; /* Unix seconds */
-    const char *model; /* the served model's name */
-    enum lm_api_endpoint endpoint; /* chat.completion(.chunk) or text_completion objects */
+    const char *id;                 /* "chatcmpl-<request id>" / "cmpl-<request id>" */
+    long long created;              /* Unix seconds */
+    const char *model;              /* the served model's name */
+    enum lm_api_endpoint endpoint;  /* chat.completion(.chunk) or text_completion objects */
     const struct lm_tokenizer *tok; /* spells the tokens of logprobs; may be NULL without them */
 };
 
@@ -164,10 +166,10 @@ struct lm_openai_usage {
 
 /* One choice of a response. Text is UTF-8 (invalid bytes are replaced by U+FFFD). */
 struct lm_openai_choice {
-    const char *text;      /* chat: message.content; completions: text */
+    const char *text; /* chat: message.content; completions: text */
     size_t len;
-    const char *reasoning; /* chat: message.reasoning_content; NULL = no reasoning split */
-    size_t reasoning_len;  /* (a split that found no reasoning gives JSON null) */
+    const char *reasoning;     /* chat: message.reasoning_content; NULL = no reasoning split */
+    size_t reasoning_len;      /* (a split that found no reasoning gives JSON null) */
     const char *finish_reason; /* "stop", "length" */
     const struct lm_token_logprob *logprobs; /* [n_logprobs]; NULL = "logprobs": null */
     size_t n_logprobs;
@@ -180,12 +182,12 @@ char *lm_openai_response(const struct lm_openai_meta *meta, const struct lm_open
 
 /* One streamed choice update. */
 struct lm_openai_delta {
-    int index;              /* choice index */
-    const char *role;       /* "assistant" on a chat choice's first chunk, else NULL */
-    const char *content;    /* chat: delta.content, completions: text; NULL = absent ("" for
-                               completions) */
+    int index;           /* choice index */
+    const char *role;    /* "assistant" on a chat choice's first chunk, else NULL */
+    const char *content; /* chat: delta.content, completions: text; NULL = absent ("" for
+                            completions) */
     size_t len;
-    const char *reasoning;  /* chat: delta.reasoning_content; NULL = absent */
+    const char *reasoning; /* chat: delta.reasoning_content; NULL = absent */
     size_t reasoning_len;
     const struct lm_token_logprob *logprobs; /* tokens of this chunk; NULL = "logprobs": null */
     size_t n_logprobs;

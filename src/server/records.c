@@ -56,9 +56,15 @@ static json_t *str_or_null(const char *s) {
     return j ? j : json_null(); /* not UTF-8: header bytes we cannot write as JSON */
 }
 
-static json_t *ms_or_null(double ms) { return ms >= 0 ? json_real(ms) : json_null(); }
-static json_t *diff_or_null(double a, double b) { return a >= 0 && b >= 0 ? json_real(a - b) : json_null(); }
-static json_t *int_or_null(int v) { return v >= 0 ? json_integer(v) : json_null(); }
+static json_t *ms_or_null(double ms) {
+    return ms >= 0 ? json_real(ms) : json_null();
+}
+static json_t *diff_or_null(double a, double b) {
+    return a >= 0 && b >= 0 ? json_real(a - b) : json_null();
+}
+static json_t *int_or_null(int v) {
+    return v >= 0 ? json_integer(v) : json_null();
+}
 
 static const char *role_name(enum lm_chat_role r) {
     switch (r) {
@@ -76,7 +82,8 @@ static json_t *turn_json(const char *s) {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    while (*end == ' ') end++;
+    while (*end == ' ')
+        end++;
     if (end == s || *end || errno) return json_null();
     return json_integer(v);
 }
@@ -121,9 +128,11 @@ char *lm_record_json(const struct lm_record *r) {
     if (r->prompt_ids) lm_sha256_ids_hex(r->prompt_ids, r->n_prompt_ids, hex);
     json_object_set_new(o, "prompt_ids_sha256", r->prompt_ids ? json_string(hex) : json_null());
     if (r->completion_ids) lm_sha256_ids_hex(r->completion_ids, r->n_completion_ids, hex);
-    json_object_set_new(o, "completion_ids_sha256", r->completion_ids ? json_string(hex) : json_null());
+    json_object_set_new(o, "completion_ids_sha256",
+                        r->completion_ids ? json_string(hex) : json_null());
     if (r->completion_text) lm_sha256_hex(r->completion_text, r->completion_text_len, hex);
-    json_object_set_new(o, "completion_text_sha256", r->completion_text ? json_string(hex) : json_null());
+    json_object_set_new(o, "completion_text_sha256",
+                        r->completion_text ? json_string(hex) : json_null());
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(o);
     if (!s) abort(); /* only on allocation failure */
@@ -139,7 +148,9 @@ struct lm_records {
 lm_status lm_records_open(const char *path, struct lm_records **out) {
     *out = NULL;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return lm_errorf(LM_ERR_IO, "--records %s: cannot open for appending: %s", path, strerror(errno));
+    if (fd < 0)
+        return lm_errorf(LM_ERR_IO, "--records %s: cannot open for appending: %s", path,
+                         strerror(errno));
     struct lm_records *rs = calloc(1, sizeof *rs);
     if (!rs || !(rs->path = strdup(path))) {
         free(rs);

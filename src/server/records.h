@@ -30,7 +30,7 @@ struct lm_record {
     const char *phase;           /* X-Lumen-Phase */
     const char *turn;            /* X-Lumen-Turn as received; written as an int (null unless one) */
     const char *model;
-    const char *endpoint;        /* "/v1/chat/completions", "/v1/completions" */
+    const char *endpoint; /* "/v1/chat/completions", "/v1/completions" */
     int http_status;
     double t_arrival_ms, t_scheduled_ms, t_first_token_ms, t_finish_ms; /* CLOCK_MONOTONIC ms */
     int prompt_tokens, cached_tokens, completion_tokens;                /* < 0: null */
@@ -43,7 +43,8 @@ struct lm_record {
     size_t n_prompt_ids;
     const int32_t *completion_ids; /* NULL: null */
     size_t n_completion_ids;
-    const char *completion_text; /* reasoning_content bytes then content bytes, as sent; NULL: null */
+    const char
+        *completion_text; /* reasoning_content bytes then content bytes, as sent; NULL: null */
     size_t completion_text_len;
 };
 

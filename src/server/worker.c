@@ -29,13 +29,13 @@ struct lm_worker {
     struct lm_worker_params p;
     struct lm_sched *sched; /* used only by the engine thread */
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* the engine waits here for work */
+    pthread_cond_t cv;          /* the engine waits here for work */
     struct lm_job *head, *tail; /* submitted, not yet handed to the scheduler */
-    int n_queued;           /* jobs in that list */
-    int n_inside;           /* jobs handed to the scheduler and not finished */
-    int n_running;          /* of those, admitted */
+    int n_queued;               /* jobs in that list */
+    int n_inside;               /* jobs handed to the scheduler and not finished */
+    int n_running;              /* of those, admitted */
     bool stopping, joined, cancelled_all;
-    double deadline_ms;     /* when stopping: in-flight jobs are cancelled after this */
+    double deadline_ms; /* when stopping: in-flight jobs are cancelled after this */
     pthread_t thread;
     struct lm_worker_stats stats; /* guarded by mu */
 
@@ -62,8 +62,10 @@ struct lm_worker_params lm_worker_params_from_server(const struct lm_server_para
     if (sp->max_batch_tokens > 0) p.max_batch_tokens = sp->max_batch_tokens;
     if (sp->kv_tokens > 0) p.kv_tokens = sp->kv_tokens;
     p.log_summary = sp->log_requests;
-    if (sp->shutdown_timeout_s > 0) p.shutdown_timeout_s = sp->shutdown_timeout_s;
-    else if (sp->shutdown_timeout_s < 0) p.shutdown_timeout_s = 0;
+    if (sp->shutdown_timeout_s > 0)
+        p.shutdown_timeout_s = sp->shutdown_timeout_s;
+    else if (sp->shutdown_timeout_s < 0)
+        p.shutdown_timeout_s = 0;
     return p;
 }
 
@@ -126,16 +128,19 @@ static void job_on_finish(struct lm_sched_req *r) {
     if (ok && w->p.warm_next_turn && !stopping)
         warm_submit_later(w, j, r->result.text.p ? r->result.text.p : "");
     bool later_turn = false;
-    for (size_t i = 0; i < j->req.n_messages; i++) later_turn |= j->req.messages[i].role == LM_ROLE_ASSISTANT;
+    for (size_t i = 0; i < j->req.n_messages; i++)
+        later_turn |= j->req.messages[i].role == LM_ROLE_ASSISTANT;
 
     pthread_mutex_lock(&w->mu);
     j->result = r->result; /* moved: the scheduler is done with it */
     memset(&r->result, 0, sizeof r->result);
     char msg[300];
-    if (st) snprintf(msg, sizeof msg, "%s", r->error);
+    if (st)
+        snprintf(msg, sizeof msg, "%s", r->error);
     else if (j->result.finish == LM_FINISH_CANCELLED) {
         st = LM_ERR_CANCELLED; /* by the client (flag) or by the end of the shutdown drain */
-        snprintf(msg, sizeof msg, "%s", atomic_load(&j->cancel) ? "the client went away" : "server is shutting down");
+        snprintf(msg, sizeof msg, "%s",
+                 atomic_load(&j->cancel) ? "the client went away" : "server is shutting down");
     }
     finish_locked(j, st, st ? msg : NULL);
     if (j->result.times.scheduled_ms) w->n_running--;
@@ -190,11 +195,13 @@ static void canonical_prefix(const struct lm_model *m, const struct lm_chat_msg 
     if (!st) st = lm_model_render_chat(m, v, n + 1, &opts, &b);
     if (!st) {
         size_t len = 0;
-        while (len < a.len && len < b.len && a.p[len] == b.p[len]) len++;
+        while (len < a.len && len < b.len && a.p[len] == b.p[len])
+            len++;
         const struct lm_tokenizer *tok = lm_model_tokenizer(m);
         if (!lm_tokenizer_encode(tok, a.p, len, 0, out)) {
             size_t keep = out->n;
-            while (keep > 0 && !lm_tokenizer_is_special(tok, out->v[keep - 1])) keep--;
+            while (keep > 0 && !lm_tokenizer_is_special(tok, out->v[keep - 1]))
+                keep--;
             out->n = keep;
         } else {
             out->n = 0;
@@ -228,7 +235,9 @@ static void warm_submit_later(struct lm_worker *w, const struct lm_job *j, const
         return;
     }
     wm->w = w;
-    wm->sr.gen = (struct lm_gen_request){.prompt = wm->ids.v, .n_prompt = wm->ids.n, .max_tokens = 0,
+    wm->sr.gen = (struct lm_gen_request){.prompt = wm->ids.v,
+                                         .n_prompt = wm->ids.n,
+                                         .max_tokens = 0,
                                          .sampling = {.temperature = 0, .top_p = 1}};
     wm->sr.priority = true;
     wm->sr.on_finish = warm_on_finish;
@@ -341,16 +350,20 @@ static size_t mem_available(void) {
     return kb * 1024;
 }
 
-lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp, struct lm_worker **out) {
+lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
+                          struct lm_worker **out) {
     *out = NULL;
     struct lm_worker_params p = *pp;
     if (p.ctx_size < 1) return lm_errorf(LM_ERR_INVALID, "context size %d is below 1", p.ctx_size);
-    if (p.max_queue < 0) return lm_errorf(LM_ERR_INVALID, "--max-queue %d is negative", p.max_queue);
+    if (p.max_queue < 0)
+        return lm_errorf(LM_ERR_INVALID, "--max-queue %d is negative", p.max_queue);
     if (p.max_seqs < 1) return lm_errorf(LM_ERR_INVALID, "--max-seqs %d is below 1", p.max_seqs);
     if (p.max_batch_tokens < p.max_seqs)
-        return lm_errorf(LM_ERR_INVALID,
-                         "--max-batch-tokens %d is below --max-seqs %d (each running request decodes "
-                         "one token a step)", p.max_batch_tokens, p.max_seqs);
+        return lm_errorf(
+            LM_ERR_INVALID,
+            "--max-batch-tokens %d is below --max-seqs %d (each running request decodes "
+            "one token a step)",
+            p.max_batch_tokens, p.max_seqs);
     long kv = p.kv_tokens;
     if (kv <= 0) {
         kv = (long)p.ctx_size * p.max_seqs;
@@ -361,7 +374,8 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
     } else if (kv < p.ctx_size) {
         return lm_errorf(LM_ERR_INVALID,
                          "--kv-size of %ld tokens cannot hold one request of the context size %d; "
-                         "raise --kv-size or lower --ctx-size", kv, p.ctx_size);
+                         "raise --kv-size or lower --ctx-size",
+                         kv, p.ctx_size);
     }
     struct lm_sched_params sp = {.max_seqs = p.max_seqs,
                                  .max_batch_tokens = p.max_batch_tokens,
@@ -377,6 +391,14 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
         return st;
     }
     lm_sched_stats(w->sched, &w->stats.engine);
+    if (p.log_summary)
+        fprintf(stderr,
+                "lumen serve: engine: max-seqs %d, max-batch-tokens %d, max-queue %d, KV cache %d "
+                "tokens (%d blocks of %d, %.1f MiB)\n",
+                p.max_seqs, p.max_batch_tokens, p.max_queue, sp.n_blocks * LM_KV_BLOCK, sp.n_blocks,
+                LM_KV_BLOCK,
+                (double)sp.n_blocks * LM_KV_BLOCK * (double)lm_model_kv_bytes_per_token(m) /
+                    1048576.0);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int rc = pthread_create(&w->thread, NULL, engine_main, w);
@@ -391,7 +413,8 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
     return LM_OK;
 }
 
-lm_status lm_worker_create(struct lm_model *m, int ctx_size, int max_queue, struct lm_worker **out) {
+lm_status lm_worker_create(struct lm_model *m, int ctx_size, int max_queue,
+                           struct lm_worker **out) {
     struct lm_worker_params p = lm_worker_default_params();
     p.ctx_size = ctx_size;
     p.max_queue = max_queue;
@@ -406,7 +429,8 @@ void lm_worker_shutdown(struct lm_worker *w) {
         return;
     }
     w->stopping = true;
-    w->deadline_ms = lm_now_ms() + 1e3 * (w->p.shutdown_timeout_s > 0 ? w->p.shutdown_timeout_s : 0);
+    w->deadline_ms =
+        lm_now_ms() + 1e3 * (w->p.shutdown_timeout_s > 0 ? w->p.shutdown_timeout_s : 0);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
@@ -416,24 +440,26 @@ void lm_worker_shutdown(struct lm_worker *w) {
     pthread_mutex_unlock(&w->mu);
     if (w->p.log_summary) {
         const struct lm_sched_stats *e = &st.engine;
-        fprintf(stderr,
-                "lumen serve: engine: %lld requests, %lld prompt tokens, %lld (%.1f%%) from the prefix "
-                "cache; later turns: %lld requests, %lld of %lld prompt tokens (%.1f%%) from the cache, "
-                "%.1f%% of the %lld their history holds; "
-                "%lld canonical-turn prefills (%lld tokens); %lld steps, %.1f tokens a step; %lld "
-                "preemptions, %lld evictions\n",
-                st.requests, st.prompt_tokens, st.cached_tokens,
-                st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
-                st.later_turn_requests, st.later_turn_cached_tokens, st.later_turn_prompt_tokens,
-                st.later_turn_prompt_tokens
-                    ? 100.0 * (double)st.later_turn_cached_tokens / (double)st.later_turn_prompt_tokens
-                    : 0.0,
-                st.later_turn_reusable_tokens
-                    ? 100.0 * (double)st.later_turn_cached_tokens / (double)st.later_turn_reusable_tokens
-                    : 0.0,
-                st.later_turn_reusable_tokens,
-                st.warm_requests, st.warm_tokens, e->steps,
-                e->steps ? (double)e->step_tokens / (double)e->steps : 0.0, e->preemptions, e->evictions);
+        fprintf(
+            stderr,
+            "lumen serve: engine: %lld requests, %lld prompt tokens, %lld (%.1f%%) from the prefix "
+            "cache; later turns: %lld requests, %lld of %lld prompt tokens (%.1f%%) from the "
+            "cache, "
+            "%.1f%% of the %lld their history holds; "
+            "%lld canonical-turn prefills (%lld tokens); %lld steps, %.1f tokens a step; %lld "
+            "preemptions, %lld evictions\n",
+            st.requests, st.prompt_tokens, st.cached_tokens,
+            st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
+            st.later_turn_requests, st.later_turn_cached_tokens, st.later_turn_prompt_tokens,
+            st.later_turn_prompt_tokens
+                ? 100.0 * (double)st.later_turn_cached_tokens / (double)st.later_turn_prompt_tokens
+                : 0.0,
+            st.later_turn_reusable_tokens ? 100.0 * (double)st.later_turn_cached_tokens /
+                                                (double)st.later_turn_reusable_tokens
+                                          : 0.0,
+            st.later_turn_reusable_tokens, st.warm_requests, st.warm_tokens, e->steps,
+            e->steps ? (double)e->step_tokens / (double)e->steps : 0.0, e->preemptions,
+            e->evictions);
     }
 }
 
@@ -502,12 +528,14 @@ lm_status lm_worker_submit(struct lm_job *j) {
     j->reusable = -1;
     size_t n = j->req.n_messages;
     bool later = false;
-    for (size_t i = 0; i + 1 < n; i++) later |= j->req.messages[i].role == LM_ROLE_ASSISTANT;
+    for (size_t i = 0; i + 1 < n; i++)
+        later |= j->req.messages[i].role == LM_ROLE_ASSISTANT;
     if (later && j->req.messages[n - 1].role == LM_ROLE_USER) {
         struct lm_ids hist = {0};
         canonical_prefix(w->model, j->req.messages, n - 1, &j->req.chat, &hist);
         size_t k = 0;
-        while (k < hist.n && k < j->prompt.n && hist.v[k] == j->prompt.v[k]) k++;
+        while (k < hist.n && k < j->prompt.n && hist.v[k] == j->prompt.v[k])
+            k++;
         j->reusable = (int)(k < j->prompt.n ? k : j->prompt.n - 1);
         lm_ids_free(&hist);
     }
@@ -519,13 +547,16 @@ lm_status lm_worker_submit(struct lm_job *j) {
         st = lm_errorf(LM_ERR_RANGE,
                        "the queue is full: %d requests are running and %d waiting (--max-seqs %d, "
                        "--max-queue %d)",
-                       w->n_running, w->n_queued + w->n_inside - w->n_running, w->p.max_seqs, w->p.max_queue);
+                       w->n_running, w->n_queued + w->n_inside - w->n_running, w->p.max_seqs,
+                       w->p.max_queue);
     } else {
         j->refs++;
         j->state = LM_JOB_QUEUED;
         j->sr.result.times.arrival_ms = lm_now_ms();
-        if (w->tail) w->tail->next = j;
-        else w->head = j;
+        if (w->tail)
+            w->tail->next = j;
+        else
+            w->head = j;
         w->tail = j;
         w->n_queued++;
         pthread_cond_signal(&w->cv);

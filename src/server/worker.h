@@ -105,7 +105,8 @@ struct lm_worker_params lm_worker_params_from_server(const struct lm_server_para
 /* Creates the engine thread with the scheduler and its KV cache. `m` is borrowed and must
  * outlive the worker. LM_ERR_INVALID for limits out of range (message names the flag's value),
  * errors of lm_sched_create (LM_ERR_NOMEM). */
-lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *p, struct lm_worker **out);
+lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *p,
+                          struct lm_worker **out);
 /* lm_worker_start with the default parameters and these two. */
 lm_status lm_worker_create(struct lm_model *m, int ctx_size, int max_queue, struct lm_worker **out);
 /* Stops taking jobs (lm_worker_submit answers LM_ERR_CANCELLED), lets queued and running jobs
@@ -120,20 +121,20 @@ void lm_worker_load(struct lm_worker *w, int *waiting, bool *running);
 
 /* Engine state for /metrics, logs and tests: a snapshot taken after the engine's last step. */
 struct lm_worker_stats {
-    int running;             /* requests admitted and not finished (prefix warming excluded) */
-    int waiting;             /* requests submitted and not yet admitted */
+    int running;                  /* requests admitted and not finished (prefix warming excluded) */
+    int waiting;                  /* requests submitted and not yet admitted */
     struct lm_sched_stats engine; /* the scheduler's counters (prefix warming included):
                                      kv_blocks, kv_blocks_used (held by running sequences),
                                      kv_blocks_cached (reusable prefixes no sequence holds,
                                      evicted on demand), kv_blocks_free, steps, step_tokens,
                                      preemptions, evictions */
-    long long requests;      /* client requests finished (any way) */
+    long long requests;           /* client requests finished (any way) */
     long long prompt_tokens, cached_tokens, completion_tokens; /* of those requests */
-    long long later_turn_requests;          /* chat requests with an assistant turn in them */
+    long long later_turn_requests; /* chat requests with an assistant turn in them */
     long long later_turn_prompt_tokens, later_turn_cached_tokens;
-    long long later_turn_reusable_tokens;   /* of their prompt tokens, those of the history in
-                                               canonical form (all a prefix cache can give) */
-    long long warm_requests, warm_tokens;   /* canonical-form prefills and the tokens they ran */
+    long long later_turn_reusable_tokens; /* of their prompt tokens, those of the history in
+                                             canonical form (all a prefix cache can give) */
+    long long warm_requests, warm_tokens; /* canonical-form prefills and the tokens they ran */
 };
 void lm_worker_stats(struct lm_worker *w, struct lm_worker_stats *out);
 

@@ -23,6 +23,13 @@
 #include "backend/cpu/ops.h"
 
 #define LM_MM_PANEL_MIN 4
+#define LM_MM_GROUP 16 /* rows per packed group (ops.h, lm_cpu_pack) */
+
+/* The slot of row j (< 16) inside a packed bfloat16 column (pack.c). */
+int lm_cpu_bf16_slot(int j);
+/* Element (r, l) of a [*, k] matrix of dtype t, row-major or packed, widened exactly (the
+ * scalar reference's access). */
+float lm_cpu_weight(const void *w, enum lm_dtype t, int k, long r, long l);
 
 void lm_cpu_matmul_fast(struct lm_pool *pool, float *y, const float *x, const void *w,
                         enum lm_dtype wt, int n, int k, int m);

@@ -28,13 +28,39 @@ enum lm_dtype {
     LM_DTYPE_BF16, /* bfloat16: the top 16 bits of a float32 */
     LM_DTYPE_Q8_0, /* GGUF/ggml Q8_0: blocks of 32 weights, a float16 scale d then 32 int8 q,
                       weight = d * q (backend/cpu/quant.h); rows are whole blocks (k % 32 == 0) */
+    /* The same four element types with the rows packed by 16 (lm_cpu_pack): the layout the fast
+     * matmul streams fastest, made when weights are copied into memory. Packing only moves
+     * values: a matmul gives the same bits on packed and row-major weights. */
+    LM_DTYPE_F32_P16,
+    LM_DTYPE_F16_P16,
+    LM_DTYPE_BF16_P16,
+    LM_DTYPE_Q8_0_P16,
 };
 
-const char *lm_dtype_name(enum lm_dtype t); /* "f32", "f16", "bf16", "q8_0" */
+/* "f32", "f16", "bf16", "q8_0" (packed variants: the same names). */
+const char *lm_dtype_name(enum lm_dtype t);
 /* Bytes per element: 4 or 2; for a block type (Q8_0), 0 (use lm_dtype_row_bytes). */
 size_t lm_dtype_size(enum lm_dtype t);
-/* Bytes of a row of n elements (n a multiple of the block for block types). */
+/* Bytes of a row of n elements (n a multiple of the block for block types); packed variants:
+ * the row's share of its group. */
 size_t lm_dtype_row_bytes(enum lm_dtype t, long n);
+/* The element type without the packing (LM_DTYPE_BF16_P16 -> LM_DTYPE_BF16). */
+enum lm_dtype lm_dtype_unpacked(enum lm_dtype t);
+/* True for the _P16 variants. */
+int lm_dtype_is_packed(enum lm_dtype t);
+
+/* Packed weights. A matrix [m, k] of element type t (not packed) becomes ceil(m/16) groups of
+ * 16 rows (the last zero-padded), each group stored column by column: for each l < k the 16
+ * rows' elements (Q8_0: for each block of 32 columns, the 16 rows' float16 scales, then for each
+ * of the 32 columns the 16 rows' int8 quants). Within a column the row order is the fast
+ * kernels' (backend/cpu/matmul.c). lm_cpu_packed_bytes: the size; lm_cpu_pack writes it from
+ * row-major `src` (dst and src do not overlap); the result has dtype lm_dtype_packed(t). */
+size_t lm_cpu_packed_bytes(enum lm_dtype t, int m, int k);
+void lm_cpu_pack(void *dst, const void *src, enum lm_dtype t, int m, int k);
+enum lm_dtype lm_dtype_packed(enum lm_dtype t);
+/* y[0..k) = float32 of row `row` of a matrix of k columns of dtype t (row-major or packed): an
+ * embedding lookup. */
+void lm_cpu_matrix_row(float *y, const void *w, enum lm_dtype t, int k, long row);
 
 /* Exact widening of a bfloat16. */
 static inline float lm_bf16_to_f32(uint16_t h) {
@@ -63,7 +89,10 @@ struct lm_cpu_ops {
     const char *name; /* "scalar", "avx512", "avx2", "generic" */
 
     /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
-     * x: float32 rows of k; w: m rows of k elements of dtype wt; y: float32 rows of m.
+     * x: float32 rows of k; w: m rows of k elements of dtype wt (row-major or packed); y:
+     * float32 rows of m. Each y[t, r] is one float32 multiply-add chain over l = 0..k-1 in
+     * order, acc = fma(w[r, l], x[t, l], acc) from 0, with w widened exactly (the scalar
+     * reference computes the same chain with fmaf, so on FMA hardware both give the same bits).
      * The fast version splits the m weight rows over the pool and tiles tokens so that each
      * weight row is read once per block of tokens. Batch invariance (the engine's batching
      * relies on it): row i of y depends only on row i of x and on w, bit for bit, whatever n

@@ -4,14 +4,9 @@
  * AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes), or GCC vector extensions (4 lanes, any CPU).
  * The choice is made at compile time from the target flags (-march=native).
  *
- * matmul: each thread owns a range of weight rows (multiples of MM_R). Tokens are processed in
- * blocks that fit in L2, so a weight row is read from memory once per block of tokens; inside a
- * block a register tile of MM_R weight rows x 3 tokens loads each weight vector once for 3
- * tokens. A single token (decode) reads each weight row as one sequential stream: decode is
- * bound by memory bandwidth, and one forward stream keeps the hardware prefetcher ahead. Every
- * output element is computed in one fixed order, whatever the batch (batch invariance, see the
- * matmul section), so the tile and the stream use the same two accumulators. Weights are widened to float32 in registers (bf16: zero-extend and
- * shift left 16; f16: vcvtph2ps). */
+ * matmul: matmul.c (matmul.h gives its paths and the fixed order of operations that makes it
+ * batch invariant). attention_paged: the same per-(query, head) arithmetic as attention, with
+ * K/V rows found through each sequence's block table. */
 #include <assert.h>
 #include <math.h>
 
@@ -438,6 +433,7 @@ static void f_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
         for (; i < n; i++) y[i] = lm_f16_to_f32(((const uint16_t *)w)[i]);
         return;
     case LM_DTYPE_Q8_0: lm_q8_0_dequantize_row(w, y, n); return;
+    default: assert(0 && "convert_row takes row-major dtypes"); return;
     }
 }
 

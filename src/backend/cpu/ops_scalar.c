@@ -4,23 +4,26 @@
 #include <math.h>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
 
 const char *lm_dtype_name(enum lm_dtype t) {
-    switch (t) {
+    switch (lm_dtype_unpacked(t)) {
     case LM_DTYPE_F32: return "f32";
     case LM_DTYPE_F16: return "f16";
     case LM_DTYPE_BF16: return "bf16";
     case LM_DTYPE_Q8_0: return "q8_0";
+    default: return "?";
     }
-    return "?";
 }
 
 size_t lm_dtype_size(enum lm_dtype t) {
+    t = lm_dtype_unpacked(t);
     return t == LM_DTYPE_F32 ? 4 : t == LM_DTYPE_Q8_0 ? 0 : 2;
 }
 
 size_t lm_dtype_row_bytes(enum lm_dtype t, long n) {
+    t = lm_dtype_unpacked(t);
     if (t == LM_DTYPE_Q8_0) return (size_t)(n / LM_Q8_0_BLOCK) * sizeof(struct lm_block_q8_0);
     return (size_t)n * lm_dtype_size(t);
 }
@@ -73,25 +76,13 @@ uint16_t lm_f32_to_f16(float f) {
     return (uint16_t)(sign | r >> 13);
 }
 
-static float load_elem(const void *w, enum lm_dtype t, size_t i) {
-    switch (t) {
-    case LM_DTYPE_F32: return ((const float *)w)[i];
-    case LM_DTYPE_F16: return lm_f16_to_f32(((const uint16_t *)w)[i]);
-    case LM_DTYPE_BF16: return lm_bf16_to_f32(((const uint16_t *)w)[i]);
-    case LM_DTYPE_Q8_0: { /* element i of a row-major run of blocks */
-        const struct lm_block_q8_0 *b = (const struct lm_block_q8_0 *)w + i / LM_Q8_0_BLOCK;
-        return lm_f16_to_f32(b->d) * (float)b->qs[i % LM_Q8_0_BLOCK];
-    }
-    }
-    return 0;
-}
-
+/* The reference chain of ops.h: acc = fma(w[j, l], x[i, l], acc) for l in order. */
 static void s_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                      enum lm_dtype wt, int n, int k, int m) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < m; j++) {
             float acc = 0;
-            for (int l = 0; l < k; l++) acc += x[(size_t)i * k + l] * load_elem(w, wt, (size_t)j * k + l);
+            for (int l = 0; l < k; l++) acc = fmaf(lm_cpu_weight(w, wt, k, j, l), x[(size_t)i * k + l], acc);
             y[(size_t)i * m + j] = acc;
         }
 }
@@ -201,7 +192,8 @@ static void s_attention_paged(struct lm_pool *pool, float *out, const float *q, 
 }
 
 static void s_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
-    for (int i = 0; i < n; i++) y[i] = load_elem(w, wt, (size_t)i);
+    assert(!lm_dtype_is_packed(wt));
+    for (int i = 0; i < n; i++) y[i] = lm_cpu_weight(w, wt, n, 0, i);
 }
 
 static const struct lm_cpu_ops k_scalar = {

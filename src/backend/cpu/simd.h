@@ -36,6 +36,7 @@ typedef __m512 vf;
 #include <immintrin.h>
 #define VL 8
 #define SIMD_NAME "avx2"
+#define SIMD_AVX2 1
 typedef __m256 vf;
 #define V_ZERO() _mm256_setzero_ps()
 #define V_SET1(x) _mm256_set1_ps(x)

@@ -1,5 +1,6 @@
-/* common.cuh: what the CUDA backend's .cu files share: the context struct, error checks and the
- * launch helper (programmatic dependent launch). Internal to src/backend/cuda. */
+/* common.cuh: what the CUDA backend's .cu files share: the context struct, error checks, the
+ * launch helper (programmatic dependent launch) and small device helpers. Internal to
+ * src/backend/cuda. */
 #ifndef LM_BACKEND_CUDA_COMMON_CUH
 #define LM_BACKEND_CUDA_COMMON_CUH
 
@@ -12,7 +13,7 @@
 
 #include "backend/cuda/cuda.h"
 
-/* Records "CUDA: <what>: <error>" and returns LM_ERR_IO (LM_ERR_NOMEM for allocations). */
+/* Records "CUDA: <what>: <error>" and returns LM_ERR_IO (LM_ERR_NOMEM for allocations). ops.cu. */
 lm_status lm_cuda_fail(cudaError_t e, const char *what);
 
 #define LM_CU(call)                                                                               \
@@ -29,10 +30,13 @@ struct lm_cuda_ctx {
     void *blas_ws;       /* cuBLAS workspace (set explicitly so graph capture never allocates) */
     bool pdl;
     int gemv_rows;       /* 0 = automatic */
+    bool gemv_prefetch;  /* GEMV L2-prefetch mode (gemv.cu) */
     int max_rows;        /* sampler scratch capacity */
-    float2 *am_part;     /* [max_rows][AM_CHUNKS] argmax partials (value, id bits) */
+    float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
 };
+
+enum { LM_CUDA_AM_CHUNK = 8192, LM_CUDA_AM_MAX_CHUNKS = 64 };
 
 /* Launches kernel k on the context's stream, with the programmatic-stream-serialization
  * attribute when c->pdl (kernels then call pdl_wait() before touching a predecessor's output). */
@@ -52,19 +56,52 @@ static inline cudaError_t lm_launch(const lm_cuda_ctx *c, dim3 grid, dim3 block,
     return cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
 }
 
+/* Blocks of `fn` resident per multiprocessor with `smem` dynamic bytes of shared memory (cached;
+ * also raises the kernel's dynamic shared-memory limit to smem). ops.cu. */
+int lm_cuda_occupancy(const void *fn, int threads, size_t smem);
+
+/* ---- device helpers ---- */
+
 /* Waits until the predecessor grid has completed and its writes are visible (a no-op when the
  * kernel was launched without the PDL attribute). Every kernel calls it before reading or
- * writing anything a predecessor touches, so dependencies stay transitive. */
-__device__ __forceinline__ void pdl_wait() {
+ * writing anything a predecessor touches, so dependencies stay transitive. Data a predecessor
+ * writes is read with plain or L2 (.cg) loads, never through the non-coherent read-only path:
+ * a PDL kernel is already running while its predecessor writes. */
+static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 /* Lets the next kernel's blocks launch (they still wait in pdl_wait for this grid to finish). */
-__device__ __forceinline__ void pdl_trigger() {
+static __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+static __device__ __forceinline__ uint16_t f2bf(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 #endif

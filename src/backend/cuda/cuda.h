@@ -73,8 +73,9 @@ struct lm_cuda_ctx_params {
     int max_rows;     /* rows lm_cuda_sample may take without allocating (default 256) */
     int gemv_rows;    /* weight rows per warp in lm_cuda_gemv: 0 = automatic, or 1, 2, 4 (for
                          experiments; SwiGLU epilogues always use 2) */
-    bool pdl_early;   /* with pdl: kernels trigger their successor's launch on entry (default
-                         true; see lm_cuda_set_early_trigger) */
+    bool gemv_prefetch; /* lm_cuda_gemv on matrices up to 24 MiB: one block per SM, each asking L2
+                           to prefetch its rows on entry and letting the next kernel launch at
+                           once (default true) */
 };
 struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void);
 
@@ -86,14 +87,10 @@ void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c); /* accepts NULL */
 lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c);
 /* The context's cudaStream_t, as void * so C callers need no CUDA headers. Borrowed. */
 void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
-/* Where kernels let their successor launch under PDL, for the whole process (a __constant__ the
- * kernels read, so captured graphs follow it too): on entry (true: the successor's blocks become
- * resident early and stream their weights while this kernel runs), or after a GEMV has staged its
- * input and at exit for the others (false). LM_ERR_IO on a CUDA failure. */
-lm_status lm_cuda_set_early_trigger(bool on);
 /* Turns programmatic dependent launch on or off for later launches. */
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
+void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on);
 
 /* ---- linear layers ---- */
 

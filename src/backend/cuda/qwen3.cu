@@ -112,6 +112,8 @@ static void to_bf16_rows(uint16_t *dst, const lm_cuda_matrix &src, int row0, int
                 for (int i = 0; i < 32; i++) o[c + i] = lm_f32_to_bf16(d * (float)(int8_t)blk[2 + i]);
             }
             break;
+        default: /* packed CPU layouts: refused by upload_matrix */
+            break;
         }
     }
 }
@@ -122,6 +124,10 @@ static lm_status upload_matrix(lm_cuda_qwen3 *m, uint16_t **out, const lm_cuda_m
     const int cols = parts[0].cols;
     int rows = 0;
     for (int i = 0; i < n; i++) {
+        if (parts[i].dtype != LM_DTYPE_F32 && parts[i].dtype != LM_DTYPE_F16 &&
+            parts[i].dtype != LM_DTYPE_BF16 && parts[i].dtype != LM_DTYPE_Q8_0)
+            return lm_errorf(LM_ERR_UNSUPPORTED, "CUDA qwen3: %s: a packed CPU weight layout; pass "
+                             "row-major f32, f16, bf16 or q8_0", name);
         if (parts[i].dtype == LM_DTYPE_Q8_0 && parts[i].cols % 32)
             return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: %s: Q8_0 rows of %d weights (not whole blocks)",
                              name, parts[i].cols);
@@ -165,7 +171,7 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.kv_mib = 4096;
     p.graphs = true;
     p.pdl = true;
-    p.gemv_max_rows = 8;
+    p.gemv_max_rows = 4; /* v3: cuBLAS wins at 8 rows, the GEMV at 1, 2 and (barely) 4 */
     return p;
 }
 
@@ -358,6 +364,36 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
 
 /* ---- the forward pass ---- */
 
+/* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
+ * caller sets q_norm, k_norm and the pools). */
+static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32) {
+    lm_cuda_attn a;
+    memset(&a, 0, sizeof a);
+    a.qkv = m->qkv;
+    a.ld_qkv = m->QKV;
+    a.inv_freq = m->inv_freq;
+    a.eps = m->cfg.rms_norm_eps;
+    a.scale = 1.0f / sqrtf((float)m->D);
+    a.block_tables = (const int32_t *)(m->in_dev + L.bt);
+    a.bt_width = m->W;
+    a.seq = (const int32_t *)(m->in_dev + L.seq);
+    a.pos = (const int32_t *)(m->in_dev + L.pos);
+    a.n_heads = m->cfg.n_heads;
+    a.n_kv_heads = m->cfg.n_kv_heads;
+    a.head_dim = m->D;
+    a.block_size = m->p.block_size;
+    a.out = out_f32 ? (void *)m->att : (void *)m->attb;
+    a.out_bf16 = !out_f32;
+    return a;
+}
+
+static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
+    a->q_norm = m->layers[l].q_norm;
+    a->k_norm = m->layers[l].k_norm;
+    a->k_cache = m->k_pool + (size_t)l * m->layer_elems;
+    a->v_cache = m->v_pool + (size_t)l * m->layer_elems;
+}
+
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
                              bool out_identity, bool sampling) {
@@ -376,30 +412,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     c->pdl = pdl;
     if (rc) return rc;
 
-    lm_cuda_attn a;
-    memset(&a, 0, sizeof a);
-    a.qkv = m->qkv;
-    a.ld_qkv = QKV;
-    a.inv_freq = m->inv_freq;
-    a.eps = eps;
-    a.scale = 1.0f / sqrtf((float)m->D);
-    a.block_tables = (const int32_t *)(m->in_dev + L.bt);
-    a.bt_width = m->W;
-    a.seq = (const int32_t *)(m->in_dev + L.seq);
-    a.pos = (const int32_t *)(m->in_dev + L.pos);
-    a.n_heads = m->cfg.n_heads;
-    a.n_kv_heads = m->cfg.n_kv_heads;
-    a.head_dim = m->D;
-    a.block_size = m->p.block_size;
-    a.out = gemv ? (void *)m->att : (void *)m->attb;
-    a.out_bf16 = !gemv;
-
+    lm_cuda_attn a = make_attn(m, L, gemv);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
-        a.q_norm = w.q_norm;
-        a.k_norm = w.k_norm;
-        a.k_cache = m->k_pool + (size_t)l * m->layer_elems;
-        a.v_cache = m->v_pool + (size_t)l * m->layer_elems;
+        set_layer(m, &a, l);
         if (gemv) {
             LM_TRY(lm_cuda_gemv(c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
         } else {
@@ -588,7 +604,14 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 1: return lm_cuda_gemv(c, m->x, m->H, m->att, m->Q, w.wo, n, m->Q, m->H, NULL, 0, LM_CUDA_EPI_ADD);
     case 2: return lm_cuda_gemv(c, m->h, m->I, m->x, m->H, w.wgu, n, m->H, 2 * m->I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU);
     case 3: return lm_cuda_gemv(c, m->x, m->H, m->h, m->I, w.wd, n, m->I, m->H, NULL, 0, LM_CUDA_EPI_ADD);
-    default: return lm_cuda_gemv(c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
+    case 4: return lm_cuda_gemv(c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
+    case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
+        const int rows = bucket_of(m, n);
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows);
+        set_layer(m, &a, l);
+        return lm_cuda_attention(c, &a, rows, true);
+    }
+    default: return lm_cuda_sample(c, m->ids_dev, m->logits, m->V, n, m->V, NULL);
     }
 }
 
@@ -598,19 +621,21 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
     if (n < 1 || n > 8 || n > m->p.max_tokens) return lm_errorf(LM_ERR_RANGE, "bench_linear: n = %d", n);
     const double rows_cols[5] = {(double)m->QKV * m->H, (double)m->H * m->Q, 2.0 * m->I * m->H,
                                  (double)m->H * m->I, (double)m->V * m->H};
-    *bytes = 2 * rows_cols[what < 0 || what > 4 ? 4 : what];
-    const int launches = what == 4 ? 8 : m->NL;
+    *bytes = what <= 4 ? 2 * rows_cols[what < 0 ? 0 : what] : 0;
+    const int launches = what >= 4 ? 8 : m->NL;
     /* Inputs must be finite: fill the activations the kernels read with small values. */
-    LM_CU(cudaMemsetAsync(m->x, 0, sizeof(float) * (size_t)n * m->H, c->stream));
-    LM_CU(cudaMemsetAsync(m->att, 0, sizeof(float) * (size_t)n * m->Q, c->stream));
-    LM_CU(cudaMemsetAsync(m->h, 0, sizeof(float) * (size_t)n * m->I, c->stream));
-    for (int l = 0; l < launches; l++) LM_TRY(bench_one(m, what, what == 4 ? 0 : l, n)); /* warm */
+    if (what <= 4) {
+        LM_CU(cudaMemsetAsync(m->x, 0, sizeof(float) * (size_t)n * m->H, c->stream));
+        LM_CU(cudaMemsetAsync(m->att, 0, sizeof(float) * (size_t)n * m->Q, c->stream));
+        LM_CU(cudaMemsetAsync(m->h, 0, sizeof(float) * (size_t)n * m->I, c->stream));
+    }
+    for (int l = 0; l < launches; l++) LM_TRY(bench_one(m, what, what == 4 || what == 6 ? 0 : l % m->NL, n)); /* warm */
     LM_TRY(lm_cuda_ctx_sync(c));
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     lm_status rc = LM_OK;
-    for (int l = 0; l < launches && !rc; l++) rc = bench_one(m, what, what == 4 ? 0 : l, n);
+    for (int l = 0; l < launches && !rc; l++) rc = bench_one(m, what, what == 4 || what == 6 ? 0 : l % m->NL, n);
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (!rc && e != cudaSuccess) rc = lm_cuda_fail(e, "capture");
     if (!rc && (e = cudaGraphInstantiate(&ge, g, 0)) != cudaSuccess) rc = lm_cuda_fail(e, "instantiate");

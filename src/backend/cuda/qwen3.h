@@ -9,7 +9,7 @@
  *   interleaved rows, so a step is 4 matrix kernels a layer and SwiGLU is fused into one.
  * - K/V are stored in bf16 (halves the cache bytes; the CPU keeps float32): logits then differ
  *   from the CPU's by bf16 rounding (about 1e-3 relative), not by float32 rounding.
- * - Up to gemv_max_rows tokens a call (decode at small batch) run the linear layers as GEMV with
+ * - Up to gemv_max_rows tokens a call (decode at batch 1-4) run the linear layers as GEMV with
  *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
  *   whatever else is in the batch. Larger calls (prefill, large batches) use cuBLAS with bf16
  *   activations and float32 accumulation, like other GPU engines: results then match at bf16
@@ -89,7 +89,7 @@ struct lm_cuda_qwen3_params {
     int kv_mib;        /* KV pool size when n_blocks is 0; default 4096 */
     bool graphs;       /* capture decode steps as CUDA graphs (default true) */
     bool pdl;          /* programmatic dependent launch between kernels (default true) */
-    int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 8,
+    int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 4,
                           at most 8; 0 = cuBLAS always) */
 };
 struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void);
@@ -127,11 +127,13 @@ void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, i
  * valid until destroy. */
 struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m);
 
-/* Kernel timing on this model's weights, for benchmarks: the linear layer `what` (0 q/k/v with
+/* Kernel timing on this model's weights, for benchmarks: `what` is a linear layer (0 q/k/v with
  * its RMSNorm, 1 o_proj + residual, 2 gate/up + SwiGLU with its RMSNorm, 3 down_proj + residual,
- * 4 lm_head with the final RMSNorm) for `n` activation rows, one launch per layer (lm_head: 8
- * launches) captured as a graph and replayed `reps` times after a warm-up. *us: median
- * microseconds per launch; *bytes: weight bytes one launch reads. */
+ * 4 lm_head with the final RMSNorm) for `n` activation rows, or 5 the fused decode attention of
+ * the last decode step of n sequences (run one first), or 6 the argmax of n logits rows; one
+ * launch per layer (lm_head, argmax: 8 launches) captured as a graph and replayed `reps` times
+ * after a warm-up. *us: median microseconds per launch; *bytes: weight bytes one launch reads
+ * (0 for 5 and 6). */
 lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps, double *us,
                                      double *bytes);
 

@@ -278,10 +278,8 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
     for (int s = 0; s < n_seqs; s++) {
         const struct lm_batch_seq *b = &seqs[s];
         for (int i = 0; i < b->n; i++, T++)
-            ops->convert_row(x + (long)T * H,
-                             (const char *)m->embed_tokens.data +
-                                 (size_t)b->ids[i] * lm_dtype_row_bytes(m->embed_tokens.dtype, H),
-                             m->embed_tokens.dtype, H);
+            lm_cpu_matrix_row(x + (long)T * H, m->embed_tokens.data, m->embed_tokens.dtype, H,
+                              b->ids[i]);
         kv->attn[s] = (struct lm_attn_seq){b->n, b->pos, b->blocks};
     }
 

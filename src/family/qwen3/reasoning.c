@@ -56,8 +56,10 @@ static void begin(struct lm_reasoning *r, const char *prompt, size_t len) {
     if (find_last(tail, n, "<|im_end|>")) return; /* a finished turn: not where output starts */
     const char *open = find_last(tail, n, k_open);
     const char *close = find_last(tail, n, k_close);
-    if (open && (!close || close < open)) r->state = Q_REASONING_LEAD;
-    else if (close) r->state = Q_CONTENT;
+    if (open && (!close || close < open))
+        r->state = Q_REASONING_LEAD;
+    else if (close)
+        r->state = Q_CONTENT;
 }
 
 /* Length of the longest suffix of p[0..n) that is a proper prefix of `tag`. */
@@ -88,7 +90,8 @@ static void run(struct lm_reasoning *r, struct lm_buf *reasoning, struct lm_buf 
         }
         case Q_REASONING_LEAD:
         case Q_CONTENT_LEAD:
-            while (i < n && p[i] == '\n') i++;
+            while (i < n && p[i] == '\n')
+                i++;
             if (i < n) r->state = r->state == Q_REASONING_LEAD ? Q_REASONING : Q_CONTENT;
             break;
         case Q_REASONING: {
@@ -97,14 +100,16 @@ static void run(struct lm_reasoning *r, struct lm_buf *reasoning, struct lm_buf 
             if (end) {
                 upto = (size_t)(end - p);
                 size_t cut = upto;
-                while (cut > i && p[cut - 1] == '\n') cut--; /* reasoning.rstrip("\n") */
+                while (cut > i && p[cut - 1] == '\n')
+                    cut--; /* reasoning.rstrip("\n") */
                 lm_buf_append(reasoning, p + i, cut - i);
                 i = upto + CLOSE_LEN;
                 r->state = Q_CONTENT_LEAD;
                 break;
             }
             upto = n - partial_tag(p + i, n - i, k_close, CLOSE_LEN);
-            while (upto > i && p[upto - 1] == '\n') upto--; /* may precede </think> */
+            while (upto > i && p[upto - 1] == '\n')
+                upto--; /* may precede </think> */
             lm_buf_append(reasoning, p + i, upto - i);
             i = upto;
             goto hold;
@@ -134,7 +139,8 @@ static void end(struct lm_reasoning *r, struct lm_buf *reasoning, struct lm_buf 
         if (r->state == Q_START) { /* a proper prefix of <think>: not a tag */
             lm_buf_append(content, p, n);
         } else if (r->state == Q_REASONING) { /* "\n"s and a partial </think>: not a tag */
-            while (n > 0 && p[n - 1] == '\n') n--;
+            while (n > 0 && p[n - 1] == '\n')
+                n--;
             lm_buf_append(reasoning, p, n);
         }
     }

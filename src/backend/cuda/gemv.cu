@@ -1,0 +1,304 @@
+/* gemv.cu: lm_cuda_gemv (batch 1..8 linear layers, float32 activations, bf16 weights streamed
+ * once) and lm_cuda_gemm (cuBLAS). See cuda.h for the contracts, docs/perf-notes.md for why. */
+#include "backend/cuda/common.cuh"
+
+namespace {
+
+/* 16 bytes of weights that are read once: skip L1. */
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* ---- GEMV ---- */
+
+constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
+
+/* Shared-memory slot of element k of an activation row: within each 256-element chunk, lane l's
+ * 8 elements (l*8 .. l*8+7) sit as two float4s, at 4*l and 128 + 4*l, so a warp's float4 reads
+ * are contiguous and conflict-free. */
+__device__ __forceinline__ int gemv_slot(int k) {
+    int e = k & 255;
+    return (k & ~255) + ((e >> 2) & 1) * 128 + (e >> 3) * 4 + (e & 3);
+}
+
+/* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
+template <int T, int R, int U, int EPI>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    k_gemv(float *y, int ldy, const float *x, int ldx, const uint16_t *__restrict__ w, int K, int M,
+           const float *__restrict__ nw, float eps, int pf) {
+    static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
+    extern __shared__ float4 gemv_smem[];
+    float *xs = reinterpret_cast<float *>(gemv_smem);
+    __shared__ float inv_s[T];
+    const int nch = (K + 255) >> 8, Kp = nch << 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_rg = (M + R - 1) / R;
+    /* Row groups: pf = 0, strided over the whole grid; pf = 1, a contiguous range per block, whose
+     * weights the block asks L2 to prefetch on entry (one bulk prefetch per 16 KiB), before it
+     * waits for its predecessor: consecutive kernels' weight streams then overlap. */
+    int rg, stride, end;
+    if (pf) {
+        const int per = (n_rg + gridDim.x - 1) / gridDim.x;
+        const int rg0 = blockIdx.x * per;
+        end = min(n_rg, rg0 + per);
+        rg = rg0 + warp;
+        stride = GEMV_WARPS;
+        if (rg0 < end) {
+            const char *base = reinterpret_cast<const char *>(w + (size_t)rg0 * R * K);
+            const size_t bytes = (size_t)(min(M, end * R) - rg0 * R) * K * 2;
+            for (size_t o = (size_t)threadIdx.x * 16384; o < bytes; o += (size_t)GEMV_THREADS * 16384) {
+                const unsigned n = (unsigned)(bytes - o < 16384 ? bytes - o : 16384);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(n) : "memory");
+            }
+        }
+        pdl_trigger();
+    } else {
+        rg = blockIdx.x * GEMV_WARPS + warp;
+        stride = gridDim.x * GEMV_WARPS;
+        end = n_rg;
+    }
+
+    uint4 wv[U][R];
+    auto load = [&](int g, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int j = g * R + r, k = (c0 + u) * 256 + lane * 8;
+                wv[u][r] = (j < M && k < K) ? ld_stream16(w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
+            }
+    };
+    /* The weights never depend on the previous kernel: start streaming them before waiting. */
+    if (rg < end) load(rg, 0);
+
+    /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end).
+     * Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
+     * before any is stored, so the whole staging costs one L2 round trip per SU chunks (x is a
+     * plain pointer the compiler must assume may alias shared memory: without the explicit
+     * batch it would not move a load above the previous store). x is read through L2 (.cg),
+     * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
+    constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    float ss[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) ss[t] = 0.f;
+    for (int c0 = 0; c0 < nch; c0 += SU) {
+        float nv[SU];
+#pragma unroll
+        for (int u = 0; u < SU; u++) {
+            const int k = (c0 + u) * 256 + threadIdx.x;
+            nv[u] = nw && k < K ? __ldg(nw + k) : 1.f; /* a weight: safe to read before the wait */
+        }
+        if (c0 == 0) pdl_wait();
+        float v[T][SU];
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int u = 0; u < SU; u++) {
+                const int k = (c0 + u) * 256 + threadIdx.x;
+                v[t][u] = k < K ? __ldcg(x + (size_t)t * ldx + k) : 0.f; /* L2: x is fresh */
+            }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int u = 0; u < SU; u++) {
+                const int c = c0 + u;
+                if (c < nch) {
+                    ss[t] = fmaf(v[t][u], v[t][u], ss[t]);
+                    xs[t * Kp + gemv_slot(c * 256 + threadIdx.x)] = v[t][u] * nv[u];
+                }
+            }
+    }
+    if (nw) {
+        __shared__ float red[T][GEMV_WARPS];
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float sw = warp_sum(ss[t]);
+            if (lane == 0) red[t][warp] = sw;
+        }
+        __syncthreads();
+        if (threadIdx.x < T) {
+            float sw = 0.f;
+            for (int i = 0; i < GEMV_WARPS; i++) sw += red[threadIdx.x][i];
+            inv_s[threadIdx.x] = 1.0f / sqrtf(sw / (float)K + eps);
+        }
+    }
+    __syncthreads();
+    if (!pf) pdl_trigger(); /* the next kernel may start streaming its weights */
+    float inv[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) inv[t] = nw ? inv_s[t] : 1.f;
+
+    bool have = rg < end;
+    for (; rg < end; rg += stride) {
+        float acc[T][R];
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+        for (int c0 = 0; c0 < nch; c0 += U) {
+            if (!have) load(rg, c0);
+            have = false;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + u;
+                if (c < nch) {
+                    float4 xa[T], xb[T];
+#pragma unroll
+                    for (int t = 0; t < T; t++) {
+                        xa[t] = gemv_smem[(t * Kp >> 2) + c * 64 + lane];
+                        xb[t] = gemv_smem[(t * Kp >> 2) + c * 64 + 32 + lane];
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const uint4 q = wv[u][r];
+                        const float f0 = bf_lo(q.x), f1 = bf_hi(q.x), f2 = bf_lo(q.y), f3 = bf_hi(q.y);
+                        const float f4 = bf_lo(q.z), f5 = bf_hi(q.z), f6 = bf_lo(q.w), f7 = bf_hi(q.w);
+#pragma unroll
+                        for (int t = 0; t < T; t++) {
+                            float a = acc[t][r];
+                            a = fmaf(f0, xa[t].x, a);
+                            a = fmaf(f1, xa[t].y, a);
+                            a = fmaf(f2, xa[t].z, a);
+                            a = fmaf(f3, xa[t].w, a);
+                            a = fmaf(f4, xb[t].x, a);
+                            a = fmaf(f5, xb[t].y, a);
+                            a = fmaf(f6, xb[t].z, a);
+                            a = fmaf(f7, xb[t].w, a);
+                            acc[t][r] = a;
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[t][r] = warp_sum(acc[t][r]) * inv[t];
+        const int j0 = rg * R;
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (lane != t * R + r) continue;
+                const int j = j0 + r;
+                if (EPI == LM_CUDA_EPI_STORE) {
+                    if (j < M) y[(size_t)t * ldy + j] = acc[t][r];
+                } else if (EPI == LM_CUDA_EPI_ADD) {
+                    if (j < M) y[(size_t)t * ldy + j] += acc[t][r];
+                } else if ((r & 1) == 0 && j + 1 < M) {
+                    y[(size_t)t * ldy + (j >> 1)] = silu_mul(acc[t][r], acc[t][(r + 1) % R]);
+                }
+            }
+    }
+}
+
+template <int T, int R, int EPI>
+cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                        const uint16_t *w, int k, int m, const float *nw, float eps) {
+    /* Chunks of 256 weights a lane loads before using any: enough bytes in flight per SM even
+     * when a small matrix gives each SM only one block (o_proj, down_proj at batch 1). */
+    constexpr int U = T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
+    auto fn = k_gemv<T, R, U, EPI>;
+    const int nch = (k + 255) / 256;
+    const size_t smem = (size_t)T * nch * 256 * sizeof(float);
+    const int n_rg = (m + R - 1) / R;
+    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
+    /* Prefetch mode for matrices that fit L2 several times over: one block per SM, so the next
+     * kernel's blocks fit beside this one's and stream their weights early. */
+    const int pf = c->gemv_prefetch && (size_t)m * k * 2 <= ((size_t)24 << 20);
+    const int cap = pf ? c->sm_count : lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
+    if (pf) lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* sets the smem limit */
+    const int grid = need < cap ? need : cap;
+    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps, pf);
+}
+
+template <int T, int EPI>
+cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
+                               int ldx, const uint16_t *w, int k, int m, const float *nw, float eps) {
+    if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
+        return launch_gemv<T, 2, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+    } else {
+        if constexpr (T == 1)
+            if (R == 4) return launch_gemv<T, 4, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        if (R == 1) return launch_gemv<T, 1, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        return launch_gemv<T, 2, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+    }
+}
+
+template <int EPI>
+cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
+                          int ldx, const uint16_t *w, int k, int m, const float *nw, float eps) {
+    switch (T) {
+    case 1: return gemv_rows_dispatch<1, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 2: return gemv_rows_dispatch<2, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 3: return gemv_rows_dispatch<3, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 4: return gemv_rows_dispatch<4, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 5: return gemv_rows_dispatch<5, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 6: return gemv_rows_dispatch<6, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 7: return gemv_rows_dispatch<7, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    default: return gemv_rows_dispatch<8, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    }
+}
+
+} // namespace
+
+extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                                  const uint16_t *w, int n, int k, int m, const float *norm_w,
+                                  float eps, enum lm_cuda_epilogue epi) {
+    if (n < 1 || k < 8 || m < 1 || k % 8 || ((uintptr_t)w & 15))
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA gemv: [%d, %d] x [%d, %d]^T: k must be a positive multiple of 8 and "
+                         "the weights 16-byte aligned",
+                         n, k, m, k);
+    if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: SwiGLU needs an even number of rows, not %d", m);
+    /* Rows per warp: 2 when that still gives every multiprocessor a block, else 1 (v1 measured 1
+     * best at batch 1 for every matrix of Qwen3-0.6B). */
+    int R = c->gemv_rows;
+    if (!R) R = m >= 2 * GEMV_WARPS * c->sm_count ? 2 : 1;
+    /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
+    const int kp = (k + 255) / 256 * 256;
+    int per = 200 * 1024 / (kp * 4);
+    if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
+    if (per > 8) per = 8;
+    for (int t0 = 0; t0 < n; t0 += per) {
+        const int T = n - t0 < per ? n - t0 : per;
+        const float *xt = x + (size_t)t0 * ldx;
+        float *yt = y + (size_t)t0 * ldy;
+        cudaError_t e;
+        switch (epi) {
+        case LM_CUDA_EPI_STORE:
+            e = gemv_dispatch<LM_CUDA_EPI_STORE>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        case LM_CUDA_EPI_ADD:
+            e = gemv_dispatch<LM_CUDA_EPI_ADD>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        default:
+            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        }
+        if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
+    }
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,
+                                  const uint16_t *w, int n, int k, int m, bool accumulate) {
+    if (n < 1 || k < 1 || m < 1 || k % 8)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm: [%d, %d] x [%d, %d]^T: k must be a multiple of 8",
+                         n, k, m, k);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    /* Column-major view: Y^T[m, n] = W[m, k] . X^T[k, n]; W is stored as W^T in column major. */
+    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF,
+                                    k, x_bf16, CUDA_R_16BF, k, &beta, y, CUDA_R_32F, m,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lm_errorf(LM_ERR_IO, "cuBLAS: gemm [%d, %d] x [%d, %d]^T: %s", n, k, m, k,
+                         cublasGetStatusString(s));
+    return LM_OK;
+}
+
