@@ -761,7 +761,9 @@ static void test_model(void) {
     float **alone = calloc((size_t)nc, sizeof *alone);
     double worst_hf = 0, worst_cpu = 0, worst_gemm = 0;
 
-    /* 1. Alone, float32 GEMV path: prefill in chunks of 8, then greedy decode as graphs. */
+    /* 1. Alone, float32 GEMV path: prefill in chunks of 8, then greedy decode as graphs. The
+     * batched runs below must use the same path for the prefill, so set it explicitly. */
+    lm_cuda_qwen3_set_options(g_m, true, true, 8);
     for (int i = 0; i < nc; i++) {
         struct ref_case *c = &cs[i];
         const int G = (int)c->greedy.n;

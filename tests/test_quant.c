@@ -105,38 +105,66 @@ static void test_matmul(struct lm_pool *pool) {
                 double e = rel_err(y2, y1, (long)n * m);
                 worst = fmax(worst, e);
                 CHECK(e <= 1e-5, "q8_0 matmul k=%d m=%d n=%d: rel err %g", k, m, n, e);
+#ifdef __FMA__
+                /* With hardware FMA both compute the same fma chain (ops.h): the same bits. */
+                CHECK(memcmp(y1, y2, sizeof(float) * n * m) == 0, "q8_0 k=%d m=%d n=%d: fast != scalar bits", k, m, n);
+#endif
                 free(x), free(wf), free(y1), free(y2), free(w);
             }
     fprintf(stderr, "q8_0 matmul (%s, %d threads): max rel err vs scalar %.3g\n", f->name,
             lm_pool_size(pool), worst);
 }
 
-/* Rows of a batch equal the same rows alone, bit for bit (Q8_0 and F16; F32/BF16 are in
- * test_batch). */
+/* Rows of a batch equal the same rows alone, bit for bit, up to n = 30 (past the panel
+ * threshold LM_MM_PANEL_MIN), for Q8_0 and F16 weights, row-major and packed (F32/BF16
+ * row-major are in test_batch). */
 static void test_invariance(struct lm_pool *pool) {
     const struct lm_cpu_ops *f = lm_cpu_ops_fast();
     const int shapes[][2] = {{32, 96}, {64, 7}, {96, 33}, {1024, 64}, {160, 5}};
+    enum { NMAX = 30 };
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int k = shapes[c][0], m = shapes[c][1];
-        float *x = malloc(sizeof(float) * 16 * k), *wf = malloc(sizeof(float) * m * k);
+        float *x = malloc(sizeof(float) * NMAX * k), *wf = malloc(sizeof(float) * m * k);
         struct lm_block_q8_0 *wq = malloc(sizeof *wq * (size_t)m * (k / 32));
-        uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)m * k);
-        for (int i = 0; i < 16 * k; i++) x[i] = frand();
-        for (int i = 0; i < m * k; i++) wf[i] = frand(), wh[i] = lm_f32_to_f16(wf[i]);
+        uint16_t *wh = malloc(sizeof(uint16_t) * (size_t)m * k), *wb = malloc(sizeof(uint16_t) * (size_t)m * k);
+        for (int i = 0; i < NMAX * k; i++) x[i] = frand();
+        for (int i = 0; i < m * k; i++) wf[i] = frand(), wh[i] = lm_f32_to_f16(wf[i]), wb[i] = lm_f32_to_bf16(wf[i]);
         for (int r = 0; r < m; r++) lm_q8_0_quantize_row(wf + (long)r * k, wq + (long)r * (k / 32), k);
-        float *alone = malloc(sizeof(float) * 16 * m), *batch = malloc(sizeof(float) * 16 * m);
-        for (int dt = 0; dt < 2; dt++) {
-            enum lm_dtype t = dt ? LM_DTYPE_F16 : LM_DTYPE_Q8_0;
-            const void *w = dt ? (const void *)wh : (const void *)wq;
-            for (int i = 0; i < 16; i++) f->matmul(pool, alone + (size_t)i * m, x + (size_t)i * k, w, t, 1, k, m);
-            int bad = 0;
-            for (int n = 2; n <= 16; n++) {
-                f->matmul(pool, batch, x, w, t, n, k, m);
-                if (memcmp(batch, alone, sizeof(float) * n * m)) bad = n;
+        float *alone = malloc(sizeof(float) * NMAX * m), *batch = malloc(sizeof(float) * NMAX * m);
+        const enum lm_dtype dts[] = {LM_DTYPE_Q8_0, LM_DTYPE_F16, LM_DTYPE_BF16, LM_DTYPE_F32};
+        for (int dt = 0; dt < 4; dt++)
+            for (int packed = 0; packed < 2; packed++) {
+                enum lm_dtype t = dts[dt];
+                const void *w = t == LM_DTYPE_Q8_0 ? (const void *)wq : t == LM_DTYPE_F16 ? (const void *)wh
+                                : t == LM_DTYPE_BF16 ? (const void *)wb : (const void *)wf;
+                void *wp = NULL;
+                if (packed) {
+                    wp = malloc(lm_cpu_packed_bytes(t, m, k));
+                    lm_cpu_pack(wp, w, t, m, k);
+                    w = wp;
+                    t = lm_dtype_packed(t);
+                }
+                for (int i = 0; i < NMAX; i++) f->matmul(pool, alone + (size_t)i * m, x + (size_t)i * k, w, t, 1, k, m);
+                int bad = 0;
+                for (int n = 2; n <= NMAX; n++) {
+                    f->matmul(pool, batch, x, w, t, n, k, m);
+                    if (memcmp(batch, alone, sizeof(float) * n * m)) bad = n;
+                }
+                CHECK(bad == 0, "matmul k=%d m=%d %s%s: rows of n=%d differ from n=1", k, m, lm_dtype_name(t),
+                      packed ? " packed" : "", bad);
+                /* Packed and row-major weights give the same bits. */
+                if (packed) {
+                    float *rm = malloc(sizeof(float) * NMAX * m);
+                    f->matmul(pool, rm, x, dt == 0 ? (const void *)wq : dt == 1 ? (const void *)wh
+                                                   : dt == 2 ? (const void *)wb : (const void *)wf,
+                              dts[dt], NMAX, k, m);
+                    CHECK(!memcmp(rm, batch, sizeof(float) * NMAX * m), "%s: packed vs row-major differ",
+                          lm_dtype_name(t));
+                    free(rm);
+                }
+                free(wp);
             }
-            CHECK(bad == 0, "matmul k=%d m=%d %s: rows of n=%d differ from n=1", k, m, lm_dtype_name(t), bad);
-        }
-        free(x), free(wf), free(wq), free(wh), free(alone), free(batch);
+        free(x), free(wf), free(wq), free(wh), free(wb), free(alone), free(batch);
     }
 }
 

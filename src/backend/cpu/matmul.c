@@ -6,10 +6,12 @@
  * (batch invariance), and equals the scalar reference's fmaf chain.
  *
  * Paths:
- *   streaming tiles (n < LM_MM_PANEL_MIN tokens on packed weights: decode, small batches): up to
- *     4 groups x 1 token or 2 groups x 3 tokens of accumulators; each column of 16 weights is
- *     loaded once, widened in registers (bf16 under AVX2: a shift and a mask) and used by every
- *     token of the tile; each group streams front to back, so each weight is read once a call;
+ *   streaming tiles (n < LM_MM_PANEL_MIN tokens on packed weights: decode, small batches): 4
+ *     groups x 1 token (Q8_0: 3), 2 groups x 2 tokens, or one group x up to 6 tokens at a time
+ *     (a batch: every token over a group before the next, the group from L1/L2 after the first
+ *     pass); each column of 16 weights is loaded once, widened in registers (bf16 under AVX2: a
+ *     shift and a mask) and used by every token of the tile, so each weight comes from memory
+ *     once a call;
  *   panels (n >= LM_MM_PANEL_MIN, or row-major weights mapped from a file): a thread widens one
  *     group into a float32 panel [k][16] (L2-resident; row-major weights are transposed 8 x 8 on
  *     the way), then an outer-product tile of 6 tokens x 16 rows (12 accumulators, the BLIS
@@ -83,23 +85,34 @@ ALWAYS_INLINE void store_group(float *y, const vf *acc, int valid) {
 #define DEFINE_TILE(SUF, WT, COL)                                                                \
     ALWAYS_INLINE void tile_##SUF(const int NG, const int T, float *y, long ldy, const float *x, \
                                   long ldx, int k, const WT *w, long gs, int valid) {            \
-        vf acc[4][3][NV];                                                                        \
+        vf acc[4][6][NV];                                                                        \
         _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
-            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                  \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();    \
         for (long l = 0; l < k; l++) {                                                           \
+            if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */           \
+                vf c[NV];                                                                        \
+                COL(c, w, l);                                                                    \
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {                            \
+                    vf xb = V_SET1(x[t * ldx + l]);                                              \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][t][v] =          \
+                        V_FMA(c[v], xb, acc[0][t][v]);                                           \
+                }                                                                                \
+                continue;                                                                        \
+            }                                                                                    \
             vf xb[3];                                                                            \
-            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) xb[t] = V_SET1(x[t * ldx + l]);  \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xb[t] =                 \
+                V_SET1(x[t * ldx + l]);                                                          \
             _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {                               \
                 vf c[NV];                                                                        \
                 COL(c, w + i * gs, l);                                                           \
-                _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                              \
+                _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++)                     \
                     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] =          \
                         V_FMA(c[v], xb[t], acc[i][t][v]);                                        \
             }                                                                                    \
         }                                                                                        \
         _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
-            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                  \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
                 store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);           \
     }
 
@@ -111,9 +124,9 @@ DEFINE_TILE(bf16, uint16_t, col_bf16)
  * then q * d (exact) before the same fma. */
 ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, const float *x,
                              long ldx, int k, const unsigned char *w, long gs, int valid) {
-    vf acc[4][3][NV];
+    vf acc[4][6][NV];
     _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();
     for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
         vf d[4][NV];
@@ -122,31 +135,47 @@ ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, cons
                 d[i][v] = V_LOAD_F16((const uint16_t *)(w + i * gs + (long)b * QGB) + v * VL);
         for (int q = 0; q < LM_Q8_0_BLOCK; q++) {
             const long l = (long)b * LM_Q8_0_BLOCK + q;
+            if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */
+                const int8_t *qs = (const int8_t *)(w + (long)b * QGB + 2 * G + q * G);
+                vf c[NV];
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) c[v] = V_MUL(V_LOAD_I8(qs + v * VL), d[0][v]);
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+                    vf xb = V_SET1(x[t * ldx + l]);
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][t][v] = V_FMA(c[v], xb, acc[0][t][v]);
+                }
+                continue;
+            }
             vf xb[3];
-            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) xb[t] = V_SET1(x[t * ldx + l]);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xb[t] = V_SET1(x[t * ldx + l]);
             _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
                 const int8_t *qs = (const int8_t *)(w + i * gs + (long)b * QGB + 2 * G + q * G);
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
                     vf c = V_MUL(V_LOAD_I8(qs + v * VL), d[i][v]);
-                    _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) acc[i][t][v] =
+                    _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) acc[i][t][v] =
                         V_FMA(c, xb[t], acc[i][t][v]);
                 }
             }
         }
     }
     _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
-        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
             store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);
 }
 
 #define TILE_CASE(SUF, NG, T)                                                                    \
-    case NG * 4 + T: tile_##SUF(NG, T, y, ldy, x, ldx, k, w, gs, valid); break;
+    case NG * 8 + T: tile_##SUF(NG, T, y, ldy, x, ldx, k, w, gs, valid); break;
+#if MK_T > 3
+#define TILE_CASES_WIDE(SUF) TILE_CASE(SUF, 1, 4) TILE_CASE(SUF, 1, 5) TILE_CASE(SUF, 1, 6)
+#else
+#define TILE_CASES_WIDE(SUF)
+#endif
 #define DEFINE_TILE_SWITCH(SUF, WT)                                                              \
     static void tiles_##SUF(int NG, int T, float *y, long ldy, const float *x, long ldx, int k,  \
                             const WT *w, long gs, int valid) {                                   \
-        switch (NG * 4 + T) {                                                                    \
+        switch (NG * 8 + T) {                                                                    \
             TILE_CASE(SUF, 1, 1) TILE_CASE(SUF, 2, 1) TILE_CASE(SUF, 3, 1) TILE_CASE(SUF, 4, 1)  \
             TILE_CASE(SUF, 1, 2) TILE_CASE(SUF, 2, 2) TILE_CASE(SUF, 1, 3) TILE_CASE(SUF, 2, 3)  \
+            TILE_CASES_WIDE(SUF)                                                                 \
         default: assert(0 && "tile shape");                                                      \
         }                                                                                        \
     }
@@ -376,11 +405,16 @@ static void mm_task(void *p, int ith, int nth) {
     }
 #endif
     if (!a->panels) {
-        const int ng = n == 1 ? (lm_dtype_unpacked(a->wt) == LM_DTYPE_Q8_0 ? 3 : 4) : 2;
-        for (long g = g0; g < g1; g += ng) {
-            int NG = g1 - g < ng ? (int)(g1 - g) : ng;
-            for (int t = 0; t < n; t += 3) tiles_packed(a->wt, NG, n - t < 3 ? n - t : 3, a->y, m, a->x, k, a->w, g, t);
+        if (n <= 2) { /* several groups at once: enough independent chains for one token */
+            const int ng = n == 1 ? (lm_dtype_unpacked(a->wt) == LM_DTYPE_Q8_0 ? 3 : 4) : 2;
+            for (long g = g0; g < g1; g += ng)
+                tiles_packed(a->wt, g1 - g < ng ? (int)(g1 - g) : ng, n, a->y, m, a->x, k, a->w, g, 0);
+            return;
         }
+        /* A batch: one group at a time, every token over it in tiles of up to MK_T tokens; the
+         * group (16 rows) comes from memory once and from L1/L2 for the later tiles. */
+        for (long g = g0; g < g1; g++)
+            for (int t = 0; t < n; t += MK_T) tiles_packed(a->wt, 1, n - t < MK_T ? n - t : MK_T, a->y, m, a->x, k, a->w, g, t);
         return;
     }
     float *pan = a->scratch + (size_t)ith * G * (size_t)k;

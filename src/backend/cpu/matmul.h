@@ -1,20 +1,19 @@
 /* matmul.h: the fast CPU matmul behind lm_cpu_ops_fast()->matmul (internal to backend/cpu).
  *
- * y[n, m] = x[n, k] . w[m, k]^T for weights of any enum lm_dtype, threaded over the m weight
- * rows with the pool. Contract as lm_cpu_ops.matmul (ops.h), including batch invariance: every
- * y[t, r] is one dot product computed in one fixed order, whatever n is and whichever path,
- * tile or thread computes it:
- *   acc = 0 (VL float32 lanes); for each VL-wide chunk c of k in order:
- *   acc = fma(w'[c], x[c], acc); s = horizontal sum of acc; then s += w'[j] * x[j] for the
- *   tail j in order; where w' is the weight's exact float32 value (bf16/f16 widened, Q8_0
- *   dequantized: d * q is exact in float32).
- * Paths (all giving those bits):
- *   n < LM_MM_PANEL_MIN tokens (decode, small batches): weights widened in registers as they
- *     stream, a tile of up to 8 rows x 1 token or 4 rows x 3 tokens per pass, so each weight row
- *     is read from memory once per call;
- *   n >= LM_MM_PANEL_MIN (prefill, batched decode): each thread widens a panel of rows into
- *     float32 scratch once (L2-resident), then runs a 4-row x 3-token float32 register tile over
- *     every token: the conversion is paid once per call, not once per token.
+ * y[n, m] = x[n, k] . w[m, k]^T for weights of any enum lm_dtype (row-major or packed),
+ * threaded over groups of 16 weight rows with the pool. Contract as lm_cpu_ops.matmul (ops.h),
+ * including batch invariance: every y[t, r] is the one chain acc = fma(w'[r, l], x[t, l], acc)
+ * over l = 0..k-1 in order from 0, where w' is the weight's exact float32 value (bf16/f16
+ * widened, Q8_0 dequantized: d * q is exact in float32), whatever n is and whichever path, tile
+ * or thread computes it; the kernels vectorize across rows, never across l.
+ * Paths (all giving those bits; matmul.c has the details):
+ *   n < LM_MM_PANEL_MIN tokens on packed weights (decode, batched decode): weights widened in
+ *     registers as they stream, register tiles of up to 4 groups x 1 token or 1 group x 6
+ *     tokens, each weight read from memory once per call;
+ *   n >= LM_MM_PANEL_MIN (prefill), or row-major weights mapped from a file: each thread widens
+ *     a group of 16 rows into a float32 panel (L2-resident) and runs an outer-product tile of 6
+ *     tokens x 16 rows over every token (row-major weights, one token: transposed 8 x 8 in
+ *     registers instead).
  * Scratch: the calling thread keeps one buffer (grown when a larger matmul comes, freed at
  * thread exit); the steady state allocates nothing. */
 #ifndef LM_BACKEND_CPU_MATMUL_H
@@ -22,7 +21,7 @@
 
 #include "backend/cpu/ops.h"
 
-#define LM_MM_PANEL_MIN 4
+#define LM_MM_PANEL_MIN 24 /* tokens from which packed weights go through float32 panels */
 #define LM_MM_GROUP 16 /* rows per packed group (ops.h, lm_cpu_pack) */
 
 /* The slot of row j (< 16) inside a packed bfloat16 column (pack.c). */

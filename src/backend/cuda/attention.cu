@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
 #pragma unroll
         for (int h = 0; h < ATT_MAXG; h++) s[h] = 0.f;
         /* This lane's position: its K row and, at the same offset, its V row. */
-        unsigned long long off = 0;
-        if (tok < L) off = kv_offset(a, bt[tok / BS], g, tok % BS, D);
+        unsigned off = 0; /* elements into this layer's pool (< 2^32: checked at model creation) */
+        if (tok < L) off = (unsigned)kv_offset(a, bt[tok / BS], g, tok % BS, D);
         /* The V slices this lane needs for p.V, loaded now (raw bf16) so that their latency
          * overlaps the q.k loads: a chunk then costs two round trips (block table, K and V). */
         constexpr int NV = 32 / TPW;
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
 #pragma unroll
             for (int j = 0; j < NV; j++) {
                 const int tt = j * TPW + gi;
-                const unsigned long long o = __shfl_sync(0xffffffffu, off, tt);
+                const unsigned o = __shfl_sync(0xffffffffu, off, tt);
                 if (c * 32 + tt < L)
                     vraw[j] = *reinterpret_cast<const vraw_t *>(a.v_cache + o + d0);
                 else
@@ -162,6 +162,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
         }
         if (tok < L) {
             const uint16_t *kr = a.k_cache + off;
+            /* Two partial sums per head (even and odd 8-element groups) halve the FMA chain. */
+            float s2[ATT_MAXG];
+#pragma unroll
+            for (int h = 0; h < ATT_MAXG; h++) s2[h] = 0.f;
 #pragma unroll
             for (int d8 = 0; d8 < D / 8; d8++) {
                 const uint4 kv = *reinterpret_cast<const uint4 *>(kr + d8 * 8);
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
                     if (h >= G) break;
                     const float4 qa = *reinterpret_cast<const float4 *>(&qs[h][d8 * 8]);
                     const float4 qb = *reinterpret_cast<const float4 *>(&qs[h][d8 * 8 + 4]);
-                    float v = s[h];
+                    float v = (d8 & 1) ? s2[h] : s[h];
                     v = fmaf(qa.x, k0, v);
                     v = fmaf(qa.y, k1, v);
                     v = fmaf(qa.z, k2, v);
@@ -181,11 +185,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
                     v = fmaf(qb.y, k5, v);
                     v = fmaf(qb.z, k6, v);
                     v = fmaf(qb.w, k7, v);
-                    s[h] = v;
+                    if (d8 & 1)
+                        s2[h] = v;
+                    else
+                        s[h] = v;
                 }
             }
 #pragma unroll
-            for (int h = 0; h < ATT_MAXG; h++) s[h] *= a.scale;
+            for (int h = 0; h < ATT_MAXG; h++) s[h] = (s[h] + s2[h]) * a.scale;
         } else {
 #pragma unroll
             for (int h = 0; h < ATT_MAXG; h++) s[h] = -INFINITY;
@@ -237,7 +244,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
 #pragma unroll
             for (int j = 0; j < PB; j++) {
                 const int tt = base + j * TPW + gi;
-                const unsigned long long o = __shfl_sync(0xffffffffu, off, tt & 31);
+                const unsigned o = __shfl_sync(0xffffffffu, off, tt & 31);
                 const uint16_t *vr = a.v_cache + o + d0;
                 if (tt < cn) {
                     if (DPL == 2) {

@@ -31,12 +31,13 @@ struct lm_cuda_ctx {
     bool pdl;
     int gemv_rows;       /* 0 = automatic */
     bool gemv_prefetch;  /* GEMV L2-prefetch mode (gemv.cu) */
+    bool gemv_regx;      /* batch-1 GEMV with x in registers (gemv.cu k_gemv1) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
 };
 
-enum { LM_CUDA_AM_CHUNK = 8192, LM_CUDA_AM_MAX_CHUNKS = 64 };
+enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128 };
 
 /* Launches kernel k on the context's stream, with the programmatic-stream-serialization
  * attribute when c->pdl (kernels then call pdl_wait() before touching a predecessor's output). */

@@ -75,7 +75,10 @@ struct lm_cuda_ctx_params {
                          experiments; SwiGLU epilogues always use 2) */
     bool gemv_prefetch; /* lm_cuda_gemv on matrices up to 24 MiB: one block per SM, each asking L2
                            to prefetch its rows on entry and letting the next kernel launch at
-                           once (default true) */
+                           once (default false: slower in the whole step, docs/perf-notes.md) */
+    bool gemv_regx;   /* batch-1 lm_cuda_gemv keeps x in registers when K <= 1024 (or <= 2048
+                         without a norm): no shared memory, no block barrier (default false:
+                         slower, every warp re-reads x from L2; docs/perf-notes.md v5) */
 };
 struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void);
 
@@ -91,6 +94,7 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on);
+void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on);
 
 /* ---- linear layers ---- */
 

@@ -25,6 +25,63 @@ __device__ __forceinline__ int gemv_slot(int k) {
     return (k & ~255) + ((e >> 2) & 1) * 128 + (e >> 3) * 4 + (e & 3);
 }
 
+/* Row groups of this warp: pf = 0, strided over the whole grid; pf = 1, a contiguous range per
+ * block, whose weights the block asks L2 to prefetch on entry (one bulk prefetch per 16 KiB)
+ * before triggering the next kernel's launch: consecutive kernels' weight streams then overlap. */
+template <int R>
+__device__ __forceinline__ void gemv_rows_of_block(const uint16_t *w, int K, int M, int n_rg, int pf,
+                                                   int *rg, int *stride, int *end) {
+    const int warp = threadIdx.x >> 5;
+    if (pf) {
+        const int per = (n_rg + gridDim.x - 1) / gridDim.x;
+        const int rg0 = blockIdx.x * per;
+        *end = min(n_rg, rg0 + per);
+        *rg = rg0 + warp;
+        *stride = GEMV_WARPS;
+        if (rg0 < *end) {
+            const char *base = reinterpret_cast<const char *>(w + (size_t)rg0 * R * K);
+            const size_t bytes = (size_t)(min(M, *end * R) - rg0 * R) * K * 2;
+            for (size_t o = (size_t)threadIdx.x * 16384; o < bytes; o += (size_t)GEMV_THREADS * 16384) {
+                const unsigned n = (unsigned)(bytes - o < 16384 ? bytes - o : 16384);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(n) : "memory");
+            }
+        }
+        pdl_trigger();
+    } else {
+        *rg = blockIdx.x * GEMV_WARPS + warp;
+        *stride = gridDim.x * GEMV_WARPS;
+        *end = n_rg;
+    }
+}
+
+/* Sum of squares of a lane's 8 elements of a chunk, in element order (shared by both kernels). */
+__device__ __forceinline__ float gemv_ss8(float4 a, float4 b, float s) {
+    s = fmaf(a.x, a.x, s);
+    s = fmaf(a.y, a.y, s);
+    s = fmaf(a.z, a.z, s);
+    s = fmaf(a.w, a.w, s);
+    s = fmaf(b.x, b.x, s);
+    s = fmaf(b.y, b.y, s);
+    s = fmaf(b.z, b.z, s);
+    return fmaf(b.w, b.w, s);
+}
+__device__ __forceinline__ float4 gemv_mul4(float4 a, float4 b) {
+    return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
+}
+
+/* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
+ * Explicitly rounded operations, so that no instantiation contracts them differently. */
+template <int EPI>
+__device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, float v_next, int r) {
+    if (EPI == LM_CUDA_EPI_STORE) {
+        if (j < M) yrow[j] = v;
+    } else if (EPI == LM_CUDA_EPI_ADD) {
+        if (j < M) yrow[j] = __fadd_rn(yrow[j], v);
+    } else if ((r & 1) == 0 && j + 1 < M) {
+        yrow[j >> 1] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), v_next);
+    }
+}
+
 /* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
 template <int T, int R, int U, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
@@ -37,31 +94,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int nch = (K + 255) >> 8, Kp = nch << 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
-    /* Row groups: pf = 0, strided over the whole grid; pf = 1, a contiguous range per block, whose
-     * weights the block asks L2 to prefetch on entry (one bulk prefetch per 16 KiB), before it
-     * waits for its predecessor: consecutive kernels' weight streams then overlap. */
     int rg, stride, end;
-    if (pf) {
-        const int per = (n_rg + gridDim.x - 1) / gridDim.x;
-        const int rg0 = blockIdx.x * per;
-        end = min(n_rg, rg0 + per);
-        rg = rg0 + warp;
-        stride = GEMV_WARPS;
-        if (rg0 < end) {
-            const char *base = reinterpret_cast<const char *>(w + (size_t)rg0 * R * K);
-            const size_t bytes = (size_t)(min(M, end * R) - rg0 * R) * K * 2;
-            for (size_t o = (size_t)threadIdx.x * 16384; o < bytes; o += (size_t)GEMV_THREADS * 16384) {
-                const unsigned n = (unsigned)(bytes - o < 16384 ? bytes - o : 16384);
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(n) : "memory");
-            }
-        }
-        pdl_trigger();
-    } else {
-        rg = blockIdx.x * GEMV_WARPS + warp;
-        stride = gridDim.x * GEMV_WARPS;
-        end = n_rg;
-    }
-
+    gemv_rows_of_block<R>(w, K, M, n_rg, pf, &rg, &stride, &end);
     uint4 wv[U][R];
     auto load = [&](int g, int c0) {
 #pragma unroll
@@ -82,16 +116,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
      * batch it would not move a load above the previous store). x is read through L2 (.cg),
      * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
     constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
-    float ss[T];
-#pragma unroll
-    for (int t = 0; t < T; t++) ss[t] = 0.f;
     for (int c0 = 0; c0 < nch; c0 += SU) {
-        float nv[SU];
-#pragma unroll
-        for (int u = 0; u < SU; u++) {
-            const int k = (c0 + u) * 256 + threadIdx.x;
-            nv[u] = nw && k < K ? __ldg(nw + k) : 1.f; /* a weight: safe to read before the wait */
-        }
         if (c0 == 0) pdl_wait();
         float v[T][SU];
 #pragma unroll
@@ -104,29 +129,34 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int u = 0; u < SU; u++) {
-                const int c = c0 + u;
-                if (c < nch) {
-                    ss[t] = fmaf(v[t][u], v[t][u], ss[t]);
-                    xs[t * Kp + gemv_slot(c * 256 + threadIdx.x)] = v[t][u] * nv[u];
-                }
-            }
-    }
-    if (nw) {
-        __shared__ float red[T][GEMV_WARPS];
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            const float sw = warp_sum(ss[t]);
-            if (lane == 0) red[t][warp] = sw;
-        }
-        __syncthreads();
-        if (threadIdx.x < T) {
-            float sw = 0.f;
-            for (int i = 0; i < GEMV_WARPS; i++) sw += red[threadIdx.x][i];
-            inv_s[threadIdx.x] = 1.0f / sqrtf(sw / (float)K + eps);
-        }
+            for (int u = 0; u < SU; u++)
+                if (c0 + u < nch) xs[t * Kp + gemv_slot((c0 + u) * 256 + threadIdx.x)] = v[t][u];
     }
     __syncthreads();
+    if (nw) {
+        /* Warp t normalises row t: sum of squares in the order k_gemv1 uses (lane-major, 8
+         * elements a lane a chunk, then the xor tree), so 1 and n rows give the same bits. */
+        for (int t = warp; t < T; t += GEMV_WARPS) {
+            float4 *row = gemv_smem + (t * Kp >> 2);
+            float sq = 0.f;
+            for (int c = 0; c < nch; c++) {
+                const float4 a = row[c * 64 + lane], b = row[c * 64 + 32 + lane];
+                sq = gemv_ss8(a, b, sq);
+            }
+            sq = warp_sum(sq);
+            if (lane == 0) inv_s[t] = 1.0f / sqrtf(sq / (float)K + eps);
+#pragma unroll 4
+            for (int c = 0; c < nch; c++) {
+                const int k = c * 256 + lane * 8;
+                if (k >= K) continue;
+                const float4 na = __ldg(reinterpret_cast<const float4 *>(nw + k));
+                const float4 nb = __ldg(reinterpret_cast<const float4 *>(nw + k + 4));
+                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], na);
+                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nb);
+            }
+        }
+        __syncthreads();
+    }
     if (!pf) pdl_trigger(); /* the next kernel may start streaming its weights */
     float inv[T];
 #pragma unroll
@@ -177,22 +207,103 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[t][r] = warp_sum(acc[t][r]) * inv[t];
+            for (int r = 0; r < R; r++) acc[t][r] = __fmul_rn(warp_sum(acc[t][r]), inv[t]);
         const int j0 = rg * R;
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
+            for (int r = 0; r < R; r++)
+                if (lane == t * R + r) gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r);
+    }
+}
+
+/* Batch 1 with x in registers (no shared memory, no block barrier): each warp loads the 8
+ * elements a chunk its lanes need, normalises them itself (the whole row is in the warp), and
+ * computes its row groups. NC: chunks held (K <= NC * 256). Same arithmetic order as k_gemv, so
+ * a row's result does not depend on which kernel ran it. */
+template <int R, int EPI, int NC>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    k_gemv1(float *y, const float *x, const uint16_t *__restrict__ w, int K, int M,
+            const float *__restrict__ nw, float eps, int pf) {
+    static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
+    const int nch = (K + 255) >> 8;
+    const int lane = threadIdx.x & 31;
+    const int n_rg = (M + R - 1) / R;
+    int rg, stride, end;
+    gemv_rows_of_block<R>(w, K, M, n_rg, pf, &rg, &stride, &end);
+    uint4 wv[NC][R];
+    auto load = [&](int g) {
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+#pragma unroll
             for (int r = 0; r < R; r++) {
-                if (lane != t * R + r) continue;
-                const int j = j0 + r;
-                if (EPI == LM_CUDA_EPI_STORE) {
-                    if (j < M) y[(size_t)t * ldy + j] = acc[t][r];
-                } else if (EPI == LM_CUDA_EPI_ADD) {
-                    if (j < M) y[(size_t)t * ldy + j] += acc[t][r];
-                } else if ((r & 1) == 0 && j + 1 < M) {
-                    y[(size_t)t * ldy + (j >> 1)] = silu_mul(acc[t][r], acc[t][(r + 1) % R]);
-                }
+                const int j = g * R + r, k = c * 256 + lane * 8;
+                wv[c][r] = (j < M && k < K) ? ld_stream16(w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
             }
+    };
+    if (rg < end) load(rg);
+    float4 na[NC], nb[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const int k = c * 256 + lane * 8;
+        const bool ok = nw && k < K;
+        na[c] = ok ? __ldg(reinterpret_cast<const float4 *>(nw + k)) : make_float4(1.f, 1.f, 1.f, 1.f);
+        nb[c] = ok ? __ldg(reinterpret_cast<const float4 *>(nw + k + 4)) : make_float4(1.f, 1.f, 1.f, 1.f);
+    }
+    pdl_wait();
+    float4 xa[NC], xb[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const int k = c * 256 + lane * 8;
+        xa[c] = k < K ? __ldcg(reinterpret_cast<const float4 *>(x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        xb[c] = k < K ? __ldcg(reinterpret_cast<const float4 *>(x + k + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float inv = 1.f;
+    if (nw) {
+        float sq = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            if (c < nch) sq = gemv_ss8(xa[c], xb[c], sq);
+        sq = warp_sum(sq);
+        inv = 1.0f / sqrtf(sq / (float)K + eps);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            xa[c] = gemv_mul4(xa[c], na[c]);
+            xb[c] = gemv_mul4(xb[c], nb[c]);
+        }
+    }
+    if (!pf) pdl_trigger();
+    bool have = rg < end;
+    for (; rg < end; rg += stride) {
+        if (!have) load(rg);
+        have = false;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            if (c >= nch) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint4 q = wv[c][r];
+                float a = acc[r];
+                a = fmaf(bf_lo(q.x), xa[c].x, a);
+                a = fmaf(bf_hi(q.x), xa[c].y, a);
+                a = fmaf(bf_lo(q.y), xa[c].z, a);
+                a = fmaf(bf_hi(q.y), xa[c].w, a);
+                a = fmaf(bf_lo(q.z), xb[c].x, a);
+                a = fmaf(bf_hi(q.z), xb[c].y, a);
+                a = fmaf(bf_lo(q.w), xb[c].z, a);
+                a = fmaf(bf_hi(q.w), xb[c].w, a);
+                acc[r] = a;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = __fmul_rn(warp_sum(acc[r]), inv);
+        const int j0 = rg * R;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (lane == r) gemv_store<EPI>(y, j0 + r, M, acc[r], acc[(r + 1) % R], r);
     }
 }
 
@@ -214,6 +325,34 @@ cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x,
     if (pf) lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* sets the smem limit */
     const int grid = need < cap ? need : cap;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps, pf);
+}
+
+template <int R, int EPI, int NC>
+cudaError_t launch_gemv1(const lm_cuda_ctx *c, float *y, const float *x, const uint16_t *w, int k, int m,
+                         const float *nw, float eps) {
+    auto fn = k_gemv1<R, EPI, NC>;
+    const int n_rg = (m + R - 1) / R;
+    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int pf = c->gemv_prefetch && (size_t)m * k * 2 <= ((size_t)24 << 20);
+    const int cap = (pf ? 1 : lm_cuda_occupancy((const void *)fn, GEMV_THREADS, 0)) * c->sm_count;
+    const int grid = need < cap ? need : cap;
+    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), 0, fn, y, x, w, k, m, nw, eps, pf);
+}
+
+/* Batch 1 in registers when the row fits: K <= 1024 (with or without a norm), or K <= 2048 without
+ * a norm and one row a warp. Returns cudaErrorNotSupported when it does not apply. */
+template <int EPI>
+cudaError_t gemv1_dispatch(const lm_cuda_ctx *c, int R, float *y, const float *x, const uint16_t *w, int k,
+                           int m, const float *nw, float eps) {
+    const int nch = (k + 255) / 256;
+    if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
+        if (nch <= 4) return launch_gemv1<2, EPI, 4>(c, y, x, w, k, m, nw, eps);
+    } else {
+        if (nch <= 4 && R == 2) return launch_gemv1<2, EPI, 4>(c, y, x, w, k, m, nw, eps);
+        if (nch <= 4 && R == 1) return launch_gemv1<1, EPI, 4>(c, y, x, w, k, m, nw, eps);
+        if (nch <= 8 && R == 1 && !nw) return launch_gemv1<1, EPI, 8>(c, y, x, w, k, m, nw, eps);
+    }
+    return cudaErrorNotSupported;
 }
 
 template <int T, int EPI>
@@ -269,7 +408,18 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
         const int T = n - t0 < per ? n - t0 : per;
         const float *xt = x + (size_t)t0 * ldx;
         float *yt = y + (size_t)t0 * ldy;
-        cudaError_t e;
+        cudaError_t e = cudaErrorNotSupported;
+        if (T == 1 && c->gemv_regx && !((uintptr_t)xt & 15) && !((uintptr_t)norm_w & 15)) {
+            switch (epi) {
+            case LM_CUDA_EPI_STORE: e = gemv1_dispatch<LM_CUDA_EPI_STORE>(c, R, yt, xt, w, k, m, norm_w, eps); break;
+            case LM_CUDA_EPI_ADD: e = gemv1_dispatch<LM_CUDA_EPI_ADD>(c, R, yt, xt, w, k, m, norm_w, eps); break;
+            default: e = gemv1_dispatch<LM_CUDA_EPI_SWIGLU>(c, R, yt, xt, w, k, m, norm_w, eps); break;
+            }
+            if (e != cudaErrorNotSupported) {
+                if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
+                continue;
+            }
+        }
         switch (epi) {
         case LM_CUDA_EPI_STORE:
             e = gemv_dispatch<LM_CUDA_EPI_STORE>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);

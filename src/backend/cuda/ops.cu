@@ -96,7 +96,8 @@ extern "C" struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void) {
     p.pdl = true;
     p.max_rows = 256;
     p.gemv_rows = 0;
-    p.gemv_prefetch = true;
+    p.gemv_prefetch = false; /* v4: slower in the whole step (docs/perf-notes.md) */
+    p.gemv_regx = false; /* v5: slower (every warp re-reads x from L2) */
     return p;
 }
 
@@ -131,6 +132,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
     c->gemv_prefetch = p.gemv_prefetch;
+    c->gemv_regx = p.gemv_regx;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -164,6 +166,7 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on) { c->gemv_prefetch = on; }
+extern "C" void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on) { c->gemv_regx = on; }
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }
@@ -225,19 +228,33 @@ int lm_cuda_occupancy(const void *fn, int threads, size_t smem) {
         size_t smem;
         int blocks;
     };
-    static entry cache[256];
-    static int n_cache;
+    static entry cache[512];
+    static const void *raised[256]; /* kernels whose dynamic shared-memory limit is at the maximum */
+    static int n_cache, n_raised;
     static std::mutex mu;
     std::lock_guard<std::mutex> lock(mu);
     for (int i = 0; i < n_cache; i++)
         if (cache[i].fn == fn && cache[i].smem == smem) return cache[i].blocks;
+    /* The limit is per kernel, not per size: raise it once to the device's maximum (setting it to
+     * each size in turn would lower it below a size launched earlier). */
+    bool up = false;
+    for (int i = 0; i < n_raised && !up; i++) up = raised[i] == fn;
+    if (!up) {
+        int dev = 0, optin = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        cudaFuncAttributes fa;
+        size_t stat = cudaFuncGetAttributes(&fa, fn) == cudaSuccess ? fa.sharedSizeBytes : 0;
+        if (optin > (int)stat) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)stat);
+        cudaGetLastError();
+        if (n_raised < 256) raised[n_raised++] = fn;
+    }
     int nb = 0;
-    if (smem > 0) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, threads, smem) != cudaSuccess || nb < 1) {
         cudaGetLastError();
         nb = 1;
     }
-    if (n_cache < 256) cache[n_cache++] = {fn, smem, nb};
+    if (n_cache < 512) cache[n_cache++] = {fn, smem, nb};
     return nb;
 }
 

@@ -293,6 +293,9 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
         p.n_blocks = n < 1 ? 1 : (n > (1L << 30) ? (1 << 30) : (int)n);
     }
     m->layer_elems = (size_t)(p.n_blocks + 1) * c.n_kv_heads * p.block_size * D;
+    if (m->layer_elems >= ((size_t)1 << 32))
+        return lm_errorf(LM_ERR_RANGE, "CUDA qwen3: %d KV blocks are more than the attention kernel "
+                         "addresses (2^32 elements a layer)", p.n_blocks);
     LM_TRY(dev_alloc_t(m, &m->k_pool, m->layer_elems * m->NL));
     LM_TRY(dev_alloc_t(m, &m->v_pool, m->layer_elems * m->NL));
     LM_TRY(lm_cuda_memset(m->k_pool, 0, m->layer_elems * m->NL * 2));
