@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
-cmake -S . -B build >&2
+cmake -S . -B build -DLM_WERROR=ON >&2  # the same configuration as scripts/test.sh: no rebuild between them
 cmake --build build -j"$(nproc)" >&2
 
 # A free TCP port: ask the kernel (bind to port 0) when python3 is there, else probe upward.

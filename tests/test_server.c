@@ -1895,7 +1895,7 @@ int main(void) {
         st = request(base2, "POST", "/v1/chat/completions",
                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":300}", NULL, 0, &r);
         check_error(st, &r, &(struct err_case){"max_tokens 300 in ctx 256", 400, "and max_tokens is 300; the context holds 256",
-                                                "messages"});
+                                                "max_tokens"});
         resp_free(&r);
         /* --no-reasoning: no reasoning_content, the whole output is content */
         st = request(base2, "POST", "/v1/chat/completions", k_valid, NULL, 0, &r);

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "commands.h"
@@ -204,6 +205,14 @@ int lm_cmd_serve(int argc, char **argv) {
         if (!(tokens >= 1) || tokens > 1e12) {
             fprintf(stderr, "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or "
                             "65536t, not '%s'\n", kv_size);
+            lm_model_close(m);
+            return 2;
+        }
+        double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        if (tokens * per > ram || tokens > 1e9) {
+            fprintf(stderr, "lumen serve: --kv-size %s is %.0f MiB (%.0f tokens); this machine has "
+                            "%.0f MiB of memory\n", kv_size, tokens * per / 1048576.0, tokens,
+                    ram / 1048576.0);
             lm_model_close(m);
             return 2;
         }

@@ -501,7 +501,7 @@ lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_
     if (req->max_tokens > 0) {
         if (n + req->max_tokens > ctx)
             return lm_api_errorf(
-                err, 400, INVALID, "context_length_exceeded", param,
+                err, 400, INVALID, "context_length_exceeded", n < ctx ? "max_tokens" : param,
                 "prompt has %lld tokens and max_tokens is %d; the context holds %d", n,
                 req->max_tokens, ctx);
         *max_tokens = req->max_tokens;
