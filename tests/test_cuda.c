@@ -162,20 +162,23 @@ static void test_gemv(void) {
         sync_ok("gemv five");
         lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
         static const int rsets[] = {1, 2, 4, 0};
-        for (int pdl = 0; pdl < 2; pdl++)
+        for (int pdl = 0; pdl < 3; pdl++)
             for (int ri = 0; ri < 4; ri++) {
-                lm_cuda_ctx_set_pdl(g_ctx, pdl);
+                /* pdl 2: PDL on and the batch-1 kernel that keeps x in registers */
+                lm_cuda_ctx_set_pdl(g_ctx, pdl > 0);
+                lm_cuda_ctx_set_gemv_regx(g_ctx, pdl == 2);
                 lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[ri]);
                 poison(dy, sizeof(float) * (size_t)m);
                 lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
                 sync_ok("gemv one");
                 lm_cuda_download(one, dy, sizeof(float) * (size_t)m);
                 CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)m),
-                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, pdl %d) differs from the same row "
+                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, mode %d) differs from the same row "
                       "in a batch of 5",
                       k, m, rsets[ri], pdl);
             }
         lm_cuda_ctx_set_pdl(g_ctx, true);
+        lm_cuda_ctx_set_gemv_regx(g_ctx, false);
         lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
         free(one);
         free(five);

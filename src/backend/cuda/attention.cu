@@ -110,6 +110,24 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
     const float *row = a.qkv + (size_t)t * a.ld_qkv;
     const int Q = a.n_heads * D, KV = a.n_kv_heads * D;
+    const int L = pos + 1;
+    /* This warp's first chunk: its block-table lookups, and an L1 prefetch of its K and V rows,
+     * issued before the fused phase so that they overlap it (position pos is written below and
+     * read after the barrier). */
+    const int tok0 = warp * 32 + lane;
+    unsigned off0 = 0;
+    if (tok0 < L) {
+        off0 = (unsigned)kv_offset(a, bt[tok0 / BS], g, tok0 % BS, D);
+        if (tok0 < pos) {
+            const char *kp = reinterpret_cast<const char *>(a.k_cache + off0);
+            const char *vp = reinterpret_cast<const char *>(a.v_cache + off0);
+#pragma unroll
+            for (int b = 0; b < D * 2; b += 128) {
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(kp + b));
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(vp + b));
+            }
+        }
+    }
     if (FUSED) {
         const size_t off = kv_offset(a, bt[pos / BS], g, pos % BS, D);
         for (int vi = warp; vi <= G; vi += ATT_WARPS) {
@@ -126,7 +144,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     }
     __syncthreads();
 
-    const int L = pos + 1, nchunk = (L + 31) >> 5;
+    const int nchunk = (L + 31) >> 5;
     float m[ATT_MAXG], l[ATT_MAXG], acc[ATT_MAXG][DPL];
 #pragma unroll
     for (int h = 0; h < ATT_MAXG; h++) {
@@ -143,7 +161,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
         for (int h = 0; h < ATT_MAXG; h++) s[h] = 0.f;
         /* This lane's position: its K row and, at the same offset, its V row. */
         unsigned off = 0; /* elements into this layer's pool (< 2^32: checked at model creation) */
-        if (tok < L) off = (unsigned)kv_offset(a, bt[tok / BS], g, tok % BS, D);
+        if (tok < L) off = c == warp ? off0 : (unsigned)kv_offset(a, bt[tok / BS], g, tok % BS, D);
         /* The V slices this lane needs for p.V, loaded now (raw bf16) so that their latency
          * overlaps the q.k loads: a chunk then costs two round trips (block table, K and V). */
         constexpr int NV = 32 / TPW;

@@ -17,6 +17,14 @@
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
  *   graph (input copy, every kernel, output copy), so a step is one launch.
  *
+ * Plugging into the serving engine (`lumen serve --device cuda`, not wired yet): the engine keeps
+ * its paged KV allocator on the host and hands this model block ids in [0, n_blocks) with the
+ * same block_size (lm_cuda_qwen3_info); each engine step becomes one lm_cuda_qwen3_forward with
+ * every running sequence's token (decode) and the prefill chunks of new ones, out_tokens naming
+ * the last token of each sequence that needs a choice, per-row sampling parameters (seed and
+ * token counter per request), and only the chosen ids coming back. The family fills
+ * lm_cuda_qwen3_weights from its own tensors (row-major; the CPU's packed layouts are refused).
+ *
  * Threads: one thread at a time per model. Errors: LM_ERR_UNSUPPORTED (no CUDA device, or a model
  * shape the kernels cannot take), LM_ERR_NOMEM (device memory), LM_ERR_INVALID / LM_ERR_RANGE
  * (a batch that breaks the limits below), LM_ERR_IO (a CUDA failure, with its message). */
