@@ -2,24 +2,30 @@
 # device-run.sh STEP...: one call on the GPU machine (see docs/perf-notes.md). Logs go to $OUT.
 # Steps, in order given: env (machine facts), test (test_cuda), bench (lumen cudabench on a
 # synthetic Qwen3-0.6B: floor, tg128, pp512, batched 1..256), micro (GEMV kernels), variants
-# (graphs / PDL / rows per warp), ncu (per-kernel times under Nsight Compute).
-# Uses the binaries carried in build-carry/ when they run here, else builds with device-build.sh.
+# (graphs / PDL / rows per warp), ncu (per-kernel times under Nsight Compute), engtest
+# (test_cuda_engine: the serving engine on the GPU), perf (lumen perf --device cuda: pp512, tg128,
+# batched decode), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
+# ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
+# records; the summary and the server log land in $OUT, the run folders in /tmp).
+# Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
+# with device-build.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-env.sh
 OUT=${OUT:-/tmp/lumen-out}
 mkdir -p "$OUT"
 # The carried test binary has this checkout's path compiled in (LM_SOURCE_DIR) for its data.
-[ -f build-carry/bins.tar.xz ] && [ ! -d build-carry/bin ] && tar -C build-carry -xJf build-carry/bins.tar.xz
-SRC=$(cat build-carry/bin/srcdir.txt 2>/dev/null)
+CARRY=${LM_CARRY:-build-carry}
+[ -f $CARRY/bins.tar.xz ] && [ ! -d $CARRY/bin ] && tar -C $CARRY -xJf $CARRY/bins.tar.xz
+SRC=$(cat $CARRY/bin/srcdir.txt 2>/dev/null)
 if [ -n "$SRC" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$LM_ROOT" "$SRC"; fi
-LUMEN=build-carry/bin/lumen TEST=build-carry/bin/test_cuda
+LUMEN=$CARRY/bin/lumen TEST=$CARRY/bin/test_cuda TEST_ENG=$CARRY/bin/test_cuda_engine
 if ! $LUMEN version >"$OUT/carried.log" 2>&1; then
   echo "carried binaries do not run here ($(head -c 300 "$OUT/carried.log")): building"
   t0=$(date +%s)
   scripts/device-build.sh build-dev >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
-  LUMEN=build-dev/lumen TEST=build-dev/tests/test_cuda
+  LUMEN=build-dev/lumen TEST=build-dev/tests/test_cuda TEST_ENG=build-dev/tests/test_cuda_engine
 fi
 for step in "$@"; do
   t0=$(date +%s)
@@ -53,6 +59,37 @@ for step in "$@"; do
       timeout 120 $NCU --clock-control none --set full -k regex:$k --launch-skip 60 --launch-count 1 \
         $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "" >"$OUT/ncu_$k.txt" 2>&1
       grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issued Ipc|Memory Throughput|L2 Hit|Stall|stall|Block Limit" "$OUT/ncu_$k.txt" | head -24
+    done ;;
+  engtest)
+    timeout 300 $TEST_ENG >"$OUT/test_cuda_engine.log" 2>&1; rc=$?
+    echo "test_cuda_engine exit $rc"; grep -vE "^$" "$OUT/test_cuda_engine.log" | tail -25 ;;
+  perf)
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    timeout 300 $LUMEN perf --device cuda --model /tmp/q06 -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \
+      --batch ${PERF_BATCH:-1,8,32,64,128,256} 2>&1 | tee "$OUT/perf.log" ;;
+  serve)
+    # For each concurrency in $PROFILE_CONC (default 64): lumen serve --device cuda (fresh), then
+    # lumen profile (ShareGPT, 2 turns, greedy, 128 tokens) verified against the server's records;
+    # SIGTERM; the shutdown line. Outputs: serve-c<C>$PROFILE_TAG.log, profile-c<C>$PROFILE_TAG.txt.
+    # PROFILE_EXTRA: a JSON object merged into every request (e.g. '{"min_p":1e-9}' makes the
+    # engine sample on the host from copied logits, for comparison).
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    for conc in $(echo ${PROFILE_CONC:-64} | tr , ' '); do
+      rm -rf /tmp/lumen-records.jsonl /tmp/lumen-profile-c$conc
+      $LUMEN serve --device cuda --model /tmp/q06 --port 8123 --ctx-size 4096 --max-seqs ${SERVE_SEQS:-256} \
+        --max-batch-tokens ${SERVE_BATCH:-2048} --kv-size ${SERVE_KV:-16G} --max-queue 1024 \
+        --records /tmp/lumen-records.jsonl >"$OUT/serve-c$conc${PROFILE_TAG:-}.log" 2>&1 &
+      spid=$!
+      for i in $(seq 1 120); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 0.5; done
+      curl -s http://127.0.0.1:8123/v1/models; echo
+      timeout 400 $LUMEN profile --url http://127.0.0.1:8123 --dataset sharegpt --context-tokens 4096 \
+        --concurrency $conc --conversations ${PROFILE_CONVS:-256} --max-tokens 128 \
+        --model-dir /tmp/q06 --server-records /tmp/lumen-records.jsonl ${PROFILE_EXTRA:+--extra-body "$PROFILE_EXTRA"} \
+        --artifact-dir /tmp/lumen-profile-c$conc --quiet >"$OUT/profile-c$conc${PROFILE_TAG:-}.txt" 2>&1
+      echo "profile (concurrency $conc) exit $?"
+      cat "$OUT/profile-c$conc${PROFILE_TAG:-}.txt"
+      kill -TERM $spid; wait $spid; echo "serve exit $?"
+      grep -a "^lumen serve:" "$OUT/serve-c$conc${PROFILE_TAG:-}.log" | grep -av "^lumen serve: [A-Z]* /"
     done ;;
   *) echo "unknown step $step" ;;
   esac

@@ -106,7 +106,8 @@ static void ref_gemv(float *y, int ldy, const float *x, const uint16_t *w, int n
 }
 
 static void test_gemv(void) {
-    static const int shapes[][2] = {{1024, 1001}, {328, 517}, {24, 38}, {3072, 260}, {2048, 4097}};
+    static const int shapes[][2] = {{1024, 1001}, {328, 517}, {24, 38}, {3072, 260}, {2048, 4097},
+                                    {1024, 6144}}; /* the last: SwiGLU at 4 rows a warp (one pass) */
     static const int rows[] = {1, 2, 3, 4, 5, 8, 11};
     double worst = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -180,6 +181,24 @@ static void test_gemv(void) {
         lm_cuda_ctx_set_pdl(g_ctx, true);
         lm_cuda_ctx_set_gemv_regx(g_ctx, false);
         lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
+        /* The same for the SwiGLU epilogue, with the batch-1 rows per warp chosen for one pass
+         * (v7) and as v6 chose them. */
+        if (m % 2 == 0)
+            for (int op = 0; op < 2; op++) {
+                lm_cuda_ctx_set_gemv_one_pass(g_ctx, op == 0);
+                poison(dy, sizeof(float) * (size_t)5 * ldy);
+                lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
+                sync_ok("gemv five swiglu");
+                lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
+                poison(dy, sizeof(float) * (size_t)m);
+                lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
+                sync_ok("gemv one swiglu");
+                lm_cuda_download(one, dy, sizeof(float) * (size_t)(m / 2));
+                CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)(m / 2)),
+                      "gemv k=%d m=%d SwiGLU: row 2 alone (one pass %d) differs from the same row in a "
+                      "batch of 5", k, m, op == 0);
+            }
+        lm_cuda_ctx_set_gemv_one_pass(g_ctx, true);
         free(one);
         free(five);
         free(x), free(nw), free(wf), free(w), free(y), free(ref), free(base);
@@ -297,6 +316,8 @@ static void test_rows(void) {
 
 /* ---- attention ---- */
 
+static int g_attn_dec = 1; /* which decode kernel test_attention_case runs (lm_cuda_ctx_set_attn_dec) */
+
 struct attn_case {
     int D, n_heads, n_kv, block_size;
 };
@@ -403,8 +424,8 @@ static void test_attention_case(const struct attn_case *ac) {
                 if (e2 > ev) ev = e2;
             }
             if (ek > worst_cache) worst_cache = ek;
-            CHECK(ek <= 4e-3 && ev == 0, "attention D=%d phase %d: stored K rel err %.3g, V %.3g", D,
-                  phase, ek, ev);
+            CHECK(ek <= 4e-3 && ev == 0, "attention D=%d phase %d 8-warp decode %d: stored K rel err %.3g, V %.3g",
+                  D, phase, g_attn_dec, ek, ev);
             /* Queries: the unfused path rotates q in place in qkv. */
             if (phase == 0) {
                 float *qd = malloc(sizeof(float) * n * QKV);
@@ -444,15 +465,15 @@ static void test_attention_case(const struct attn_case *ac) {
                 if (e > eo) eo = e;
             }
             if (!obf && eo > worst_out) worst_out = eo;
-            CHECK(eo <= (obf ? 4e-3 : 2e-5), "attention D=%d heads %d/%d block %d phase %d bf16 out %d: "
-                  "rel err %.3g", D, NH, NKV, BS, phase, obf, eo);
+            CHECK(eo <= (obf ? 4e-3 : 2e-5), "attention D=%d heads %d/%d block %d phase %d bf16 out %d "
+                  "8-warp decode %d: rel err %.3g", D, NH, NKV, BS, phase, obf, g_attn_dec, eo);
             free(out), free(ref), free(ck), free(cv), free(scratch), free(kg), free(qg);
         }
         free(qkv), free(qref), free(seq), free(pos);
         lm_cuda_free(dqkv), lm_cuda_free(dseq), lm_cuda_free(dpos), lm_cuda_free(dout);
     }
-    fprintf(stderr, "attention D=%d heads %d/%d block %d: worst K rel err %.3g, output %.3g\n", D, NH,
-            NKV, BS, worst_cache, worst_out);
+    fprintf(stderr, "attention D=%d heads %d/%d block %d (8-warp decode %d): worst K rel err %.3g, output %.3g\n",
+            D, NH, NKV, BS, g_attn_dec, worst_cache, worst_out);
     free(perm), free(bt), free(qn), free(kn), free(inv), free(kc), free(vc), free(kp), free(vp);
     lm_cuda_free(dqn), lm_cuda_free(dkn), lm_cuda_free(dinv), lm_cuda_free(dk), lm_cuda_free(dv),
         lm_cuda_free(dbt);
@@ -462,7 +483,13 @@ static void test_attention(void) {
     static const struct attn_case cases[] = {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+    /* Decode (phase 1) with the 8-warp kernel (v7, default) and with the v6 kernel. */
+    for (int dec = 1; dec >= 0; dec--) {
+        lm_cuda_ctx_set_attn_dec(g_ctx, dec);
+        g_attn_dec = dec;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+    }
+    lm_cuda_ctx_set_attn_dec(g_ctx, true);
 }
 
 /* ---- sampling ---- */

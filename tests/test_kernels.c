@@ -1,12 +1,17 @@
 /* test_kernels.c: the CPU kernels (backend/cpu/ops.h) and the thread pool.
- * The fast kernels are checked against the scalar references on random inputs at odd sizes,
- * with 1, 2 and 3 threads; the scalar references against float64 math and known values.
+ * The fast kernels of every vector target this build holds and this CPU runs (avx512, avx2,
+ * generic or neon: lm_cpu_ops_targets) are checked against the scalar references on random
+ * inputs at odd sizes, with 1, 2 and 3 threads; the matmul must give the reference's bits
+ * (one fma chain per output, ops.h), on row-major and packed weights. The scalar references are
+ * checked against float64 math and known values. The targets that ran are printed, and the run
+ * chooses the same one lm_cpu_ops_fast() does.
  * LM_LINK: lm_backend lm_base */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "base/threadpool.h"
 #include "check.h"
@@ -44,7 +49,7 @@ static void *make_weights(enum lm_dtype t, const float *w, long n, float *wf) {
     return p;
 }
 
-static void test_conversions(void) {
+static void test_conversions(const struct lm_cpu_ops *f) {
     /* binary16 -> float32 -> binary16 is the identity for every non-NaN value. */
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
@@ -72,7 +77,7 @@ static void test_conversions(void) {
     CHECK(lm_f32_to_bf16(-3.0f) == 0xc040, "bf16 of -3");
     CHECK(isnan(lm_bf16_to_f32(lm_f32_to_bf16(NAN))), "bf16 NaN stays NaN");
     /* The fast row conversion agrees bit for bit. */
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     uint16_t h[67];
     float a[67], b[67];
     for (int i = 0; i < 67; i++) h[i] = (uint16_t)(i * 977 + 13);
@@ -83,8 +88,8 @@ static void test_conversions(void) {
     }
 }
 
-static void test_matmul(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     const int ks[] = {37, 8, 16, 64, 130, 1000}, ms[] = {129, 5, 64, 300};
     const int ns[] = {1, 3, 17, 2, 4, 100};
     double worst = 0;
@@ -116,13 +121,27 @@ static void test_matmul(struct lm_pool *pool) {
                     worst = fmax(worst, e);
                     CHECK(e <= 1e-5, "matmul %s %s k=%d m=%d n=%d: rel err %g", f->name,
                           lm_dtype_name((enum lm_dtype)dt), k, m, n, e);
-                    free(x), free(w), free(wf), free(y1), free(y2), free(wt);
+                    /* The same fma chain as the reference: the same bits. */
+                    CHECK(!memcmp(y1, y2, sizeof(float) * n * m), "matmul %s %s k=%d m=%d n=%d: not the "
+                          "reference's bits", f->name, lm_dtype_name((enum lm_dtype)dt), k, m, n);
+                    /* Packed weights (the layout weights read into memory get): the same bits. */
+                    enum lm_dtype pt = lm_dtype_packed((enum lm_dtype)dt);
+                    void *wp = malloc(lm_cpu_packed_bytes((enum lm_dtype)dt, m, k));
+                    lm_cpu_pack(wp, wt, (enum lm_dtype)dt, m, k);
+                    for (int j = 0; j < m; j += 7) /* element access through the packed layout */
+                        CHECK(lm_cpu_weight(wp, pt, k, j, k - 1) == wf[(long)j * k + k - 1],
+                              "packed %s element (%d, %d)", lm_dtype_name(pt), j, k - 1);
+                    memset(y2, 0xff, sizeof(float) * n * m);
+                    f->matmul(pool, y2, x, wp, pt, n, k, m);
+                    CHECK(!memcmp(y1, y2, sizeof(float) * n * m), "matmul %s packed %s k=%d m=%d n=%d: not "
+                          "the reference's bits", f->name, lm_dtype_name(pt), k, m, n);
+                    free(x), free(w), free(wf), free(y1), free(y2), free(wt), free(wp);
                 }
     fprintf(stderr, "matmul (%s, %d threads): max rel err %.3g\n", f->name, lm_pool_size(pool), worst);
 }
 
-static void test_rmsnorm(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_rmsnorm(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     /* Known value: x = [3, 4], w = [1, 2]: rms = sqrt(12.5). */
     float x0[2] = {3, 4}, w0[2] = {1, 2}, y0[2];
     s->rmsnorm(NULL, y0, x0, w0, 1, 2, 0);
@@ -145,8 +164,8 @@ static void test_rmsnorm(struct lm_pool *pool) {
         }
 }
 
-static void test_rope(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_rope(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     const int hds[] = {16, 128, 6, 34}, ns[] = {1, 3, 17, 130}, hs[] = {4, 2, 1, 3};
     for (size_t hi = 0; hi < 4; hi++)
         for (size_t ni = 0; ni < 4; ni++) {
@@ -180,8 +199,8 @@ static void test_rope(struct lm_pool *pool) {
           v[0], v[1]);
 }
 
-static void test_swiglu_softmax(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_swiglu_softmax(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     long ns[] = {1, 37, 100000};
     for (int i = 0; i < 3; i++) {
         long n = ns[i];
@@ -217,8 +236,8 @@ static void test_swiglu_softmax(struct lm_pool *pool) {
     }
 }
 
-static void test_attention(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_attention(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     struct {
         int n, pos0, nh, nkv, hd;
     } cases[] = {{1, 0, 4, 2, 16}, {3, 5, 4, 2, 16}, {17, 0, 6, 3, 37}, {1, 200, 16, 8, 128},
@@ -292,17 +311,37 @@ static void test_pool(void) {
 }
 
 int main(void) {
-    test_conversions();
     test_pool();
-    for (int nt = 1; nt <= 3; nt++) {
-        struct lm_pool *pool;
-        lm_pool_create(nt, &pool);
-        test_matmul(pool);
-        test_rmsnorm(pool);
-        test_rope(pool);
-        test_swiglu_softmax(pool);
-        test_attention(pool);
-        lm_pool_destroy(pool);
+    const struct lm_cpu_ops *best = lm_cpu_ops_fast();
+    CHECK(best && best != lm_cpu_ops_scalar(), "lm_cpu_ops_fast");
+    int ran = 0, chose = 0;
+    char names[64] = "";
+    for (const char *const *t = lm_cpu_ops_targets(); *t; t++) {
+        const struct lm_cpu_ops *f = lm_cpu_ops_target(*t);
+        if (!f) { /* this CPU cannot run it */
+            fprintf(stderr, "target %s: not runnable on this CPU, skipped\n", *t);
+            continue;
+        }
+        CHECK(!strcmp(f->name, *t), "target %s has name %s", *t, f->name);
+        /* The run-time choice is the first (best) target this CPU runs, unless LM_CPU_KERNELS
+         * asks for another. */
+        if (!ran && !getenv("LM_CPU_KERNELS")) CHECK(f == best, "best target %s, chosen %s", f->name, best->name);
+        chose += f == best;
+        ran++;
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", ran > 1 ? ", " : "", f->name);
+        test_conversions(f);
+        for (int nt = 1; nt <= 3; nt++) {
+            struct lm_pool *pool;
+            lm_pool_create(nt, &pool);
+            test_matmul(pool, f);
+            test_rmsnorm(pool, f);
+            test_rope(pool, f);
+            test_swiglu_softmax(pool, f);
+            test_attention(pool, f);
+            lm_pool_destroy(pool);
+        }
     }
+    CHECK(ran >= 1 && chose == 1, "%d targets ran, the chosen one %d times", ran, chose);
+    fprintf(stderr, "fast kernel targets checked: %s (lm_cpu_ops_fast: %s)\n", names, best ? best->name : "?");
     return check_exit("test_kernels");
 }

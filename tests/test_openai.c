@@ -4,7 +4,9 @@
  * /tokenize and /detokenize on the tiny model (against the tokenizer and the chat template
  * called directly), request records (SHA-256 recomputed here from known vectors and explicit
  * little-endian bytes), and the Prometheus exposition (buckets summed here; `promtool check
- * metrics` when promtool is installed).
+ * metrics` when promtool is installed); the "model" check (OpenAI's model_not_found written out),
+ * NUL characters in a body, the gate's verdicts on request heads (gate.h) and a streamed chunk's
+ * text_offset.
  * LM_LINK: lm_server lm_engine lm_family lm_format lm_text lm_backend lm_base */
 #include <jansson.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 
 #include "check.h"
 #include "family/qwen3/chat_template.h"
+#include "server/gate.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/records.h"
@@ -669,12 +672,156 @@ static void test_tokenize(struct lm_model *m) {
     lm_ids_free(&want);
 }
 
+/* The "model" field (lm_api_check_model) and GET /v1/models/{id}'s object: OpenAI's and vLLM's
+ * 404 written out here. */
+static void test_model_check(void) {
+    struct lm_api_error e;
+    CHECK(lm_api_check_model("tiny-qwen3", NULL, &e) == LM_OK &&
+              lm_api_check_model("tiny-qwen3", "", &e) == LM_OK &&
+              lm_api_check_model("tiny-qwen3", "tiny-qwen3", &e) == LM_OK,
+          "absent, empty or the served id is accepted");
+    CHECK(lm_api_check_model("tiny-qwen3", "gpt-4", &e) != LM_OK && e.status == 404, "gpt-4: 404");
+    char *j = lm_openai_error_json(&e);
+    CHECK(!strcmp(j,
+                  "{\"error\":{\"message\":\"The model `gpt-4` does not exist.\",\"type\":"
+                  "\"invalid_request_error\",\"param\":\"model\",\"code\":\"model_not_found\"}}"),
+          "model_not_found JSON: %s", j);
+    free(j);
+    CHECK(lm_api_check_model("tiny-qwen3", "tiny-qwen3.gguf", &e) != LM_OK, "no other spelling");
+    j = lm_openai_model("tiny-qwen3", 1700000000, 4096, LM_TASK_TEXT_GENERATION);
+    json_t *o = json_loads(j, 0, NULL);
+    CHECK(o && !strcmp(jstr(json_object_get(o, "id")), "tiny-qwen3") &&
+              !strcmp(jstr(json_object_get(o, "object")), "model") &&
+              json_integer_value(json_object_get(o, "max_model_len")) == 4096 &&
+              json_array_size(json_object_get(o, "capabilities")) == 1,
+          "model object: %s", j);
+    json_decref(o);
+    free(j);
+}
+
+/* A NUL character (\u0000) in any string of a body: 400 naming the field, for both endpoints. */
+static void test_nul(void) {
+    static const struct {
+        bool chat;
+        const char *body, *param;
+    } cases[] = {
+        {true, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}",
+         "messages[0].content"},
+        {true,
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\\u0000\"}]}"
+         "]}",
+         "messages[0].content[0].text"},
+        {true,
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"ok\",\"a\\u0000\"]}",
+         "stop[1]"},
+        {true, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":\"m\\u0000\"}",
+         "model"},
+        {false, "{\"prompt\":\"\\u0000\"}", "prompt"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct lm_chat_request r;
+        struct lm_api_error e;
+        const char *b = cases[i].body;
+        lm_status st = cases[i].chat ? lm_chat_request_parse(b, strlen(b), &r, &e)
+                                     : lm_completion_request_parse(b, strlen(b), &r, &e);
+        CHECK(st != LM_OK && e.status == 400 && !strcmp(e.param, cases[i].param) &&
+                  strstr(e.message, "NUL characters are not allowed") &&
+                  !strstr(e.message, "JSON_ALLOW_NUL"),
+              "%s: %d '%s' '%s'", b, e.status, e.param, e.message);
+        CHECK(r.root == NULL, "nothing left to free");
+    }
+    struct lm_chat_request r;
+    struct lm_api_error e;
+    const char *key = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"a\\u0000\":1}";
+    CHECK(lm_chat_request_parse(key, strlen(key), &r, &e) != LM_OK && e.status == 400 &&
+              strstr(e.message, "NUL characters are not allowed"),
+          "NUL in a key: %s", e.message);
+}
+
+/* lm_gate_check_head: the verdicts written out here for each kind of head. */
+static void test_gate(void) {
+    static const struct {
+        const char *head;
+        int want;
+        const char *needle;
+    } cases[] = {
+        {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 0, NULL},
+        {"\r\nPOST /v1/completions HTTP/1.0\r\nContent-Length: 12\r\n\r\n{\"prompt\":1}", 0, NULL},
+        {"GET /health HTTP/1.1\r\nHost: x\r\n", -1, NULL},
+        {"GET /hea", -1, NULL},
+        {"GARBAGE\r\n\r\n", 400, "malformed request line \"GARBAGE\""},
+        {"GET\r\n", 400, "malformed request line"},
+        {"GET  /x HTTP/1.1\r\n\r\n", 400, "malformed request line"},
+        {"GET /x HTTP/9.9\r\n\r\n", 505, "HTTP version HTTP/9.9 is not supported"},
+        {"GET /x HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header line 1"},
+        {"GET /x HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400, "malformed header line 2"},
+        {"POST /x HTTP/1.1\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n", 400,
+         "2 Content-Length headers; send exactly one"},
+        {"POST /x HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400,
+         "Content-Length \"abc\" is not a number"},
+        {"POST /x HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400, "is not a number"},
+        {"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", 413,
+         "larger than the server's limit of 8388608 bytes"},
+        {"POST /x HTTP/1.1\r\nContent-Length: 8388609\r\n\r\n", 413, "limit of 8388608 bytes"},
+        {"POST /x HTTP/1.1\r\nContent-Length: 8388608\r\n\r\n", 0, NULL},
+        {"POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
+         "both Content-Length and Transfer-Encoding"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char msg[512] = "";
+        int v = lm_gate_check_head(cases[i].head, strlen(cases[i].head), 8u << 20, msg, sizeof msg);
+        CHECK(v == cases[i].want && (!cases[i].needle || strstr(msg, cases[i].needle)),
+              "head %zu: %d '%s'", i, v, msg);
+    }
+    /* a head that reaches LM_GATE_MAX_HEAD bytes without its end: 431, complete or not */
+    size_t n = LM_GATE_MAX_HEAD + 10;
+    char *big = malloc(n + 1);
+    memcpy(big, "GET / HTTP/1.1\r\nX-Big: ", 23);
+    memset(big + 23, 'a', n - 23);
+    big[n] = 0;
+    char msg[512];
+    int v = lm_gate_check_head(big, LM_GATE_MAX_HEAD, 8u << 20, msg, sizeof msg);
+    CHECK(v == 431 && strstr(msg, "16384 bytes"), "oversized head: %d %s", v, msg);
+    memcpy(big + n - 4, "\r\n\r\n", 4);
+    v = lm_gate_check_head(big, n, 8u << 20, msg, sizeof msg);
+    CHECK(v == 431, "oversized complete head: %d", v);
+    free(big);
+    CHECK(!strcmp(lm_gate_reason(431), "Request Header Fields Too Large") &&
+              !strcmp(lm_gate_reason(505), "HTTP Version Not Supported"),
+          "reason phrases");
+}
+
+/* A streamed completions chunk's logprobs.text_offset starts where the chunk's first token
+ * starts in the whole completion (delta.text_offset). */
+static void test_chunk_offsets(const struct lm_tokenizer *tok) {
+    struct lm_openai_meta meta = {"cmpl-1", 1700000000, "m", LM_API_COMPLETIONS, tok};
+    struct lm_token_logprob lp[2] = {{.id = 9707, .logprob = -1}, {.id = 11, .logprob = -2}};
+    struct lm_buf b = {0};
+    lm_openai_chunk(
+        &b, &meta,
+        &(struct lm_openai_delta){
+            .content = "Hello,", .len = 6, .logprobs = lp, .n_logprobs = 2, .text_offset = 7},
+        false);
+    json_t *j = json_loads(b.p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+    json_t *offs = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+        "text_offset");
+    CHECK(json_array_size(offs) == 2 && json_integer_value(json_array_get(offs, 0)) == 7 &&
+              json_integer_value(json_array_get(offs, 1)) == 12,
+          "text_offset from the delta: %s", b.p);
+    json_decref(j);
+    lm_buf_free(&b);
+}
+
 int main(void) {
     test_chat_fields();
     test_completion_fields();
     test_capabilities();
     test_records();
     test_metrics();
+    test_model_check();
+    test_nul();
+    test_gate();
     struct lm_model *m = NULL;
     struct lm_model_open_params p = lm_model_default_open_params();
     p.n_threads = 1;
@@ -683,6 +830,7 @@ int main(void) {
     if (m) {
         test_responses(lm_model_tokenizer(m));
         test_tokenize(m);
+        test_chunk_offsets(lm_model_tokenizer(m));
         lm_model_close(m);
     }
     return check_exit("test_openai");

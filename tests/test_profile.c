@@ -264,6 +264,13 @@ int main(void) {
     CHECK(strstr(summary, "Verification against") && strstr(summary, "PASSED") &&
               strstr(summary, "Input tokens: usage vs rendered prompt       6 equal"),
           "verification against the server's records:\n%s", summary);
+    /* the verdict says what it rests on; nothing shouts MISMATCH on a passing run; the dataset
+     * line says how many conversations ran, not only how many were selected */
+    CHECK(strstr(summary, ": PASSED (7 of 7 answered requests joined") &&
+              !strstr(summary, "MISMATCH"),
+          "verification line:\n%s", summary);
+    CHECK(strstr(summary, "Dataset: mt_bench, 80 of 80 conversations selected, 3 of them ran"),
+          "dataset line:\n%s", summary);
 
     /* the records */
     json_t *recs = json_array();

@@ -1,9 +1,11 @@
 /* test_quant.c: Q8_0 weights (backend/cpu/quant.h) and their matmul.
  *   - quantization: ggml's rounding (halves away from zero), zero blocks, the float16 scale,
  *     the reconstruction bound; dequantization is exact;
- *   - the fast Q8_0 matmul against the scalar reference at odd sizes (every path: streaming
- *     tiles for n < 4, float32 panels for n >= 4), 1 and 2 threads, and its batch invariance
- *     (rows of n = 1..16 equal n = 1 bit for bit), also for f16 weights;
+ *   - the fast Q8_0 matmul of every vector target this build holds and this CPU runs
+ *     (lm_cpu_ops_targets) against the scalar reference at odd sizes (every path: streaming
+ *     tiles for n < 24, float32 panels from n = 24), 1 and 2 threads: the same bits; and its
+ *     batch invariance (rows of n = 2..30 equal n = 1 bit for bit), also for f16/bf16/f32
+ *     weights, row-major and packed;
  *   - the tiny model with Q8_0 weights (a GGUF written by lm_bundle_build) against the same
  *     model in bf16: top-1 agreement and mean KL divergence over every position of the
  *     reference prompts, and fast vs scalar kernels on the Q8_0 model.
@@ -85,8 +87,8 @@ static void test_quantize(void) {
 }
 
 /* Fast vs scalar at odd sizes, for Q8_0 (and the f16/bf16 panel path at odd k). */
-static void test_matmul(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast(), *s = lm_cpu_ops_scalar();
+static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
     const int ks[] = {32, 96, 160, 1024, 2080}, ms[] = {1, 5, 33, 129, 300};
     const int ns[] = {1, 2, 3, 4, 5, 17, 100};
     double worst = 0;
@@ -105,10 +107,9 @@ static void test_matmul(struct lm_pool *pool) {
                 double e = rel_err(y2, y1, (long)n * m);
                 worst = fmax(worst, e);
                 CHECK(e <= 1e-5, "q8_0 matmul k=%d m=%d n=%d: rel err %g", k, m, n, e);
-#ifdef __FMA__
-                /* With hardware FMA both compute the same fma chain (ops.h): the same bits. */
-                CHECK(memcmp(y1, y2, sizeof(float) * n * m) == 0, "q8_0 k=%d m=%d n=%d: fast != scalar bits", k, m, n);
-#endif
+                /* Both compute the same fma chain (ops.h): the same bits. */
+                CHECK(memcmp(y1, y2, sizeof(float) * n * m) == 0, "q8_0 %s k=%d m=%d n=%d: fast != scalar bits",
+                      f->name, k, m, n);
                 free(x), free(wf), free(y1), free(y2), free(w);
             }
     fprintf(stderr, "q8_0 matmul (%s, %d threads): max rel err vs scalar %.3g\n", f->name,
@@ -118,8 +119,7 @@ static void test_matmul(struct lm_pool *pool) {
 /* Rows of a batch equal the same rows alone, bit for bit, up to n = 30 (past the panel
  * threshold LM_MM_PANEL_MIN), for Q8_0 and F16 weights, row-major and packed (F32/BF16
  * row-major are in test_batch). */
-static void test_invariance(struct lm_pool *pool) {
-    const struct lm_cpu_ops *f = lm_cpu_ops_fast();
+static void test_invariance(struct lm_pool *pool, const struct lm_cpu_ops *f) {
     const int shapes[][2] = {{32, 96}, {64, 7}, {96, 33}, {1024, 64}, {160, 5}};
     enum { NMAX = 30 };
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
@@ -150,8 +150,8 @@ static void test_invariance(struct lm_pool *pool) {
                     f->matmul(pool, batch, x, w, t, n, k, m);
                     if (memcmp(batch, alone, sizeof(float) * n * m)) bad = n;
                 }
-                CHECK(bad == 0, "matmul k=%d m=%d %s%s: rows of n=%d differ from n=1", k, m, lm_dtype_name(t),
-                      packed ? " packed" : "", bad);
+                CHECK(bad == 0, "%s matmul k=%d m=%d %s%s: rows of n=%d differ from n=1", f->name, k, m,
+                      lm_dtype_name(t), packed ? " packed" : "", bad);
                 /* Packed and row-major weights give the same bits. */
                 if (packed) {
                     float *rm = malloc(sizeof(float) * NMAX * m);
@@ -304,11 +304,18 @@ static void test_tiny_model(void) {
 int main(void) {
     test_quantize();
     struct lm_pool *pool;
-    for (int t = 1; t <= 2; t++) {
-        lm_pool_create(t, &pool);
-        test_matmul(pool);
-        test_invariance(pool);
-        lm_pool_destroy(pool);
+    for (const char *const *name = lm_cpu_ops_targets(); *name; name++) {
+        const struct lm_cpu_ops *f = lm_cpu_ops_target(*name);
+        if (!f) {
+            fprintf(stderr, "q8_0 matmul: target %s not runnable on this CPU\n", *name);
+            continue;
+        }
+        for (int t = 1; t <= 2; t++) {
+            lm_pool_create(t, &pool);
+            test_matmul(pool, f);
+            test_invariance(pool, f);
+            lm_pool_destroy(pool);
+        }
     }
     test_tiny_model();
     return check_exit("test_quant");

@@ -14,11 +14,23 @@
  * written out here; n choices against the same seeds alone; stop strings across a token
  * boundary, streamed = non-streamed; the reasoning split against the raw completion of the same
  * rendered prompt split here; /tokenize and /detokenize against the tokenizer; request records
- * (hashes recomputed here) and /metrics deltas (promtool when installed); error cases. */
+ * (hashes recomputed here) and /metrics deltas (promtool when installed); error cases.
+ *
+ * Transport and lifecycle: raw sockets send what libmicrohttpd used to answer in HTML (bad or
+ * two Content-Length headers, an oversized header block, a malformed request line, HTTP/9.9) and
+ * expect one status line and OpenAI's error JSON; two pipelined GETs share one connection; a
+ * third server (--timeout-keep-alive 1, --max-connections 3, --max-seqs 1) closes idle
+ * connections, logs its connection limit and recovers, keeps a queued stream open past the idle
+ * timeout, logs a cancelled request's tokens and a shutdown summary without a percentage above
+ * 100, and ends a stream cut by SIGTERM with finish_reason "abort", [DONE] and its terminator;
+ * SIGTERM while the model loads exits at once. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <poll.h>
+#include <regex.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -257,10 +269,20 @@ static bool header(const struct resp *r, const char *name, char *out, size_t cap
     return false;
 }
 
+static const char *g_spawn_log; /* when set, the next server's stdout and stderr go there */
+
 static pid_t spawn_serve(int port, const char *const *extra) {
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (g_spawn_log) {
+            int fd = open(g_spawn_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+                close(fd);
+            }
+        }
         char ps[16];
         snprintf(ps, sizeof ps, "%d", port);
         const char *argv[24] = {LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", ps};
@@ -652,6 +674,10 @@ static void test_errors(int ctx) {
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400,
          "response_format", "response_format"},
         {big.p, 400, ctx_msg, "messages"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400, "NUL characters are not allowed",
+         "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":\"gpt-4\"}", 404,
+         "The model `gpt-4` does not exist.", "model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct resp r = {0};
@@ -734,6 +760,380 @@ static CURL *start_stream(CURLM *m, const char *base, const char *body, struct c
         if (running && r->body.len < min_bytes) curl_multi_poll(m, NULL, 0, 20, NULL);
     }
     return c;
+}
+
+/* ---- transport: raw sockets ----------------------------------------------------------- */
+
+static int port_of(const char *base) {
+    const char *c = strrchr(base, ':');
+    return c ? atoi(c + 1) : -1;
+}
+
+static int connect_to(const char *base) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port_of(base)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Sends `len` bytes on a new connection and returns what comes back until the server closes it
+ * or `timeout_ms` passes; *closed tells which. Caller frees. */
+static char *raw_exchange(const char *base, const char *data, size_t len, int timeout_ms, bool *closed) {
+    struct lm_buf out = {0};
+    *closed = false;
+    int fd = connect_to(base);
+    if (fd < 0) return strdup("");
+    for (size_t off = 0; off < len;) {
+        ssize_t w = send(fd, data + off, len - off, MSG_NOSIGNAL);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    double t0 = now_s();
+    char buf[4096];
+    while ((now_s() - t0) * 1e3 < timeout_ms) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+            *closed = true;
+            break;
+        }
+        lm_buf_append(&out, buf, (size_t)n);
+    }
+    close(fd);
+    if (!out.p) lm_buf_puts(&out, "");
+    return lm_buf_take(&out);
+}
+
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Status lines ("HTTP/1.1 400 ...") at the start of a line of `hay`. */
+static int status_lines(const char *hay) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, "HTTP/1.")); p++)
+        if ((p == hay || p[-1] == '\n') && p[8] == ' ' && p[9] >= '1' && p[9] <= '5') n++;
+    return n;
+}
+
+static long request_h(const char *base, const char *method, const char *path, const char *body,
+                      const char *const *hdrs, struct resp *r);
+
+/* Errors that libmicrohttpd answered itself (HTML, or its status line twice): now one status line
+ * and OpenAI's error JSON, through the gate (gate.h). */
+static void test_transport(void) {
+    struct lm_buf big = {0};
+    lm_buf_puts(&big, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    for (int i = 0; i < 20000; i++) lm_buf_puts(&big, "a");
+    lm_buf_puts(&big, "\r\n\r\n");
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}";
+    char dup[512], dup2b[512];
+    snprintf(dup, sizeof dup,
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), strlen(body), body);
+    snprintf(dup2b, sizeof dup2b,
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    const struct {
+        const char *name, *data;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"two equal Content-Length", dup, 400, "2 Content-Length headers"},
+        {"two different Content-Length", dup2b, 400, "2 Content-Length headers"},
+        {"Content-Length abc", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400,
+         "is not a number"},
+        {"Content-Length overflow",
+         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n", 413,
+         "limit of 8388608 bytes"},
+        {"Content-Length 1 TB", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n",
+         413, "limit of 8388608 bytes"},
+        {"header block of 20 kB", big.p, 431, "larger than the server's limit"},
+        {"malformed request line", "GARBAGE\r\n\r\n", 400, "malformed request line"},
+        {"HTTP/9.9", "GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 505, "not supported"},
+        {"Content-Length and Transfer-Encoding",
+         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
+         "both Content-Length and Transfer-Encoding"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool closed;
+        char *got = raw_exchange(g_base, cases[i].data, strlen(cases[i].data), 3000, &closed);
+        char want[32];
+        snprintf(want, sizeof want, "HTTP/1.1 %d ", cases[i].status);
+        const char *bodyp = strstr(got, "\r\n\r\n");
+        json_t *j = bodyp ? json_loads(bodyp + 4, 0, NULL) : NULL;
+        const char *msg = jstr(json_object_get(json_object_get(j, "error"), "message"));
+        CHECK(!strncmp(got, want, strlen(want)) && status_lines(got) == 1 &&
+                  strcasestr(got, "Content-Type: application/json") && strstr(msg, cases[i].needle) && closed,
+              "%s: want %d JSON naming '%s', got (closed %d) %.300s", cases[i].name, cases[i].status, cases[i].needle,
+              closed, got);
+        json_decref(j);
+        free(got);
+    }
+    lm_buf_free(&big);
+    /* keep-alive: two pipelined GETs on one connection get two answers, and it stays open */
+    const char *two = "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    bool closed;
+    char *got = raw_exchange(g_base, two, strlen(two), 1000, &closed);
+    CHECK(count_of(got, "HTTP/1.1 200 OK\r\n") == 2 && !strcasestr(got, "Connection: close") && !closed,
+          "two GETs on one kept-alive connection: %.400s", got);
+    free(got);
+    struct resp r = {0};
+    /* a chunked body (no Content-Length to refuse up front) over the limit: JSON 413 */
+    size_t n = (9u << 20);
+    char *huge = malloc(n + 1);
+    memset(huge, ' ', n);
+    huge[n] = 0;
+    const char *chunked[] = {"Transfer-Encoding: chunked", NULL};
+    long st = request_h(g_base, "POST", "/v1/chat/completions", huge, chunked, &r);
+    check_error(st, &r, &(struct err_case){"9 MiB chunked body", 413, "server's limit of 8388608 bytes", NULL});
+    resp_free(&r);
+    free(huge);
+    CHECK(post(k_valid, &r) == 200, "valid request after the transport errors");
+    resp_free(&r);
+}
+
+/* Drives all transfers of `m` to their end; returns the CURLcode of `c` (CURLE_PARTIAL_FILE, 18, when a
+ * chunked stream lost its terminator). */
+static CURLcode finish_transfer(CURLM *m, CURL *c, double secs) {
+    int running = 1;
+    double t0 = now_s();
+    while (running && now_s() - t0 < secs) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    CURLcode rc = CURLE_OPERATION_TIMEDOUT;
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)))
+        if (msg->msg == CURLMSG_DONE && msg->easy_handle == c) rc = msg->data.result;
+    return rc;
+}
+
+static char *read_file_str(const char *path) {
+    FILE *f = fopen(path, "r");
+    struct lm_buf b = {0};
+    char buf[4096];
+    size_t n;
+    while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) lm_buf_append(&b, buf, n);
+    if (f) fclose(f);
+    if (!b.p) lm_buf_puts(&b, "");
+    return lm_buf_take(&b);
+}
+
+/* Waits up to `secs` for the file at `path` to match the extended regex `re`. */
+static bool log_has(const char *path, const char *re, double secs) {
+    regex_t rx;
+    if (regcomp(&rx, re, REG_EXTENDED | REG_NOSUB)) return false;
+    bool found = false;
+    for (double t0 = now_s(); !found; usleep(20 * 1000)) {
+        char *text = read_file_str(path);
+        found = regexec(&rx, text, 0, NULL, 0) == 0;
+        free(text);
+        if (now_s() - t0 > secs) break;
+    }
+    regfree(&rx);
+    return found;
+}
+
+/* A third server: --timeout-keep-alive 1, --max-connections 3, --shutdown-timeout-s 0,
+ * --max-seqs 1, its log
+ * in a file: idle connections close, the connection limit logs and does not lock the server
+ * out, long requests are not idle, the log lines (threads, a cancelled request, the shutdown
+ * summary), a SIGTERM that ends a stream with finish_reason "abort" and [DONE]. */
+static void test_connections(void) {
+    char log[64], base[64];
+    snprintf(log, sizeof log, "/tmp/lm_test_server3_%d.log", (int)getpid());
+    const char *extra[] = {"--timeout-keep-alive", "1", "--max-connections", "3", "--shutdown-timeout-s", "0",
+                           "--max-seqs", "1", NULL};
+    g_spawn_log = log;
+    bool up = start_server(1, extra, base, sizeof base);
+    g_spawn_log = NULL;
+    CHECK(up, "third server");
+    if (!up) return;
+    CHECK(log_has(log, "lumen serve: model tiny-qwen3 .* threads [1-9][0-9]*([^0-9]|$)", 5),
+          "the startup line gives the actual thread count (not 0)");
+
+    /* an idle connection is closed after --timeout-keep-alive */
+    int fd = connect_to(base);
+    double t0 = now_s();
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    char c;
+    bool closed = fd >= 0 && poll(&pf, 1, 4000) == 1 && recv(fd, &c, 1, 0) == 0;
+    CHECK(closed && now_s() - t0 > 0.5, "an idle connection is closed after 1 s (closed %d after %.2fs)", closed,
+          now_s() - t0);
+    if (fd >= 0) close(fd);
+
+    /* the connection limit: 3 idle sockets take every place; a 4th connection is refused with a
+     * log line; once the idle ones time out the server answers again */
+    int idle[3];
+    for (int i = 0; i < 3; i++) idle[i] = connect_to(base);
+    usleep(100 * 1000);
+    struct resp r = {0};
+    long st = request(base, "GET", "/health", NULL, NULL, 2000, &r);
+    resp_free(&r);
+    CHECK(st == 0, "a connection beyond --max-connections 3 is refused: %ld", st);
+    CHECK(log_has(log, "connection limit reached .*--max-connections 3", 3), "the connection limit is logged");
+    long ok = 0;
+    for (int k = 0; k < 100 && ok != 200; k++) {
+        ok = request(base, "GET", "/health", NULL, NULL, 1000, &r);
+        resp_free(&r);
+        if (ok != 200) usleep(50 * 1000);
+    }
+    CHECK(ok == 200, "idle connections time out and the server answers again: %ld", ok);
+    for (int i = 0; i < 3; i++)
+        if (idle[i] >= 0) close(idle[i]);
+
+    /* a request being answered is not idle, however long it takes: with --max-seqs 1 a stream
+     * queued behind a long request waits longer than --timeout-keep-alive for its first byte */
+    const char *long_body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"max_tokens\":%d,"
+                            "\"ignore_eos\":true%s}";
+    char b1[256], b2[256];
+    snprintf(b1, sizeof b1, long_body, 3000, "");
+    snprintf(b2, sizeof b2, long_body, 8, ",\"stream\":true");
+    {
+        CURLM *mq = curl_multi_init();
+        struct curl_slist *hq = curl_slist_append(NULL, "Content-Type: application/json");
+        struct resp ra = {0}, rb = {0};
+        CURL *ha = easy(base, "POST", "/v1/chat/completions", b1, hq, &ra);
+        curl_multi_add_handle(mq, ha);
+        int running = 1;
+        for (double tq = now_s(); now_s() - tq < 0.3;) { /* let the long one be admitted first */
+            curl_multi_perform(mq, &running);
+            curl_multi_poll(mq, NULL, 0, 20, NULL);
+        }
+        CURL *hb = easy(base, "POST", "/v1/chat/completions", b2, hq, &rb);
+        curl_multi_add_handle(mq, hb);
+        t0 = now_s();
+        CURLcode rcb = finish_transfer(mq, hb, 120);
+        double waited = now_s() - t0;
+        struct sse sb = parse_sse(rb.body.p);
+        CHECK(rcb == CURLE_OK && sb.well_formed && sb.done,
+              "a stream that waited %.1fs for its first token, with --timeout-keep-alive 1: curl %d, [DONE] %d", waited,
+              (int)rcb, sb.done);
+        if (waited < 1.5) fprintf(stderr, "test_server: the queued stream waited %.2fs only; the idle check is weak\n", waited);
+        json_decref(sb.chunks);
+        long sa = 0; /* finish_transfer ran both transfers to their end */
+        curl_easy_getinfo(ha, CURLINFO_RESPONSE_CODE, &sa);
+        json_t *ja = ra.body.p ? json_loads(ra.body.p, 0, NULL) : NULL;
+        CHECK(sa == 200 && json_integer_value(json_object_get(json_object_get(ja, "usage"), "completion_tokens")) == 3000,
+              "the long request: status %ld", sa);
+        json_decref(ja);
+        curl_multi_remove_handle(mq, ha);
+        curl_multi_remove_handle(mq, hb);
+        curl_easy_cleanup(ha);
+        curl_easy_cleanup(hb);
+        resp_free(&ra);
+        resp_free(&rb);
+        curl_slist_free_all(hq);
+        curl_multi_cleanup(mq);
+    }
+
+    /* the log line of a request cancelled by its client gives the tokens generated */
+    snprintf(b1, sizeof b1, long_body, 3000, "");
+    st = request(base, "POST", "/v1/chat/completions", b1, "X-Request-Id: cancel-me", 400, &r);
+    resp_free(&r);
+    CHECK(log_has(log, "id=cancel-me status=499 prompt=[0-9]+ completion=[0-9]+ finish=cancelled", 5),
+          "the cancelled request's log line counts what was generated");
+
+    /* a later turn sent twice: the second finds its whole prompt cached, more than its history */
+    const char *later = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
+                        "\"Hello there.\"},{\"role\":\"user\",\"content\":\"And then?\"}],\"max_tokens\":2}";
+    for (int i = 0; i < 3; i++) {
+        request(base, "POST", "/v1/chat/completions", later, NULL, 0, &r);
+        resp_free(&r);
+    }
+
+    /* SIGTERM during a stream with --shutdown-timeout-s 0: finish chunk "abort", [DONE], and the
+     * chunked terminator (curl's result is OK, not 18) */
+    CURLM *m = curl_multi_init();
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    struct resp a = {0};
+    snprintf(b1, sizeof b1, long_body, 3000, ",\"stream\":true");
+    CURL *ca = start_stream(m, base, b1, h, &a, 200);
+    kill(g_child[1], SIGTERM);
+    CURLcode rc = finish_transfer(m, ca, 20);
+    struct sse sse = parse_sse(a.body.p);
+    json_t *lastc = json_array_get(sse.chunks, json_array_size(sse.chunks) - 1);
+    const char *fr = jstr(json_object_get(json_array_get(json_object_get(lastc, "choices"), 0), "finish_reason"));
+    CHECK(rc == CURLE_OK && sse.well_formed && sse.done && !strcmp(fr, "abort"),
+          "SIGTERM mid-stream: curl %d, framing %d, [DONE] %d, last finish_reason '%s': ...%s", (int)rc,
+          sse.well_formed, sse.done, fr, a.body.len > 300 ? a.body.p + a.body.len - 300 : nz(a.body.p));
+    json_decref(sse.chunks);
+    curl_multi_remove_handle(m, ca);
+    curl_easy_cleanup(ca);
+    resp_free(&a);
+    curl_slist_free_all(h);
+    curl_multi_cleanup(m);
+    int status = 0;
+    bool exited = false;
+    for (t0 = now_s(); now_s() - t0 < 20 && !exited; usleep(20 * 1000)) exited = waitpid(g_child[1], &status, WNOHANG) == g_child[1];
+    if (exited) g_child[1] = -1;
+    CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "third server exits 0");
+
+    /* the shutdown summary: no percentage above 100 */
+    char *text = read_file_str(log);
+    const char *sum = strstr(text, "lumen serve: engine: ");
+    while (sum && strstr(sum + 1, "lumen serve: engine: ")) sum = strstr(sum + 1, "lumen serve: engine: ");
+    int n_pct = 0, over = 0;
+    for (const char *p = sum; p && (p = strchr(p, '%')); p++) {
+        const char *q = p;
+        while (q > sum && (q[-1] == '.' || (q[-1] >= '0' && q[-1] <= '9'))) q--;
+        if (q < p) {
+            n_pct++;
+            if (strtod(q, NULL) > 100.0) over++;
+        }
+    }
+    CHECK(sum && strstr(sum, "later turns: 3 requests") && n_pct >= 3 && over == 0,
+          "shutdown summary: %d percentages, %d above 100: %.600s", n_pct, over, sum ? sum : text);
+    free(text);
+    unlink(log);
+}
+
+/* SIGTERM while the model loads: the server exits at once (0) and says so. */
+static void test_sigterm_loading(void) {
+    char log[64];
+    snprintf(log, sizeof log, "/tmp/lm_test_server4_%d.log", (int)getpid());
+    bool hit = false;
+    for (int delay_ms = 30; delay_ms <= 480 && !hit; delay_ms *= 2) {
+        g_spawn_log = log;
+        pid_t pid = spawn_serve(free_port(), NULL);
+        g_spawn_log = NULL;
+        usleep((useconds_t)delay_ms * 1000);
+        kill(pid, SIGTERM);
+        int status = 0;
+        double t0 = now_s();
+        bool exited = false;
+        while (!exited && now_s() - t0 < 20) {
+            exited = waitpid(pid, &status, WNOHANG) == pid;
+            if (!exited) usleep(5 * 1000);
+        }
+        double took = now_s() - t0;
+        if (!exited) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        if (exited && WIFSIGNALED(status)) continue; /* the signal came before lumen blocked it */
+        char *text = read_file_str(log);
+        hit = strstr(text, "SIGTERM before the server started") != NULL;
+        if (hit)
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && took < 2, "exit 0 at once (%.2fs)", took);
+        else if (strstr(text, "lumen serve: model ")) {
+            fprintf(stderr, "test_server: the model loaded within %d ms, before the SIGTERM\n", delay_ms);
+            free(text);
+            break;
+        }
+        free(text);
+    }
+    CHECK(hit, "SIGTERM during the model load ends lumen serve at once");
+    unlink(log);
 }
 
 /* ---- part 3: the OpenAI surface of issue 3 ------------------------------------------------ */
@@ -1046,6 +1446,31 @@ static void test_logprobs_api(json_t *refs) {
         free(t);
     }
     CHECK(bad == 0, "completions logprobs vs lm_seq_forward's log-softmax: %d mismatches", bad);
+    /* streamed: each chunk carries the logprobs of its own tokens (OpenAI's stream format), so
+     * they arrive in several chunks; joined, tokens and text_offset equal the non-streamed ones */
+    {
+        json_t *o = json_loads(body, 0, NULL);
+        json_object_set_new(o, "stream", json_true());
+        char *sb = dumps(o);
+        struct sse ss = post_sse("/v1/completions", sb, &st);
+        json_t *all_tokens = json_array(), *all_offs = json_array();
+        int with_lp = 0;
+        size_t k;
+        json_t *ck;
+        json_array_foreach(ss.chunks, k, ck) {
+            json_t *clp = json_object_get(json_array_get(json_object_get(ck, "choices"), 0), "logprobs");
+            if (json_array_size(json_object_get(clp, "tokens"))) with_lp++;
+            json_array_extend(all_tokens, json_object_get(clp, "tokens"));
+            json_array_extend(all_offs, json_object_get(clp, "text_offset"));
+        }
+        CHECK(with_lp >= 2, "streamed completions: logprobs come in %d chunks (want one per chunk of text)", with_lp);
+        CHECK(json_equal(all_tokens, tokens) && json_equal(all_offs, json_object_get(lp, "text_offset")),
+              "streamed tokens and text_offset equal the non-streamed ones");
+        json_decref(all_tokens);
+        json_decref(all_offs);
+        json_decref(ss.chunks);
+        free(sb);
+    }
     json_decref(j);
     free(body);
 
@@ -1085,6 +1510,19 @@ static void test_logprobs_api(json_t *refs) {
     struct streamed m;
     streamed_of(&s, &m);
     CHECK(json_equal(m.logprobs[0], content), "streamed logprobs equal the non-streamed ones");
+    {
+        int with_lp = 0;
+        size_t last_n = 0, k;
+        json_t *ck;
+        json_array_foreach(s.chunks, k, ck) {
+            json_t *c0 = json_array_get(json_object_get(ck, "choices"), 0);
+            size_t nlp = json_array_size(json_object_get(json_object_get(c0, "logprobs"), "content"));
+            if (nlp) with_lp++;
+            if (json_is_string(json_object_get(c0, "finish_reason"))) last_n = nlp;
+        }
+        CHECK(with_lp >= 2 && last_n < 5, "chat stream: logprobs in %d chunks, %zu of 5 in the finish chunk", with_lp,
+              last_n);
+    }
     streamed_free(&m);
     json_decref(s.chunks);
     free(sbody);
@@ -1355,6 +1793,10 @@ static void test_api_errors(void) {
         {"GET", "/tokenize", NULL, 405, "use POST"},
         {"GET", "/v1/completions", NULL, 405, "use POST"},
         {"POST", "/metrics", "{}", 405, "use GET"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"model\":\"gpt-4\"}", 404, "The model `gpt-4` does not exist."},
+        {"GET", "/v1/models/gpt-4", NULL, 404, "The model `gpt-4` does not exist."},
+        {"POST", "/tokenize", "{\"prompt\":\"x\",\"model\":\"gpt-4\"}", 404, "does not exist"},
+        {"POST", "/detokenize", "{\"tokens\":[1],\"model\":\"gpt-4\"}", 404, "does not exist"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct resp r = {0};
@@ -1631,6 +2073,23 @@ static void test_issue3_api(json_t *tmpl, json_t *refs) {
           "/v1/models capabilities: %s", nz(r.body.p));
     json_decref(j);
     resp_free(&r);
+    /* GET /v1/models/{id}: the model object alone; a request naming the model is served */
+    long mst = request_h(g_base, "GET", "/v1/models/tiny-qwen3", NULL, NULL, &r);
+    j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+    CHECK(mst == 200 && !strcmp(jstr(json_object_get(j, "id")), "tiny-qwen3") &&
+              !strcmp(jstr(json_object_get(j, "object")), "model") && json_object_get(j, "capabilities"),
+          "GET /v1/models/tiny-qwen3: %ld %s", mst, nz(r.body.p));
+    json_decref(j);
+    resp_free(&r);
+    mst = request_h(g_base, "GET", "/v1/models/gpt-4", NULL, NULL, &r);
+    j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
+    json_t *me = json_object_get(j, "error");
+    CHECK(mst == 404 && !strcmp(jstr(json_object_get(me, "code")), "model_not_found") &&
+              !strcmp(jstr(json_object_get(me, "param")), "model") &&
+              !strcmp(jstr(json_object_get(me, "type")), "invalid_request_error"),
+          "GET /v1/models/gpt-4: %ld %s", mst, nz(r.body.p));
+    json_decref(j);
+    resp_free(&r);
     test_completions_api(refs);
     test_logprobs_api(refs);
     test_penalties_api(refs);
@@ -1825,6 +2284,7 @@ int main(void) {
     }
 
     test_errors(ctx);
+    test_transport();
     test_issue3_api(tmpl, refs);
 
     /* How long does an uncancelled long generation take? (Sets the scale of the timing checks.) */
@@ -1897,6 +2357,11 @@ int main(void) {
         check_error(st, &r, &(struct err_case){"max_tokens 300 in ctx 256", 400, "and max_tokens is 300; the context holds 256",
                                                 "max_tokens"});
         resp_free(&r);
+        /* n choices take n places: n=2 can never fit --max-seqs 1 + --max-queue 0 (400, not 429) */
+        st = request(base2, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,\"n\":2}", NULL, 0, &r);
+        check_error(st, &r, &(struct err_case){"n=2 beyond the places", 400, "--max-seqs 1 plus --max-queue 0", "n"});
+        resp_free(&r);
         /* --no-reasoning: no reasoning_content, the whole output is content */
         st = request(base2, "POST", "/v1/chat/completions", k_valid, NULL, 0, &r);
         j = r.body.p ? json_loads(r.body.p, 0, NULL) : NULL;
@@ -1915,8 +2380,13 @@ int main(void) {
         /* the stream may have finished already on a fast machine; then the request runs */
         int running = 0;
         curl_multi_perform(m, &running);
-        if (st != 200) check_error(st, &r, &(struct err_case){"queue full", 429, "queue is full", NULL});
-        else fprintf(stderr, "test_server: the long stream ended before the 429 probe; 429 not checked\n");
+        if (st != 200) {
+            check_error(st, &r, &(struct err_case){"queue full", 429, "queue is full", NULL});
+            char ra[16] = "";
+            CHECK(header(&r, "Retry-After", ra, sizeof ra) && atoi(ra) >= 1, "429 carries Retry-After: '%s'", ra);
+        } else {
+            fprintf(stderr, "test_server: the long stream ended before the 429 probe; 429 not checked\n");
+        }
         resp_free(&r);
         curl_multi_remove_handle(m, ca);
         curl_easy_cleanup(ca);
@@ -1935,18 +2405,21 @@ int main(void) {
         ca = start_stream(m, base2, long2, h, &a2, 1);
         bool clean = stop_server(1, 20);
         CHECK(clean, "SIGTERM with a stream in flight: clean exit");
-        running = 1;
-        for (int k = 0; k < 500 && running; k++) {
-            curl_multi_perform(m, &running);
-            if (running) curl_multi_poll(m, NULL, 0, 10, NULL);
-        }
-        CHECK(!running, "the in-flight stream ended at shutdown");
+        CURLcode rc2 = finish_transfer(m, ca, 5);
+        struct sse s2 = parse_sse(a2.body.p);
+        CHECK(rc2 == CURLE_OK && s2.well_formed && s2.done,
+              "the in-flight stream ended at shutdown with [DONE] and its terminator: curl %d, ...%s", (int)rc2,
+              a2.body.len > 200 ? a2.body.p + a2.body.len - 200 : nz(a2.body.p));
+        json_decref(s2.chunks);
         curl_multi_remove_handle(m, ca);
         curl_easy_cleanup(ca);
         resp_free(&a2);
         curl_slist_free_all(h);
         curl_multi_cleanup(m);
     }
+
+    test_connections();
+    test_sigterm_loading();
 
     CHECK(stop_server(0, 20), "SIGTERM: clean exit of the main server");
     kill_children();

@@ -342,16 +342,19 @@ int lm_cmd_cudabench(int argc, char **argv) {
         for (int w = 0; w < 7 && !st; w++)
             for (int k = 0; k < 3 && !st; k++) {
                 double us, bytes;
-                if (k == 1 && w >= 4) continue;
-                lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), k == 1);
+                /* k == 1: x in registers for the layer GEMVs, the v6 kernel for attention */
+                if (k == 1 && (w == 4 || w == 6)) continue;
+                lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), k == 1 && w < 4);
+                lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !(k == 1 && w == 5));
                 if (w == 5) { /* attention after a decode step of ns[k] sequences at position tg */
                     int32_t next[8] = {1, 2, 3, 4, 5, 6, 7, 8};
                     if ((st = decode(&b, ns[k], 0, tg ? tg : 128, next))) break;
                 }
                 if ((st = lm_cuda_qwen3_bench_linear(b.m, w, ns[k], reps * 4, &us, &bytes))) break;
                 lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), false);
+                lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
                 char nm[40];
-                snprintf(nm, sizeof nm, "%s%s", names[w], k == 1 ? " (x regs)" : "");
+                snprintf(nm, sizeof nm, "%s%s", names[w], k == 1 ? (w == 5 ? " (v6)" : " (x regs)") : "");
                 if (bytes > 0)
                     printf("| %-26s | %4d | %9.2f | %9.2f | %9.3f | %8.0f%% |\n", nm, ns[k], bytes / 1e6, us,
                            bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
@@ -368,19 +371,25 @@ int lm_cmd_cudabench(int argc, char **argv) {
             const char *name;
             bool graphs, pdl, pf, regx;
             int rows;
-        } vs[] = {{"graphs + PDL (default)", true, true, false, false, 0},
-                  {"default + GEMV L2 prefetch", true, true, true, false, 0},
-                  {"default + batch-1 x in registers", true, true, false, true, 0},
-                  {"graphs, no PDL", true, false, false, false, 0},
-                  {"no graphs, PDL", false, true, false, false, 0},
-                  {"no graphs, no PDL", false, false, false, false, 0},
-                  {"default, 1 row/warp", true, true, false, false, 1},
-                  {"default, 2 rows/warp", true, true, false, false, 2}};
+            bool v6attn, v6rows;
+        } vs[] = {{"graphs + PDL (default)", true, true, false, false, 0, false, false},
+                  {"default, v6 decode attention", true, true, false, false, 0, true, false},
+                  {"default, v6 GEMV rows/warp", true, true, false, false, 0, false, true},
+                  {"v6 attention and GEMV rows", true, true, false, false, 0, true, true},
+                  {"default + GEMV L2 prefetch", true, true, true, false, 0, false, false},
+                  {"default + batch-1 x in registers", true, true, false, true, 0, false, false},
+                  {"graphs, no PDL", true, false, false, false, 0, false, false},
+                  {"no graphs, PDL", false, true, false, false, 0, false, false},
+                  {"no graphs, no PDL", false, false, false, false, 0, false, false},
+                  {"default, 1 row/warp", true, true, false, false, 1, false, false},
+                  {"default, 2 rows/warp", true, true, false, false, 2, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), vs[i].pf);
             lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), vs[i].regx);
+            lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
+            lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), !vs[i].v6rows);
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
@@ -389,6 +398,8 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), false);
         lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), false);
+        lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
+        lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 4, 8};
         for (int k = 0; k < 3 && !st; k++)

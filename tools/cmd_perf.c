@@ -22,10 +22,12 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
-            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--scalar]\n\n"
-            "Measures the CPU forward pass like llama-bench and prints a table of tokens per\n"
-            "second (mean ± std over the repetitions, and the min - max), the weight bandwidth\n"
-            "each decode test achieves, and a read bandwidth measured in the same run.\n\n"
+            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--scalar]\n"
+            "                  [--device cpu|cuda|cuda:N]\n\n"
+            "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
+            "prints a table of tokens per second (mean ± std over the repetitions, and the\n"
+            "min - max), the weight bandwidth each decode test achieves, and a read bandwidth\n"
+            "measured in the same run.\n\n"
             "  --model PATH      Hugging Face model folder or GGUF file\n"
             "  --tokenizer DIR   folder with tokenizer.json when the model has none\n"
             "  -t, --threads N   CPU threads (default 0: all online cores)\n"
@@ -43,6 +45,14 @@ static void usage(FILE *f) {
             "                    anonymous memory\n"
             "  --no-bw           skip the read-bandwidth measurement\n"
             "  --scalar          use the plain scalar reference kernels\n"
+            "                    (the fast CPU kernels are the best vector target of this CPU,\n"
+            "                    chosen at run time: avx512, avx2, generic or neon; the table's\n"
+            "                    header names it; LM_CPU_KERNELS=avx2 in the environment asks for\n"
+            "                    another)\n"
+            "  --device D        run on cpu (default), cuda or cuda:N (a GPU: weights and KV cache\n"
+            "                    in bf16; pp and tg copy each logits row back to the host as\n"
+            "                    lm_seq does; batched decode (B > 1) has the GPU choose greedy ids,\n"
+            "                    as lumen serve does, so only ids come back)\n"
             "  -h, --help        show this help\n");
 }
 
@@ -206,6 +216,10 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     int32_t *blocks = malloc(sizeof *blocks * (size_t)B * nbps);
     struct lm_batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
     float *logits = malloc(sizeof(float) * (size_t)B * cfg->vocab_size);
+    /* On a device that samples, greedy ids come back instead of logits (as lumen serve runs). */
+    const bool dev = lm_model_samples_on_device(m);
+    struct lm_device_sampling *greedy = calloc((size_t)B, sizeof *greedy);
+    int32_t *chosen = calloc((size_t)B, sizeof *chosen);
     for (int i = 0; i < B * nbps; i++) blocks[i] = i;
     for (int rep = -1; rep < reps && !st; rep++) {
         for (int b = 0; b < B && !st; b++)
@@ -221,7 +235,8 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
             for (int b = 0; b < B; b++)
                 seqs[b] = (struct lm_batch_seq){ids + (b * 131 + step) % n_ids, 1, depth + step,
                                                 blocks + b * nbps, LM_LOGITS_LAST};
-            st = lm_model_forward(m, kv, seqs, B, logits);
+            st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen)
+                     : lm_model_forward(m, kv, seqs, B, logits);
         }
         double dt = now_s() - t0;
         if (rep >= 0) tps[rep] = (double)B * n / dt;
@@ -229,6 +244,8 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     free(blocks);
     free(seqs);
     free(logits);
+    free(greedy);
+    free(chosen);
     lm_kv_cache_destroy(kv);
     return st;
 }
@@ -253,6 +270,7 @@ int lm_cmd_perf(int argc, char **argv) {
                                          {"mmap", no_argument, 0, 'M'},
                                          {"no-bw", no_argument, 0, 'W'},
                                          {"scalar", no_argument, 0, 'S'},
+                                         {"device", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
@@ -308,6 +326,7 @@ int lm_cmd_perf(int argc, char **argv) {
         case 'M': params.map_weights = true; break;
         case 'W': bw = false; break;
         case 'S': params.scalar_kernels = true; break;
+        case 'D': params.device = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -393,10 +412,18 @@ int lm_cmd_perf(int argc, char **argv) {
         } else {
             if (!n) continue;
             int B = batches[test - 1];
-            if (B == 1)
+            if (B == 1) {
                 st = run_seq(s, ids, depth, 0, n, reps, logits, x, &probe, rep_bw);
-            else
+            } else if (lm_model_samples_on_device(m)) {
+                /* A CUDA model holds one KV cache at a time: the sequence's makes way. */
+                lm_seq_destroy(s);
+                s = NULL;
                 st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
+                if (!st) st = lm_seq_create(m, cap, &s);
+                if (!st && depth) st = lm_seq_forward(s, ids, depth, logits, false);
+            } else {
+                st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
+            }
             if (B == 1)
                 snprintf(r->test, sizeof r->test, "tg%d%s", n, d);
             else

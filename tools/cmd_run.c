@@ -23,8 +23,9 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen run --model DIR [--tokenizer DIR] [--ids] [-n N] [--greedy]\n"
             "                 [--temperature T] [--top-p P] [--top-k K] [--seed S] [--threads N]\n"
+            "                 [--device cpu|cuda|cuda:N]\n"
             "                 [--enable-thinking=true|false] [--ignore-eos] [--verbose] [MESSAGE...]\n\n"
-            "Generates a completion on the CPU.\n"
+            "Generates a completion on the CPU (or a CUDA GPU with --device).\n"
             "Without --ids: the user message is MESSAGE (the remaining arguments joined by spaces)\n"
             "or else stdin (one trailing newline removed); it is rendered with the model's chat\n"
             "template (generation prompt added) and the reply text is printed as it is produced,\n"
@@ -42,6 +43,9 @@ static void usage(FILE *f) {
             "  --top-k K              keep the K most likely tokens, >= 0 (0 = off)\n"
             "  --seed S               seed of the sampler's random numbers (default: from the clock)\n"
             "  --threads N            CPU threads for the forward pass (default: all cores)\n"
+            "  --device D             where the forward pass runs: cpu (default), cuda or cuda:N\n"
+            "                         (weights and KV cache on the GPU in bf16; the logits come\n"
+            "                         back and the same sampler runs on the host)\n"
             "  --enable-thinking=BOOL true or false: false renders an empty <think></think> block\n"
             "                         so that the model answers directly (default: template's)\n"
             "  --ignore-eos           keep generating past EOS ids, up to N tokens\n"
@@ -74,7 +78,7 @@ static bool parse_num(const char *s, double lo, double hi, double *out) {
 }
 
 struct run_args {
-    const char *model, *tokdir;
+    const char *model, *tokdir, *device;
     bool ids_mode, ignore_eos, verbose;
     int max_tokens, threads, enable_thinking;
     double temperature, top_p, top_k; /* < 0: not given */
@@ -129,7 +133,7 @@ static int build_prompt(const struct run_args *a, struct lm_model *m, int argc, 
 
 int lm_cmd_run(int argc, char **argv) {
     enum { O_TOKENIZER = 256, O_IDS, O_GREEDY, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS, O_THINK,
-           O_IGNORE_EOS };
+           O_IGNORE_EOS, O_DEVICE };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"tokenizer", required_argument, 0, O_TOKENIZER},
                                          {"ids", no_argument, 0, O_IDS},
@@ -142,6 +146,7 @@ int lm_cmd_run(int argc, char **argv) {
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"enable-thinking", required_argument, 0, O_THINK},
                                          {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+                                         {"device", required_argument, 0, O_DEVICE},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -188,6 +193,7 @@ int lm_cmd_run(int argc, char **argv) {
                 bad = "--enable-thinking takes true or false";
             break;
         case O_IGNORE_EOS: a.ignore_eos = true; break;
+        case O_DEVICE: a.device = optarg; break;
         case 'v': a.verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -207,6 +213,7 @@ int lm_cmd_run(int argc, char **argv) {
     struct lm_model_open_params op = lm_model_default_open_params();
     op.tokenizer_dir = a.tokdir;
     op.n_threads = a.threads;
+    op.device = a.device;
     struct lm_model *m = NULL;
     if (lm_model_open(a.model, &op, &m)) return lm_cmd_fail("run", "cannot open the model");
 

@@ -1,5 +1,6 @@
 /* cmd_serve.c: `lumen serve`, the OpenAI-compatible HTTP server (src/server/server.h). */
 #include <getopt.h>
+#include <stdint.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,12 +24,15 @@ static void help(FILE *f) {
             "  POST /tokenize              {\"prompt\": str} or {\"messages\": [...]} -> token ids\n"
             "  POST /detokenize            {\"tokens\": [...]} -> {\"prompt\": text}\n"
             "  GET  /v1/models             the served model, its context length and capabilities\n"
+            "  GET  /v1/models/{id}        that model alone (404 for another id)\n"
             "  GET  /metrics               Prometheus metrics (requests, tokens, TTFT, ITL, latency)\n"
             "  GET  /health                200 {\"status\":\"ok\"} once the model is loaded\n"
             "Supported request fields include n (up to 8), logprobs/top_logprobs, presence_penalty,\n"
             "frequency_penalty, repetition_penalty, min_p, top_k, seed, stop, max_completion_tokens,\n"
             "stream_options.include_usage and chat_template_kwargs.enable_thinking. Chat output is\n"
             "split into reasoning_content and content by the model family's reasoning parser.\n"
+            "\"model\" may be left out; when given it must be the id /v1/models lists (the folder's\n"
+            "name, or the .gguf file's without the extension), else 404 model_not_found.\n"
             "Requests run together (continuous batching: every running request decodes one token\n"
             "in each batched forward step, long prompts are prefilled in chunks between them) and\n"
             "reuse the KV cache of any earlier prompt or conversation turn they start with. Stop\n"
@@ -42,20 +46,35 @@ static void help(FILE *f) {
             "  --host ADDR      address to listen on (default 127.0.0.1; 0.0.0.0 for all)\n"
             "  --port N         TCP port (default 8000; 0 picks a free port, printed at startup)\n"
             "  --threads N      CPU threads for the forward pass (default 0: all online cores)\n"
+            "  --device D       where the forward pass runs: cpu (default), cuda or cuda:N. On CUDA\n"
+            "                   the weights go to the GPU as bf16, the KV cache is GPU memory (bf16),\n"
+            "                   and tokens of requests without penalties, min_p or logprobs are\n"
+            "                   chosen on the GPU (a seeded request is reproducible on that device\n"
+            "                   but draws differently from the CPU sampler). Suggested there:\n"
+            "                   --max-seqs 256 --max-batch-tokens 2048 --kv-size 16G\n"
             "  --ctx-size N     context of one request in tokens: prompt + max_tokens must fit in\n"
             "                   it (default: the smaller of the model's max_position_embeddings\n"
             "                   and 4096)\n"
             "  --max-seqs N     requests running at once in the batch (default 16)\n"
             "  --max-queue N    requests that may wait beyond the --max-seqs running ones; more get\n"
-            "                   HTTP 429 (default 64)\n"
+            "                   HTTP 429 with Retry-After (default 64). Each of a request's n\n"
+            "                   choices takes one place of --max-seqs + --max-queue\n"
             "  --max-batch-tokens N  tokens per forward step: one per decoding request plus prefill\n"
             "                   chunks (default 512; at least --max-seqs)\n"
             "  --kv-size SIZE   KV cache (shared by all requests, blocks of 16 tokens): MiB, or with\n"
             "                   a suffix: 512M, 2G, or 32768t for tokens (default: --ctx-size x\n"
-            "                   --max-seqs tokens, capped at a quarter of the available memory; at\n"
-            "                   least one --ctx-size)\n"
+            "                   --max-seqs tokens, capped at a quarter of the available memory, or\n"
+            "                   on CUDA at 80%% of the GPU memory the weights leave free; at least\n"
+            "                   one --ctx-size)\n"
             "  --shutdown-timeout-s S  on SIGTERM/SIGINT, how long in-flight requests may run on\n"
-            "                   before they are cancelled (default 10; 0 cancels at once)\n"
+            "                   before they are cancelled (default 10; 0 cancels at once); a\n"
+            "                   cancelled stream ends with finish_reason \"abort\" and [DONE]\n"
+            "  --timeout-keep-alive S  close a connection idle for S seconds: between requests, or\n"
+            "                   a client that stops sending its request (default 5, as uvicorn;\n"
+            "                   0: never). A request being answered is never idle\n"
+            "  --max-connections N  open connections at most (default 1024, lowered to what\n"
+            "                   ulimit -n allows); beyond it new connections wait or are closed,\n"
+            "                   with a log line\n"
             "  --records FILE   append one JSON line per generation request to FILE: ids, headers\n"
             "                   (X-Request-Id, X-Conversation-Id, X-Lumen-Phase, X-Lumen-Turn),\n"
             "                   engine times, token counts and SHA-256 digests of the contents,\n"
@@ -64,6 +83,26 @@ static void help(FILE *f) {
             "                   everything the model writes, <think> block included, is content\n"
             "  --quiet          do not log one line per request to stderr\n"
             "  -h, --help       show this help\n");
+}
+
+/* SIGINT and SIGTERM are taken by this thread from the start (sigwait): one that arrives while
+ * the model loads or the server starts exits at once; once the server runs, the signal goes to
+ * the main thread (pthread_join), which shuts the server down. */
+static pthread_mutex_t g_sig_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool g_serving;
+
+static void *signal_watch(void *arg) {
+    int sig = 0;
+    sigwait((const sigset_t *)arg, &sig);
+    pthread_mutex_lock(&g_sig_mu);
+    bool serving = g_serving;
+    pthread_mutex_unlock(&g_sig_mu);
+    if (!serving) {
+        fprintf(stderr, "lumen serve: %s before the server started, exiting\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        _exit(0);
+    }
+    return (void *)(intptr_t)sig;
 }
 
 static bool parse_int(const char *s, long lo, long hi, int *out) {
@@ -83,12 +122,14 @@ int lm_cmd_serve(int argc, char **argv) {
         {"records", required_argument, 0, 'R'}, {"no-reasoning", no_argument, 0, 'N'},
         {"max-seqs", required_argument, 0, 'S'}, {"max-batch-tokens", required_argument, 0, 'B'},
         {"kv-size", required_argument, 0, 'K'}, {"shutdown-timeout-s", required_argument, 0, 'D'},
+        {"device", required_argument, 0, 'd'},
+        {"timeout-keep-alive", required_argument, 0, 'A'}, {"max-connections", required_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *tok_dir = NULL;
     struct lm_server_params sp = lm_server_default_params();
     int threads = 0, ctx = 0;
-    const char *kv_size = NULL;
+    const char *kv_size = NULL, *device = NULL;
     optind = 1;
     opterr = 0; /* we print our own "lumen serve: ..." messages */
     int o;
@@ -137,6 +178,20 @@ int lm_cmd_serve(int argc, char **argv) {
             }
             break;
         case 'K': kv_size = optarg; break;
+        case 'd': device = optarg; break;
+        case 'A':
+            if (!parse_int(optarg, 0, 86400, &sp.timeout_keep_alive_s)) {
+                fprintf(stderr, "lumen serve: --timeout-keep-alive must be 0..86400 seconds, not '%s'\n", optarg);
+                return 2;
+            }
+            if (sp.timeout_keep_alive_s == 0) sp.timeout_keep_alive_s = -1; /* never (params: < 0) */
+            break;
+        case 'C':
+            if (!parse_int(optarg, 1, 1 << 20, &sp.max_connections)) {
+                fprintf(stderr, "lumen serve: --max-connections must be 1..1048576, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'D': {
             char *end;
             sp.shutdown_timeout_s = strtod(optarg, &end);
@@ -165,18 +220,25 @@ int lm_cmd_serve(int argc, char **argv) {
         return 2;
     }
 
-    /* Signals are taken by sigwait below, so block them before any thread starts: every thread
-     * inherits the mask, and none is interrupted. SIGPIPE from a vanished client is ignored. */
-    sigset_t sigs;
+    /* Signals are taken by sigwait in signal_watch, so block them before any thread starts:
+     * every thread inherits the mask, and none is interrupted. SIGPIPE from a vanished client is
+     * ignored. */
+    static sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    pthread_t watcher;
+    if (pthread_create(&watcher, NULL, signal_watch, &sigs)) {
+        fprintf(stderr, "lumen serve: cannot start the signal thread\n");
+        return 1;
+    }
 
     struct lm_model_open_params mp = lm_model_default_open_params();
     mp.tokenizer_dir = tok_dir;
     mp.n_threads = threads;
+    mp.device = device;
     struct lm_model *m = NULL;
     if (lm_model_open(model_dir, &mp, &m)) return lm_cmd_fail("serve", NULL);
     const struct lm_model_config *cfg = lm_model_config(m);
@@ -194,6 +256,19 @@ int lm_cmd_serve(int argc, char **argv) {
         return 2;
     }
     sp.ctx_size = ctx;
+    struct lm_model_info info;
+    lm_model_info(m, &info);
+    if (!kv_size && info.device_memory_free) {
+        /* CUDA: the default (ctx-size x max-seqs) capped at 80% of what the weights and the
+         * step's activations and logits (2 GiB allowed) leave free on the GPU. */
+        double room = ((double)info.device_memory_free - (double)info.device_weight_bytes -
+                       2.0 * 1073741824.0) * 0.8;
+        double per = (double)lm_model_kv_bytes_per_token(m);
+        long want = (long)ctx * (sp.max_seqs > 0 ? sp.max_seqs : 16);
+        long cap = room > 0 ? (long)(room / per) : 0;
+        sp.kv_tokens = want < cap ? want : cap;
+        if (sp.kv_tokens < ctx) sp.kv_tokens = ctx; /* the KV allocation says when it cannot */
+    }
     if (kv_size) { /* MiB by default; M, G (MiB, GiB) or t (tokens) suffixes */
         char *end;
         double v = strtod(kv_size, &end);
@@ -209,10 +284,13 @@ int lm_cmd_serve(int argc, char **argv) {
             return 2;
         }
         double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        if (info.device_memory_free) /* CUDA: what the weights leave of the GPU's free memory */
+            ram = (double)info.device_memory_free - (double)info.device_weight_bytes;
         if (tokens * per > ram || tokens > 1e9) {
-            fprintf(stderr, "lumen serve: --kv-size %s is %.0f MiB (%.0f tokens); this machine has "
-                            "%.0f MiB of memory\n", kv_size, tokens * per / 1048576.0, tokens,
-                    ram / 1048576.0);
+            fprintf(stderr, "lumen serve: --kv-size %s is %.0f MiB (%.0f tokens); %s has "
+                            "%.0f MiB of memory%s\n", kv_size, tokens * per / 1048576.0, tokens,
+                    info.device_memory_free ? info.device : "this machine", ram / 1048576.0,
+                    info.device_memory_free ? " free beside the weights" : "");
             lm_model_close(m);
             return 2;
         }
@@ -232,15 +310,21 @@ int lm_cmd_serve(int argc, char **argv) {
         return 1;
     }
     bool v6 = strchr(sp.host, ':') != NULL;
-    printf("lumen serve: model %s (%s, %d layers) at http://%s%s%s:%d  ctx-size %d  max-queue %d  "
-           "threads %d%s%s\n",
+    char dev[200] = "cpu";
+    if (info.device_memory_free) snprintf(dev, sizeof dev, "%s (%s)", info.device, info.device_name);
+    printf("lumen serve: model %s (%s, %d layers) at http://%s%s%s:%d  device %s  ctx-size %d  "
+           "max-queue %d  threads %d%s%s\n",
            lm_model_name(m), cfg->model_type, cfg->num_hidden_layers, v6 ? "[" : "", sp.host,
-           v6 ? "]" : "", lm_server_port(srv), ctx, sp.max_queue, threads,
+           v6 ? "]" : "", lm_server_port(srv), dev, ctx, sp.max_queue, info.n_threads,
            sp.records_path ? "  records " : "", sp.records_path ? sp.records_path : "");
     fflush(stdout);
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
+    pthread_mutex_lock(&g_sig_mu);
+    g_serving = true;
+    pthread_mutex_unlock(&g_sig_mu);
+    void *got = NULL;
+    pthread_join(watcher, &got);
+    int sig = (int)(intptr_t)got;
     fprintf(stderr, "lumen serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     lm_server_stop(srv);
     lm_model_close(m);

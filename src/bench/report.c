@@ -388,7 +388,7 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
 
     /* usage against lumen's own counts */
     if (s->out_compared)
-        fprintf(f, "%-44s %zu equal, %zu one more (the stop token), %zu MISMATCH of %zu%s%s\n",
+        fprintf(f, "%-44s %zu equal, %zu one more (the stop token), %zu differ of %zu%s%s\n",
                 "Output tokens: usage vs lumen's tokenizer", s->out_match, s->out_eos,
                 s->out_mismatch, s->out_compared, s->out_mismatch ? "; first: " : "",
                 s->out_mismatch ? s->out_mismatch_example : "");
@@ -398,12 +398,12 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
     if (s->out_mismatch)
         fprintf(
             f,
-            "  (lumen re-encodes the text it received: a mismatch is a server that miscounts, or "
+            "  (lumen re-encodes the text it received: a difference is a server that miscounts, or "
             "text that does not re-encode to the ids generated, as random weights often give; "
             "%zu of the %zu hold U+FFFD replacement characters)\n",
             s->out_mismatch_fffd, s->out_mismatch);
     if (s->in_compared)
-        fprintf(f, "%-44s %zu equal, %zu MISMATCH of %zu%s%s\n",
+        fprintf(f, "%-44s %zu equal, %zu differ of %zu%s%s\n",
                 "Input tokens: usage vs rendered prompt", s->in_match, s->in_mismatch,
                 s->in_compared, s->in_mismatch ? "; first: " : "",
                 s->in_mismatch ? s->in_mismatch_example : "");

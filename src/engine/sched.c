@@ -23,6 +23,7 @@ struct seq {
     int n_indexed;  /* blocks[0..n_indexed) are full and indexed (or known duplicates) */
     uint64_t chain; /* chain hash of blocks[n_indexed - 1], LM_KV_ROOT when none */
     struct lm_rng rng;
+    uint64_t dev_seed; /* seed of draws made on the device (lm_model_forward_sample) */
     struct lm_emitter em;
     bool started;     /* admitted at least once */
     bool preempt;     /* chosen as a victim during this step's planning */
@@ -41,6 +42,9 @@ struct lm_sched {
     const struct lm_tokenizer *tok;
     int vocab;
     float *logits;              /* [max_seqs, vocab] */
+    bool dev_sample;                   /* the model can choose tokens on its device */
+    struct lm_device_sampling *dsamp;  /* [max_seqs] the step's rows, when it does */
+    int32_t *ids;                      /* [max_seqs] the ids it chose */
     struct lm_batch_seq *batch; /* [max_seqs] */
     struct seq **plan;          /* [max_seqs] */
     struct seq **running;       /* [max_seqs] in arrival order */
@@ -103,7 +107,10 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
     s->batch = calloc((size_t)p->max_seqs, sizeof *s->batch);
     s->plan = calloc((size_t)p->max_seqs, sizeof *s->plan);
     s->running = calloc((size_t)p->max_seqs, sizeof *s->running);
-    if (!s->logits || !s->batch || !s->plan || !s->running) {
+    s->dev_sample = lm_model_samples_on_device(m);
+    s->dsamp = calloc((size_t)p->max_seqs, sizeof *s->dsamp);
+    s->ids = calloc((size_t)p->max_seqs, sizeof *s->ids);
+    if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids) {
         lm_sched_destroy(s);
         return lm_errorf(LM_ERR_NOMEM, "out of memory for the scheduler's logits (%d x %d floats)",
                          p->max_seqs, s->vocab);
@@ -260,11 +267,13 @@ lm_status lm_sched_submit(struct lm_sched *s, struct lm_sched_req *r) {
     q->arrival = s->arrivals++;
     if (g->sampling.seeded) {
         lm_rng_seed(&q->rng, g->sampling.seed);
+        q->dev_seed = g->sampling.seed;
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        lm_rng_seed(&q->rng, (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
-                                 (uint64_t)(uintptr_t)q ^ (uint64_t)q->arrival << 32);
+        q->dev_seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
+                      (uint64_t)(uintptr_t)q ^ (uint64_t)q->arrival << 32;
+        lm_rng_seed(&q->rng, q->dev_seed);
     }
     double arrival = r->result.times.arrival_ms;
     memset(&r->result, 0, sizeof r->result);
@@ -411,18 +420,48 @@ static int plan_step(struct lm_sched *s) {
 
 /* ---- sampling ---- */
 
-/* Samples q's next token from `row` and streams it; finishes q when it ends. Returns true when
- * q finished. */
-static bool take_token(struct lm_sched *s, struct seq *q, const float *row) {
+/* True when the device can draw q's tokens itself: greedy, temperature, top_k, top_p; not
+ * penalties, min_p or logprobs, which need the logits on the host. */
+static bool device_samples(const struct seq *q) {
+    const struct lm_sampling_params *p = &q->r->gen.sampling;
+    return !lm_sampling_needs_history(p) && p->min_p <= 0 && !p->logprobs && p->top_logprobs == 0;
+}
+
+/* q's row of a step whose tokens the device chooses. The draw depends on (seed, index of the
+ * token in the request) alone: batch-invariant, and the same after a preemption. */
+static struct lm_device_sampling device_params(const struct seq *q) {
+    const struct lm_sampling_params *p = &q->r->gen.sampling;
+    return (struct lm_device_sampling){.temperature = p->temperature,
+                                       .top_p = p->top_p,
+                                       .top_k = p->top_k,
+                                       .seed = q->dev_seed,
+                                       .counter = (uint64_t)(q->n_tokens - q->n_prompt)};
+}
+
+static bool accept_token(struct lm_sched *s, struct seq *q, int32_t id,
+                         const struct lm_token_logprob *lp);
+
+/* Samples q's next token from `row` (or takes `id` the device chose, when row is NULL) and
+ * streams it; finishes q when it ends. Returns true when q finished. */
+static bool take_token(struct lm_sched *s, struct seq *q, const float *row, int32_t id) {
     struct lm_sched_req *r = q->r;
     struct lm_gen_result *res = &r->result;
     if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
+    if (!row) return accept_token(s, q, id, NULL);
     int n_out = q->n_tokens - q->n_prompt;
     struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt,
                                     (size_t)n_out};
     struct lm_token_logprob lp;
-    int32_t id = lm_sample_next(&s->sampler, row, &r->gen.sampling, &hist, &q->rng,
-                                r->gen.sampling.logprobs ? &lp : NULL);
+    id = lm_sample_next(&s->sampler, row, &r->gen.sampling, &hist, &q->rng,
+                        r->gen.sampling.logprobs ? &lp : NULL);
+    return accept_token(s, q, id, r->gen.sampling.logprobs ? &lp : NULL);
+}
+
+/* Appends id to q (EOS, stop strings and limits end it). */
+static bool accept_token(struct lm_sched *s, struct seq *q, int32_t id,
+                         const struct lm_token_logprob *lp) {
+    struct lm_sched_req *r = q->r;
+    struct lm_gen_result *res = &r->result;
     bool eos = false;
     for (int i = 0; i < s->gd->n_eos; i++)
         eos |= id == s->gd->eos_token_ids[i];
@@ -433,7 +472,7 @@ static bool take_token(struct lm_sched *s, struct seq *q, const float *row) {
     }
     q->tokens[q->n_tokens++] = id;
     lm_ids_push(&res->ids, id);
-    if (r->gen.sampling.logprobs) lm_logprob_list_push(&res->logprobs, &lp);
+    if (lp) lm_logprob_list_push(&res->logprobs, lp);
     res->completion_tokens++;
     bool stopped = false;
     lm_status rc = lm_emitter_push(&q->em, id, &stopped);
@@ -480,22 +519,36 @@ int lm_sched_step(struct lm_sched *s) {
     }
 
     /* 2. Admission, 3. the plan. */
+    double t0 = lm_now_ms();
     admit(s);
     int n = plan_step(s);
     if (n == 0) return s->n_running + s->n_waiting;
 
-    /* 4. One forward over every planned sequence. */
-    int tokens = 0;
+    /* 4. One forward over every planned sequence. The device chooses the tokens itself when it
+     * can for every sequence that needs one (only ids cross to the host), else logits come
+     * back and the sampler runs here. */
+    int tokens = 0, rows = 0;
+    bool on_device = s->dev_sample;
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
         bool last = q->n_computed + q->chunk == q->n_tokens && q->r->gen.max_tokens > 0;
         s->batch[i] = (struct lm_batch_seq){q->tokens + q->n_computed, q->chunk, q->n_computed,
                                             q->blocks, last ? LM_LOGITS_LAST : LM_LOGITS_NONE};
         tokens += q->chunk;
+        if (last) {
+            on_device = on_device && device_samples(q);
+            if (on_device) s->dsamp[rows] = device_params(q);
+            rows++;
+        }
     }
-    lm_status rc = lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
+    double tf = lm_now_ms();
+    lm_status rc = on_device ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids)
+                             : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
+    s->st.forward_s += (lm_now_ms() - tf) / 1e3;
     s->st.steps++;
     s->st.step_tokens += tokens;
+    s->st.decode_steps += tokens == n;
+    s->st.device_sampled_steps += on_device;
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", lm_error_message());
@@ -517,9 +570,13 @@ int lm_sched_step(struct lm_sched *s) {
             continue;
         }
         assert(wants);
-        take_token(s, q, s->logits + (size_t)row * s->vocab);
+        if (on_device)
+            take_token(s, q, NULL, s->ids[row]);
+        else
+            take_token(s, q, s->logits + (size_t)row * s->vocab, 0);
         row += wants;
     }
+    s->st.busy_s += (lm_now_ms() - t0) / 1e3;
     return s->n_running + s->n_waiting;
 }
 
@@ -541,6 +598,8 @@ void lm_sched_destroy(struct lm_sched *s) {
     lm_kv_cache_destroy(s->cache);
     lm_sampler_free(&s->sampler);
     free(s->logits);
+    free(s->dsamp);
+    free(s->ids);
     free(s->batch);
     free(s->plan);
     free(s->running);

@@ -13,7 +13,12 @@
  *     decodes); a sequence that needs a KV block when none is free takes one from the most
  *     recently admitted sequence, which is preempted (its blocks are released, still cached, and
  *     it is recomputed when readmitted: vLLM's recompute preemption);
- *  4. runs the step as one lm_model_forward, so every weight matrix is read once per step;
+ *  4. runs the step as one lm_model_forward, so every weight matrix is read once per step; on a
+ *     model that chooses tokens on its device (lm_model_samples_on_device: CUDA) and when every
+ *     sequence that needs a token samples in a way the device can (greedy, temperature, top_k,
+ *     top_p; no penalties, min_p or logprobs), as one lm_model_forward_sample instead, so only
+ *     ids come back (seed: the request's, or one from the clock; counter: the token's index in
+ *     the request);
  *  5. indexes the blocks that became full, samples each sequence that reached its last token
  *     (per sequence: its own sampling parameters, token history and RNG), streams text through
  *     its emitter (stop strings held back) and finishes sequences at EOS, a stop string or
@@ -86,6 +91,12 @@ struct lm_sched_stats {
     long long requests;    /* requests finished (any way) */
     long long prompt_tokens, cached_tokens, generated_tokens; /* over finished requests */
     long long preemptions, evictions;
+    /* Where the engine thread's time goes (wall clock): */
+    double busy_s;           /* inside lm_sched_step steps that ran a forward */
+    double forward_s;        /* of which inside the model's forward step */
+    long long decode_steps;  /* steps with no prefill chunk (every sequence decodes one token) */
+    long long device_sampled_steps; /* steps whose tokens the device chose (only ids came back;
+                                       lm_model_forward_sample) */
 };
 
 struct lm_sched;

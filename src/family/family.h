@@ -88,6 +88,9 @@ struct lm_family_load_args {
     struct lm_weight_store *ws;        /* where tensors come from */
     struct lm_pool *pool;              /* the model's thread pool */
     const struct lm_cpu_ops *ops;      /* the kernels to run with */
+    bool cuda;                         /* run on CUDA device cuda_device (model.h, `device`):
+                                          the store maps the matrices row-major (ws->map) */
+    int cuda_device;
 };
 
 /* A family's reasoning parser: splits a chat completion's generated text into reasoning (the
@@ -144,6 +147,11 @@ struct lm_family {
      * block tables). logits: the sequences' requested rows in order. */
     lm_status (*forward)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                          float *logits);
+    /* Optional (NULL: none): the same step returning the chosen ids of the output rows instead of
+     * logits (model.h, lm_model_forward_sample); LM_ERR_UNSUPPORTED when this state cannot
+     * (runs on the CPU). */
+    lm_status (*forward_sample)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
+                                const struct lm_device_sampling *sampling, int32_t *ids);
 
     /* Renders a conversation with the family's chat template (see model.h). */
     lm_status (*render_chat)(const struct lm_chat_msg *msgs, size_t n,

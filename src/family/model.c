@@ -8,6 +8,7 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,10 @@
 #include "family/family.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
+
+#ifdef LM_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 
 struct lm_model {
     struct lm_model_config cfg;
@@ -32,6 +37,11 @@ struct lm_model {
     const struct lm_cpu_ops *ops;
     pthread_mutex_t forward_mu;     /* one forward at a time: the pool has one caller */
     char *name;                     /* the folder's base name */
+    bool cuda;                      /* runs on CUDA device cuda_device (open params' device) */
+    int cuda_device;
+    char device[16];                /* "cpu" or "cuda:N" */
+    char device_name[128];          /* "cpu" or the GPU's name */
+    size_t device_free;             /* CUDA: device memory free at open */
 };
 
 struct lm_kv_cache {
@@ -40,8 +50,9 @@ struct lm_kv_cache {
     int n_blocks, max_batch, max_ctx;
 };
 
-/* Tokens per lm_seq_forward chunk: bounds a private sequence's scratch. */
-enum { SEQ_CHUNK = 256 };
+/* Tokens per lm_seq_forward chunk: bounds a private sequence's scratch. On CUDA the chunk is
+ * llama.cpp's default micro-batch (n_ubatch 512): a GPU needs larger steps to fill it. */
+enum { SEQ_CHUNK = 256, SEQ_CHUNK_CUDA = 512 };
 
 struct lm_seq {
     struct lm_model *m;
@@ -52,7 +63,50 @@ struct lm_seq {
 
 struct lm_model_open_params lm_model_default_open_params(void) {
     return (struct lm_model_open_params){
-        .tokenizer_dir = NULL, .n_threads = 0, .map_weights = false, .scalar_kernels = false};
+        .tokenizer_dir = NULL, .n_threads = 0, .map_weights = false, .scalar_kernels = false,
+        .device = NULL};
+}
+
+/* Parses params->device ("cpu", "cuda", "cuda:N") into m and checks that the device exists. */
+static lm_status choose_device(struct lm_model *m, const char *dev) {
+    snprintf(m->device, sizeof m->device, "cpu");
+    snprintf(m->device_name, sizeof m->device_name, "cpu");
+    if (!dev || !strcmp(dev, "cpu")) return LM_OK;
+    int n = 0;
+    if (!strcmp(dev, "cuda")) {
+        n = 0;
+    } else {
+        char *end;
+        long v = strncmp(dev, "cuda:", 5) ? -1 : strtol(dev + 5, &end, 10);
+        if (v < 0 || v > 1023 || !dev[5] || *end)
+            return lm_errorf(LM_ERR_INVALID, "device '%s': expected cpu, cuda or cuda:N", dev);
+        n = (int)v;
+    }
+    snprintf(m->device, sizeof m->device, "cuda:%d", n);
+#ifndef LM_HAVE_CUDA
+    return lm_errorf(LM_ERR_UNSUPPORTED, "device %s: this lumen was built without CUDA (configure "
+                     "with nvcc on the PATH and -DLM_CUDA=ON)", m->device);
+#else
+    int count = lm_cuda_device_count();
+    if (count == 0)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "device %s: no CUDA device found (no GPU, no driver, "
+                         "or a driver older than the CUDA runtime)", m->device);
+    if (n >= count)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "device %s: no such CUDA device (%d found: cuda:0 to "
+                         "cuda:%d)", m->device, count, count - 1);
+    struct lm_cuda_device_info info;
+    lm_status rc = lm_cuda_device_info(n, &info);
+    if (rc) return rc;
+    if (info.cc_major < 9)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "device %s (%s) has compute capability %d.%d; the CUDA "
+                         "backend needs 9.0 or newer (H100, H200)", m->device, info.name,
+                         info.cc_major, info.cc_minor);
+    snprintf(m->device_name, sizeof m->device_name, "%s", info.name);
+    m->cuda = true;
+    m->cuda_device = n;
+    m->device_free = info.free_mem;
+    return LM_OK;
+#endif
 }
 
 /* ---- config.json and generation_config.json ---- */
@@ -174,11 +228,13 @@ static lm_status check_vocab(const struct lm_model *m, const char *what) {
  * m->ws.gguf set by the caller). */
 static lm_status load_weights(struct lm_model *m, const struct lm_hf_config *hf,
                               const struct lm_model_open_params *p) {
-    lm_status rc = lm_pool_create(p->n_threads, &m->pool);
+    /* On CUDA the host runs no kernels: one thread, and the checkpoint's matrices used in place
+     * (row-major, as the CUDA loader takes them). */
+    lm_status rc = lm_pool_create(m->cuda ? 1 : p->n_threads, &m->pool);
     if (rc) return rc;
     m->ops = p->scalar_kernels ? lm_cpu_ops_scalar() : lm_cpu_ops_fast();
-    m->ws.map = p->map_weights;
-    struct lm_family_load_args args = {&m->cfg, hf, &m->ws, m->pool, m->ops};
+    m->ws.map = p->map_weights || m->cuda;
+    struct lm_family_load_args args = {&m->cfg, hf, &m->ws, m->pool, m->ops, m->cuda, m->cuda_device};
     rc = m->family->load(&args, &m->state);
     m->ws.st = NULL;
     m->ws.gguf = NULL;
@@ -194,6 +250,11 @@ static lm_status open_gguf(const char *path, const struct lm_model_open_params *
     pthread_mutex_init(&m->forward_mu, NULL);
     m->name = folder_name(path);
     m->is_gguf = true;
+    lm_status drc = choose_device(m, p->device);
+    if (drc) {
+        lm_model_close(m);
+        return drc;
+    }
     size_t nl = strlen(m->name);
     if (nl > 5 && !strcmp(m->name + nl - 5, ".gguf")) m->name[nl - 5] = 0;
     struct lm_hf_config hf = {0};
@@ -238,7 +299,8 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
     pthread_mutex_init(&m->forward_mu, NULL);
     m->name = folder_name(dir);
     struct lm_hf_config hf = {0};
-    lm_status rc = lm_hf_config_load(&hf, dir, "config.json");
+    lm_status rc = choose_device(m, p.device);
+    if (!rc) rc = lm_hf_config_load(&hf, dir, "config.json");
     if (!rc) rc = lm_model_parse_config(&hf, &m->cfg);
     if (!rc) rc = lm_model_parse_generation(dir, &hf, &m->gen);
     if (rc) goto fail;
@@ -293,6 +355,14 @@ void lm_model_info(const struct lm_model *m, struct lm_model_info *out) {
     out->weight_bytes = m->ws.bytes_copied + m->ws.bytes_mapped;
     out->n_params = m->ws.n_params;
     out->n_threads = lm_pool_size(m->pool);
+    out->device = m->device;
+    out->device_name = m->device_name;
+    out->device_memory_free = m->cuda ? m->device_free : 0;
+    out->device_weight_bytes = m->cuda ? 2 * (size_t)m->ws.n_params : 0;
+    if (m->cuda) {
+        out->kernels = "cuda";
+        out->weight_dtype = "bf16";
+    }
 }
 
 lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_msg *msgs, size_t n,
@@ -303,7 +373,7 @@ lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_ms
 /* ---- paged KV cache and the batched forward ---- */
 
 size_t lm_model_kv_bytes_per_token(const struct lm_model *m) {
-    return 2u * sizeof(float) * (size_t)m->cfg.num_hidden_layers *
+    return 2u * (m->cuda ? 2u : sizeof(float)) * (size_t)m->cfg.num_hidden_layers *
            (size_t)m->cfg.num_key_value_heads * (size_t)m->cfg.head_dim;
 }
 
@@ -348,8 +418,9 @@ void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows) {
     if (n_rows) kv->m->family->kv_copy(kv->state, src, dst, n_rows);
 }
 
-lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
-                           int n_seqs, float *logits) {
+/* Checks a step (model.h, lm_model_forward); *rows gets its output rows. */
+static lm_status check_step(const struct lm_model *m, const struct lm_kv_cache *kv,
+                            const struct lm_batch_seq *seqs, int n_seqs, long *rows_out) {
     if (n_seqs < 1) return lm_errorf(LM_ERR_INVALID, "forward step of %d sequences", n_seqs);
     long tokens = 0, rows = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -374,9 +445,38 @@ lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const str
     if (tokens > kv->max_batch)
         return lm_errorf(LM_ERR_RANGE, "forward step of %ld tokens exceeds the scratch for %d",
                          tokens, kv->max_batch);
+    *rows_out = rows;
+    return LM_OK;
+}
+
+lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
+                           int n_seqs, float *logits) {
+    long rows = 0;
+    lm_status rc = check_step(m, kv, seqs, n_seqs, &rows);
+    if (rc) return rc;
     assert(rows == 0 || logits);
     pthread_mutex_lock(&m->forward_mu);
-    lm_status rc = m->family->forward(m->state, kv->state, seqs, n_seqs, logits);
+    rc = m->family->forward(m->state, kv->state, seqs, n_seqs, logits);
+    pthread_mutex_unlock(&m->forward_mu);
+    return rc;
+}
+
+bool lm_model_samples_on_device(const struct lm_model *m) {
+    return m->cuda && m->family->forward_sample;
+}
+
+lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
+                                  const struct lm_batch_seq *seqs, int n_seqs,
+                                  const struct lm_device_sampling *sampling, int32_t *ids) {
+    if (!lm_model_samples_on_device(m))
+        return lm_errorf(LM_ERR_UNSUPPORTED, "choosing tokens in the forward step needs a model on "
+                         "a CUDA device (this one runs on %s)", m->device);
+    long rows = 0;
+    lm_status rc = check_step(m, kv, seqs, n_seqs, &rows);
+    if (rc) return rc;
+    assert(rows == 0 || (sampling && ids));
+    pthread_mutex_lock(&m->forward_mu);
+    rc = m->family->forward_sample(m->state, kv->state, seqs, n_seqs, sampling, ids);
     pthread_mutex_unlock(&m->forward_mu);
     return rc;
 }
@@ -399,7 +499,8 @@ lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out)
         return lm_errorf(LM_ERR_NOMEM, "out of memory for a sequence");
     }
     for (int i = 0; i < nb; i++) s->blocks[i] = i;
-    int chunk = max_tokens < SEQ_CHUNK ? max_tokens : SEQ_CHUNK;
+    int most = m->cuda ? SEQ_CHUNK_CUDA : SEQ_CHUNK;
+    int chunk = max_tokens < most ? max_tokens : most;
     lm_status rc = lm_kv_cache_create(m, nb, chunk, max_tokens, &s->kv);
     if (rc) {
         free(s->blocks);

@@ -60,6 +60,14 @@ struct lm_model_open_params {
     bool map_weights;          /* false (default): weights are read into anonymous memory;
                                   true: matrices are used in place from the file map */
     bool scalar_kernels;       /* run the plain scalar reference kernels (tests) */
+    const char *device;        /* where the forward pass runs: NULL or "cpu" (default), "cuda"
+                                  (device 0) or "cuda:N". On CUDA the weights are uploaded as
+                                  bf16 (backend/cuda/qwen3.h) when the first KV cache is created,
+                                  the KV cache lives in device memory (bf16) and the host keeps
+                                  the checkpoint mapped, row-major. Errors: LM_ERR_INVALID for
+                                  another string; LM_ERR_UNSUPPORTED when lumen was built without
+                                  CUDA, when no such device is found, or when its compute
+                                  capability is below 9.0 (the message names the device). */
 };
 struct lm_model_open_params lm_model_default_open_params(void);
 
@@ -86,7 +94,13 @@ struct lm_model_info {
     const char *format;       /* "safetensors" (a model folder) or "gguf" */
     size_t weight_bytes;      /* bytes of weights held (copied plus mapped) */
     long n_params;            /* parameters held (lm_head counted once when tied) */
-    int n_threads;            /* threads of the forward pass */
+    int n_threads;            /* threads of the forward pass (1 on CUDA) */
+    const char *device;       /* "cpu", or "cuda:N" (CUDA) */
+    const char *device_name;  /* "cpu", or the GPU's name ("NVIDIA H200") */
+    size_t device_memory_free;  /* CUDA: bytes of device memory free when the model was opened
+                                   (before its weights were uploaded); 0 on the CPU */
+    size_t device_weight_bytes; /* CUDA: bytes the weights take on the device (2 per parameter,
+                                   bf16); 0 on the CPU */
 };
 void lm_model_info(const struct lm_model *m, struct lm_model_info *out);
 
@@ -110,14 +124,17 @@ lm_status lm_model_render_chat(const struct lm_model *m, const struct lm_chat_ms
 
 struct lm_kv_cache;
 
-/* Bytes of K and V one position takes over all layers (float32). */
+/* Bytes of K and V one position takes over all layers: float32 on the CPU, bf16 on CUDA. */
 size_t lm_model_kv_bytes_per_token(const struct lm_model *m);
 
 /* A pool of `n_blocks` KV blocks plus the scratch of a forward step of up to `max_batch`
  * tokens over sequences of up to `max_ctx` positions (at most max_position_embeddings).
  * Memory is mapped lazily (pages never written cost nothing). Caller-owned
  * (lm_kv_cache_destroy). LM_ERR_INVALID for a size below 1, LM_ERR_RANGE for max_ctx beyond
- * the model's, LM_ERR_NOMEM with the sizes in the message. */
+ * the model's, LM_ERR_NOMEM with the sizes in the message.
+ * On CUDA the pool is device memory (bf16) and the model's weights are uploaded on the first
+ * call (again only when a later cache needs larger sizes); a model holds at most one live cache
+ * there (LM_ERR_INVALID while another exists). */
 lm_status lm_kv_cache_create(struct lm_model *m, int n_blocks, int max_batch, int max_ctx,
                              struct lm_kv_cache **out);
 void lm_kv_cache_destroy(struct lm_kv_cache *kv); /* accepts NULL */
@@ -125,7 +142,8 @@ int lm_kv_cache_blocks(const struct lm_kv_cache *kv);
 int lm_kv_cache_max_batch(const struct lm_kv_cache *kv);
 int lm_kv_cache_max_ctx(const struct lm_kv_cache *kv);
 /* Copies the K/V of the first n_rows (<= LM_KV_BLOCK) positions of block `src` into block
- * `dst`, every layer: a sequence reusing part of a cached block gets its own copy to extend. */
+ * `dst`, every layer: a sequence reusing part of a cached block gets its own copy to extend.
+ * (On CUDA a device-to-device copy; a CUDA failure there is reported by the next forward.) */
 void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows);
 
 enum lm_logits_want {
@@ -155,10 +173,38 @@ struct lm_batch_seq {
 lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
                            int n_seqs, float *logits);
 
+/* ---- choosing tokens on the device ----
+ *
+ * On a GPU, copying a 151,936-float logits row per sequence to the host and sampling there costs
+ * more than the forward step itself at 64+ sequences. A model whose device samples
+ * (lm_model_samples_on_device) can instead return only the chosen ids: greedy, or temperature,
+ * top_k and top_p, in that order (backend/cuda/cuda.h, struct lm_cuda_sampling). Penalties,
+ * min_p and logprobs need the logits: callers fall back to lm_model_forward for them.
+ * A draw is a function of (seed, counter) alone, so a seeded request is reproducible and
+ * independent of what it is batched with on that device; it draws from a different random
+ * stream than the CPU sampler (engine/sampler.h), so seeded CPU and CUDA runs differ. */
+struct lm_device_sampling {
+    float temperature; /* <= 0: greedy (argmax; ties to the lowest id) */
+    float top_p;       /* (0, 1); >= 1: off */
+    int top_k;         /* 0: off */
+    uint64_t seed;     /* the request's seed */
+    uint64_t counter;  /* index of the token being drawn in its request (0 = the first) */
+};
+
+/* True when lm_model_forward_sample can run (the model runs on CUDA). */
+bool lm_model_samples_on_device(const struct lm_model *m);
+
+/* lm_model_forward, but instead of logits returns ids[r] = the token chosen for output row r with
+ * sampling[r] (rows as lm_model_forward's: 1 for LAST, n for ALL, 0 for NONE). Errors as
+ * lm_model_forward; LM_ERR_UNSUPPORTED when lm_model_samples_on_device is false. */
+lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
+                                  const struct lm_batch_seq *seqs, int n_seqs,
+                                  const struct lm_device_sampling *sampling, int32_t *ids);
+
 /* ---- one sequence on its own cache (run, perf, logits, tests) ---- */
 
 /* A sequence with a private paged cache of `max_tokens` positions (blocks in order) and the
- * scratch for chunks of up to 256 tokens. Caller-owned (lm_seq_destroy). LM_ERR_NOMEM when the
+ * scratch for chunks of up to 256 tokens (512 on CUDA). Caller-owned (lm_seq_destroy). LM_ERR_NOMEM when the
  * cache cannot be allocated; LM_ERR_RANGE when max_tokens exceeds max_position_embeddings. */
 lm_status lm_seq_create(struct lm_model *m, int max_tokens, struct lm_seq **out);
 void lm_seq_destroy(struct lm_seq *s);
@@ -167,7 +213,7 @@ int lm_seq_capacity(const struct lm_seq *s); /* max_tokens given at create */
 void lm_seq_truncate(struct lm_seq *s, int n); /* keep the first n positions (n <= len) */
 
 /* Runs `n` new tokens at positions len..len+n-1, appending their K/V to the cache (through
- * lm_model_forward, in chunks of up to 256 tokens).
+ * lm_model_forward, in chunks of up to 256 tokens, 512 on CUDA).
  * logits: float32 [n, vocab_size] when all_logits, else [1, vocab_size] for the last position.
  * LM_ERR_RANGE when len + n exceeds the capacity; LM_ERR_INVALID for an id outside the vocab. */
 lm_status lm_seq_forward(struct lm_seq *s, const int32_t *ids, int n, float *logits, bool all_logits);

@@ -6,9 +6,17 @@
  * in the queue or generates would go unnoticed until the first write; with a thread per
  * connection, the thread that waits for its jobs can watch its own socket (poll + MSG_PEEK every
  * 25 ms) and cancel them when the peer hangs up, which frees a queued request before it ever
- * runs and stops a running one within one decode step. The connection count is small (the
- * queue is bounded by --max-queue), so a thread each is cheap. The connection threads and the
- * engine meet only at the worker's queue (worker.h).
+ * runs and stops a running one within one decode step. The connection count is bounded
+ * (--max-connections, and idle connections close after --timeout-keep-alive), so a thread each
+ * is cheap. The connection threads and the engine meet only at the worker's queue (worker.h).
+ *
+ * Connections: the gate (gate.h) accepts them, answers the transport errors libmicrohttpd would
+ * answer in HTML with our error JSON, and hands the rest to MHD (MHD_add_connection). MHD's idle
+ * timer only sees bytes moving, so it is switched off while a generation request waits on the
+ * engine (queue, prefill, the gaps of a stream) and back on in on_completed. GET routes answer
+ * in the access handler's second call: an answer queued in the first call makes MHD close the
+ * connection. At shutdown, the server waits (up to 5 s) for the answers in flight to be written,
+ * a cut stream's last chunks and terminator included, before MHD closes the connections.
  *
  * A generation request (POST /v1/chat/completions, /v1/completions) is a `struct call`: the
  * access handler collects the body (413 past max_body), checks that the model declares the
@@ -24,6 +32,8 @@
  * jobs. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -33,11 +43,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "family/family.h"
+#include "server/gate.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/records.h"
@@ -51,6 +64,7 @@ struct lm_server {
     struct lm_model *model; /* borrowed */
     struct lm_worker *worker;
     struct MHD_Daemon *daemon;
+    struct lm_gate *gate; /* accepts connections and hands them to `daemon` */
     int port;
     int ctx;
     size_t max_body;
@@ -63,6 +77,10 @@ struct lm_server {
     struct lm_metrics *metrics;
     uint64_t id_seed;
     atomic_ullong id_counter;
+    atomic_int active;           /* HTTP requests between their headers and on_completed */
+    unsigned max_connections;    /* MHD's connection limit (after the open-files limit) */
+    unsigned timeout_s;          /* idle timeout of a connection, seconds; 0 = none */
+    atomic_llong limit_logged_s; /* when the connection-limit line was last logged (monotonic s) */
 };
 
 enum route {
@@ -72,6 +90,7 @@ enum route {
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
     ROUTE_MODELS,
+    ROUTE_MODEL, /* GET /v1/models/{id} */
     ROUTE_HEALTH,
     ROUTE_METRICS,
 };
@@ -88,7 +107,10 @@ static const struct {
 };
 #define N_ROUTES (sizeof k_routes / sizeof k_routes[0])
 
+#define MODEL_PREFIX "/v1/models/"
+
 static const char *route_path(enum route r) {
+    if (r == ROUTE_MODEL) return MODEL_PREFIX "{id}";
     for (size_t i = 0; i < N_ROUTES; i++)
         if (k_routes[i].route == r) return k_routes[i].path;
     return "other";
@@ -109,6 +131,9 @@ struct choice {
     struct lm_reasoning parser;   /* when the call splits reasoning */
     bool role_sent, finished;
     double t_done_ms;             /* when the connection saw the job finish */
+    struct lm_logprob_list lp_in; /* streamed logprobs taken from the job, not yet sent */
+    size_t lp_sent;               /* logprobs entries sent (a prefix of result.logprobs) */
+    size_t lp_offset;             /* completions: text bytes of the tokens sent (text_offset) */
 };
 
 /* A generation request, shared by the connection and its stream. */
@@ -142,6 +167,7 @@ struct conn {
     char *hdr_rid, *hdr_conv, *hdr_phase, *hdr_turn; /* as received; owned until a call takes them */
     struct lm_buf body;
     bool too_large;
+    bool timeout_off; /* the connection's idle timeout is off while it is answered */
     int status;      /* the HTTP status answered (499: the client went away first) */
     char error[512]; /* the error message answered, for the log */
     struct call *call; /* our reference, for generation routes */
@@ -359,6 +385,7 @@ static void call_release(struct call *c) {
         lm_buf_free(&ch->content);
         lm_buf_free(&ch->reasoning);
         lm_reasoning_free(&ch->parser);
+        lm_logprob_list_free(&ch->lp_in);
     }
     lm_buf_free(&c->rendered);
     free(c->hdr_rid);
@@ -372,31 +399,37 @@ static void call_release(struct call *c) {
 
 static void log_line(struct conn *k) {
     if (!k->srv->log) return;
-    int prompt = -1, completion = -1;
-    const char *finish = "";
+    char tokens[128] = "";
     struct call *c = k->call;
     if (c && c->n > 0) {
         struct lm_job *j0 = c->ch[0].job;
-        prompt = (int)j0->prompt.n;
-        bool done = true, ok = true;
-        completion = 0;
+        int completion = 0;
+        bool ok = true, cancelled = false, stopping = false;
+        /* A cancelled job stops within one engine step: wait a little for its count. */
+        double deadline = now_ms() + 1000;
         for (int i = 0; i < c->n; i++) {
             struct lm_job *j = c->ch[i].job;
-            enum lm_job_state st = lm_job_wait(j, 0, NULL);
-            done &= st == LM_JOB_DONE;
-            if (st == LM_JOB_DONE && j->status == LM_OK) completion += j->result.completion_tokens;
-            else ok = false;
-            if (st == LM_JOB_DONE && j->status == LM_ERR_CANCELLED) finish = "cancelled";
+            enum lm_job_state st;
+            while ((st = lm_job_wait(j, 0, NULL)) != LM_JOB_DONE && atomic_load(&j->cancel) &&
+                   now_ms() < deadline)
+                lm_job_wait(j, 20, NULL);
+            if (st != LM_JOB_DONE) {
+                stopping = true;
+                ok = false;
+                continue;
+            }
+            completion += j->result.completion_tokens; /* as far as it got when not OK */
+            ok &= j->status == LM_OK;
+            cancelled |= j->status == LM_ERR_CANCELLED;
         }
-        if (done && ok) finish = lm_openai_finish_reason(j0->result.finish);
-        else completion = -1;
+        const char *finish = ok          ? lm_openai_finish_reason(j0->result.finish)
+                             : cancelled || stopping ? "cancelled"
+                                                     : "error";
+        int l = snprintf(tokens, sizeof tokens, " prompt=%d completion=%s%d finish=%s", (int)j0->prompt.n,
+                         stopping ? ">=" : "", completion, finish);
+        if (c->n > 1 && l > 0 && (size_t)l < sizeof tokens)
+            snprintf(tokens + l, sizeof tokens - (size_t)l, " n=%d", c->n);
     }
-    char tokens[96] = "";
-    if (prompt >= 0 && completion >= 0)
-        snprintf(tokens, sizeof tokens, " prompt=%d completion=%d finish=%s%s", prompt, completion, finish,
-                 c->n > 1 ? " n>1" : "");
-    else if (prompt >= 0)
-        snprintf(tokens, sizeof tokens, " prompt=%d completion=- finish=%s", prompt, *finish ? finish : "cancelled");
     fprintf(stderr, "lumen serve: %s %s id=%s%s%s status=%d%s %.3fs%s%s%s\n", k->method, k->path, k->rid,
             k->conv[0] ? " conv=" : "", k->conv, k->status, tokens, seconds_since(&k->t0), k->error[0] ? " error=\"" : "",
             k->error, k->error[0] ? "\"" : "");
@@ -415,6 +448,8 @@ static enum MHD_Result respond(struct MHD_Connection *c, struct conn *k, int sta
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     MHD_add_response_header(r, "X-Request-Id", k->rid);
     if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, route_post(k->route) ? "POST" : "GET, HEAD");
+    /* 429: the queue is full now; a place frees when a running request finishes (RFC 9110 10.2.3) */
+    if (status == 429) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     k->status = status;
@@ -491,7 +526,27 @@ static void stream_free(void *cls) {
     free(s);
 }
 
-/* Chunks for new text (text != NULL) or the end of choice i's text (text == NULL). */
+/* The logprobs entries [from, from + n) of choice `ch` go into delta `d` (NULL when n is 0, or
+ * when the request asked for none); advances what the choice has sent. */
+static void attach_logprobs(struct call *c, struct choice *ch, const struct lm_token_logprob *v, size_t n,
+                            struct lm_openai_delta *d) {
+    if (!ch->job->gen.sampling.logprobs || n == 0) return;
+    d->logprobs = v;
+    d->n_logprobs = n;
+    d->text_offset = ch->lp_offset;
+    struct lm_buf t = {0};
+    for (size_t i = 0; i < n; i++) { /* text_offset of the next chunk: the bytes of these tokens */
+        lm_buf_reset(&t);
+        if (c->meta.tok) lm_tokenizer_decode(c->meta.tok, &v[i].id, 1, false, &t);
+        ch->lp_offset += t.len;
+    }
+    lm_buf_free(&t);
+    ch->lp_sent += n;
+}
+
+/* Chunks for new text (text != NULL) or the end of choice i's text (text == NULL). The logprobs
+ * taken with the text (lp_in) go with the first chunk that carries text; text the reasoning
+ * parser holds back keeps them for a later chunk. */
 static void emit_text(struct stream *s, int i, const char *text, size_t len) {
     struct call *c = s->call;
     struct choice *ch = &c->ch[i];
@@ -503,24 +558,33 @@ static void emit_text(struct stream *s, int i, const char *text, size_t len) {
     }
     struct lm_buf r = {0}, cc = {0};
     split_text(c, ch, text, len, &r, &cc);
-    if (r.len)
-        lm_openai_chunk(&s->out, &c->meta,
-                        &(struct lm_openai_delta){.index = i, .reasoning = r.p, .reasoning_len = r.len}, usage_null);
-    if (cc.len)
-        lm_openai_chunk(&s->out, &c->meta, &(struct lm_openai_delta){.index = i, .content = cc.p, .len = cc.len},
-                        usage_null);
+    if (r.len) {
+        struct lm_openai_delta d = {.index = i, .reasoning = r.p, .reasoning_len = r.len};
+        attach_logprobs(c, ch, ch->lp_in.v, ch->lp_in.n, &d);
+        ch->lp_in.n = 0;
+        lm_openai_chunk(&s->out, &c->meta, &d, usage_null);
+    }
+    if (cc.len) {
+        struct lm_openai_delta d = {.index = i, .content = cc.p, .len = cc.len};
+        attach_logprobs(c, ch, ch->lp_in.v, ch->lp_in.n, &d);
+        ch->lp_in.n = 0;
+        lm_openai_chunk(&s->out, &c->meta, &d, usage_null);
+    }
     lm_buf_free(&r);
     lm_buf_free(&cc);
 }
 
-/* The end of choice i: held-back text, then the finish chunk with the choice's logprobs. */
-static void emit_finish(struct stream *s, int i) {
+/* The end of choice i: held-back text, then the finish chunk with the logprobs not sent yet (the
+ * tail of the job's result). `finish_reason` overrides the job's (NULL: the job's). */
+static void emit_finish(struct stream *s, int i, const char *finish_reason) {
     struct call *c = s->call;
     struct choice *ch = &c->ch[i];
     emit_text(s, i, NULL, 0);
-    struct lm_openai_delta d = {.index = i,
-                                .finish_reason = lm_openai_finish_reason(ch->job->result.finish)};
-    d.logprobs = choice_logprobs(ch, &d.n_logprobs);
+    struct lm_openai_delta d = {
+        .index = i, .finish_reason = finish_reason ? finish_reason : lm_openai_finish_reason(ch->job->result.finish)};
+    const struct lm_logprob_list *all = &ch->job->result.logprobs;
+    if (all->n > ch->lp_sent) attach_logprobs(c, ch, all->v + ch->lp_sent, all->n - ch->lp_sent, &d);
+    ch->lp_in.n = 0;
     lm_openai_chunk(&s->out, &c->meta, &d, c->include_usage);
     ch->finished = true;
 }
@@ -536,7 +600,7 @@ static bool stream_produce(struct stream *s) {
         for (int i = 0; i < c->n; i++) {
             struct choice *ch = &c->ch[i];
             if (ch->finished) continue;
-            enum lm_job_state st = lm_job_wait(ch->job, 0, &ch->incoming);
+            enum lm_job_state st = lm_job_take(ch->job, 0, &ch->incoming, &ch->lp_in);
             if (ch->incoming.len) {
                 emit_text(s, i, ch->incoming.p, ch->incoming.len);
                 lm_buf_reset(&ch->incoming);
@@ -547,7 +611,15 @@ static bool stream_produce(struct stream *s) {
                 continue;
             }
             ch->t_done_ms = now_ms();
-            if (ch->job->status != LM_OK) { /* shutdown or an engine error after the headers went out */
+            if (ch->job->status == LM_ERR_CANCELLED) {
+                /* Shutdown (or the end of its drain) cancelled the job after the headers went
+                 * out: end the choice properly, with vLLM's finish_reason for an aborted request,
+                 * so that the stream still ends with [DONE] and the chunked terminator. */
+                emit_finish(s, i, "abort");
+                progress = true;
+                continue;
+            }
+            if (ch->job->status != LM_OK) { /* an engine error after the headers went out */
                 ch->finished = true;
                 cancel_all(c);
                 struct lm_api_error e;
@@ -559,7 +631,7 @@ static bool stream_produce(struct stream *s) {
                 s->finished = true;
                 return true;
             }
-            emit_finish(s, i);
+            emit_finish(s, i, NULL);
             progress = true;
         }
         if (all_done) {
@@ -576,7 +648,7 @@ static bool stream_produce(struct stream *s) {
         if (progress) return true;
         for (int i = 0; i < c->n; i++)
             if (!c->ch[i].finished) { /* wait on the first unfinished choice */
-                lm_job_wait(c->ch[i].job, c->n == 1 ? WAIT_MS : WAIT_MULTI_MS, &c->ch[i].incoming);
+                lm_job_take(c->ch[i].job, c->n == 1 ? WAIT_MS : WAIT_MULTI_MS, &c->ch[i].incoming, &c->ch[i].lp_in);
                 break;
             }
         if (peer_gone(s->fd)) {
@@ -614,9 +686,16 @@ static enum MHD_Result handle_generate(struct MHD_Connection *mc, struct conn *k
     enum lm_api_endpoint ep = k->route == ROUTE_CHAT ? LM_API_CHAT : LM_API_COMPLETIONS;
     struct call *c = call_create(k, ep);
     k->call = c;
+    /* The body is in: from here until the answer is sent the connection waits on the engine (a
+     * queue, a long prefill, the gaps of a stream), which is not idleness. MHD's idle timer only
+     * sees bytes sent, so it is off for the request and back on in on_completed. */
+    if (srv->timeout_s) {
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        k->timeout_off = true;
+    }
     if (k->too_large)
-        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than %zu bytes",
-                              srv->max_body);
+        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than the server's limit of %zu bytes (%.0f MiB)",
+                              srv->max_body, (double)srv->max_body / 1048576.0);
     struct lm_api_error err;
     if (lm_api_check_task(srv->tasks, lm_api_endpoint_task(ep), srv->model_name, &err))
         return respond_error(mc, k, &err);
@@ -627,6 +706,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *mc, struct conn *k
     c->n = 0; /* no job is submitted yet */
     struct lm_job *j0 = c0->job;
     if (parse_request(ep, &k->body, &j0->req, &err)) return respond_error(mc, k, &err);
+    if (lm_api_check_model(srv->model_name, j0->req.model, &err)) return respond_error(mc, k, &err);
     int max_tokens = 0;
     if (lm_chat_request_prompt(srv->model, &j0->req, srv->ctx, &j0->prompt, &max_tokens, &c->rendered, &err))
         return respond_error(mc, k, &err);
@@ -658,16 +738,18 @@ static enum MHD_Result handle_generate(struct MHD_Connection *mc, struct conn *k
     }
     lm_buf_free(&k->body);
 
-    for (int i = 0; i < n; i++) {
-        lm_status st = lm_worker_submit(c->ch[i].job);
-        if (st) {
-            cancel_all(c); /* the choices already queued */
-            if (st == LM_ERR_RANGE)
-                return respond_errorf(mc, k, 429, "rate_limit_exceeded", "queue_full", "%s", lm_error_message());
-            return respond_errorf(mc, k, 503, "server_error", NULL, "%s", lm_error_message());
-        }
-        c->n = i + 1;
+    /* all n choices are queued together or none is: each takes one place of the queue */
+    struct lm_job *jobs[LM_OPENAI_MAX_N];
+    for (int i = 0; i < n; i++) jobs[i] = c->ch[i].job;
+    lm_status st = lm_worker_submit_all(jobs, n);
+    if (st == LM_ERR_RANGE)
+        return respond_errorf(mc, k, 429, "rate_limit_exceeded", "queue_full", "%s", lm_error_message());
+    if (st == LM_ERR_INVALID) {
+        lm_api_errorf(&err, 400, "invalid_request_error", NULL, "n", "%s", lm_error_message());
+        return respond_error(mc, k, &err);
     }
+    if (st) return respond_errorf(mc, k, 503, "server_error", NULL, "%s", lm_error_message());
+    c->n = n;
 
     if (c->stream) {
         struct stream *s = calloc(1, sizeof *s);
@@ -739,8 +821,8 @@ static enum MHD_Result handle_post(struct MHD_Connection *mc, struct conn *k) {
     struct lm_server *srv = k->srv;
     if (k->route == ROUTE_CHAT || k->route == ROUTE_COMPLETIONS) return handle_generate(mc, k);
     if (k->too_large)
-        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than %zu bytes",
-                              srv->max_body);
+        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than the server's limit of %zu bytes (%.0f MiB)",
+                              srv->max_body, (double)srv->max_body / 1048576.0);
     struct lm_api_error err;
     char *json = NULL;
     lm_status st = k->route == ROUTE_TOKENIZE
@@ -764,6 +846,48 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *mc, struct conn *k)
     return respond(mc, k, 200, "text/plain; version=0.0.4; charset=utf-8", lm_buf_take(&out));
 }
 
+/* GET /v1/models, /v1/models/{id}, /health, /metrics. */
+static enum MHD_Result handle_get(struct MHD_Connection *c, struct conn *k, const char *url) {
+    struct lm_server *srv = k->srv;
+    if (k->route == ROUTE_MODELS) {
+        char *js = lm_openai_models(srv->model_name, srv->created, srv->ctx, srv->tasks);
+        /* Where the model runs: "device": "cpu" or "cuda:N" (lumen serve --device). */
+        struct lm_model_info mi;
+        lm_model_info(srv->model, &mi);
+        json_t *j = js ? json_loads(js, 0, NULL) : NULL;
+        json_t *d0 = json_array_get(json_object_get(j, "data"), 0);
+        char *with = d0 && !json_object_set_new(d0, "device", json_string(mi.device))
+                         ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (with) free(js);
+        return respond_json(c, k, 200, with ? with : js);
+    }
+    if (k->route == ROUTE_MODEL) {
+        const char *id = url + strlen(MODEL_PREFIX);
+        struct lm_api_error e;
+        if (lm_api_check_model(srv->model_name, id, &e)) return respond_error(c, k, &e);
+        char *js = lm_openai_model(srv->model_name, srv->created, srv->ctx, srv->tasks);
+        struct lm_model_info mi; /* "device" as in the /v1/models list */
+        lm_model_info(srv->model, &mi);
+        json_t *j = json_loads(js, 0, NULL);
+        char *with = j && !json_object_set_new(j, "device", json_string(mi.device)) ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (with) free(js);
+        return respond_json(c, k, 200, with ? with : js);
+    }
+    if (k->route == ROUTE_HEALTH) return respond_json(c, k, 200, strdup("{\"status\":\"ok\"}"));
+    if (k->route == ROUTE_METRICS) return handle_metrics(c, k);
+    return respond_errorf(c, k, 404, "invalid_request_error", NULL, "unknown path %s", url);
+}
+
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key,
+                                            const char *value) {
+    (void)kind;
+    (void)value;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) ++*(int *)cls;
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
@@ -774,6 +898,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         k = calloc(1, sizeof *k);
         if (!k) return MHD_NO;
         *con_cls = k;
+        atomic_fetch_add(&srv->active, 1);
         k->srv = srv;
         k->fd = -1;
         clock_gettime(CLOCK_MONOTONIC, &k->t0);
@@ -797,12 +922,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
         for (size_t i = 0; i < N_ROUTES; i++)
             if (!strcmp(url, k_routes[i].path)) k->route = k_routes[i].route;
+        if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) k->route = ROUTE_MODEL;
         if (k->route == ROUTE_NONE)
             return respond_errorf(c, k, 404, "invalid_request_error", NULL,
                                   "unknown path %s %s; lumen serves POST /v1/chat/completions, POST "
                                   "/v1/completions, POST /tokenize, POST /detokenize, GET /v1/models, "
-                                  "GET /metrics and GET /health",
+                                  "GET /v1/models/{id}, GET /metrics and GET /health",
                                   method, url);
+        /* Two Content-Length headers make the body's end ambiguous (request smuggling, RFC 9112
+         * 6.3): refuse them before reading a byte of the body. */
+        int n_cl = 0;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &n_cl);
+        if (n_cl > 1)
+            return respond_errorf(c, k, 400, "invalid_request_error", NULL,
+                                  "the request has %d Content-Length headers; send exactly one", n_cl);
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         if (route_post(k->route) && strcmp(method, "POST"))
             return respond_errorf(c, k, 405, "invalid_request_error", NULL,
@@ -810,11 +943,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!route_post(k->route) && !get)
             return respond_errorf(c, k, 405, "invalid_request_error", NULL,
                                   "method %s is not allowed on %s; use GET", method, url);
-        if (k->route == ROUTE_MODELS)
-            return respond_json(c, k, 200,
-                                lm_openai_models(srv->model_name, srv->created, srv->ctx, srv->tasks));
-        if (k->route == ROUTE_HEALTH) return respond_json(c, k, 200, strdup("{\"status\":\"ok\"}"));
-        if (k->route == ROUTE_METRICS) return handle_metrics(c, k);
+        /* GET routes answer in the next call: MHD 0.9.75 closes a connection whose answer is
+         * queued in this first call, before the request was read to its end. */
+        if (!route_post(k->route)) return MHD_YES;
 
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > srv->max_body) {
@@ -833,13 +964,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (k->status) return MHD_YES; /* already answered */
+    if (!route_post(k->route)) return handle_get(c, k, url);
     return handle_post(c, k);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     struct lm_server *srv = cls;
-    (void)c;
     struct conn *k = *con_cls;
     if (!k) return;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && (k->status == 200 || k->status == 0)) k->status = 499;
@@ -848,6 +979,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         if (k->call->status == 499) k->status = 499;
         k->call->status = k->status;
     }
+    if (k->timeout_off) /* idle again: the timer restarts now (MHD resets it when set from 0) */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->timeout_s);
     lm_metrics_count_request(srv->metrics, route_path(k->route), k->status);
     log_line(k);
     call_release(k->call);
@@ -858,6 +991,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(k->hdr_turn);
     free(k);
     *con_cls = NULL;
+    atomic_fetch_sub(&srv->active, 1);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
@@ -870,7 +1004,73 @@ struct lm_server_params lm_server_default_params(void) {
                                      .max_body = 8u << 20,
                                      .log_requests = true,
                                      .records_path = NULL,
-                                     .reasoning = true};
+                                     .reasoning = true,
+                                     .timeout_keep_alive_s = 5,
+                                     .max_connections = 1024};
+}
+
+/* libmicrohttpd's own messages. The one that matters to an operator, the connection limit, is
+ * rewritten and logged at most once every 10 s (a flood of connections would flood the log);
+ * the others (a client that resets its connection, a malformed request) are client noise. */
+static void log_limit(struct lm_server *s, const char *why) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    long long last = atomic_load(&s->limit_logged_s);
+    if (last && t.tv_sec - last < 10) return;
+    if (!atomic_compare_exchange_strong(&s->limit_logged_s, &last, (long long)t.tv_sec)) return;
+    fprintf(stderr,
+            "lumen serve: connection limit reached (%s; --max-connections %u): new connections are "
+            "closed at once until some close (idle ones close after --timeout-keep-alive)\n",
+            why, s->max_connections);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)ap;
+    if (strstr(fmt, "connection limit")) log_limit(cls, "all connections are taken");
+}
+
+/* A connection the gate let through goes to MHD (which closes it when it cannot take it, e.g.
+ * at the connection limit, and logs that through mhd_log). */
+static void gate_hand_off(void *ctx, int fd, const struct sockaddr *addr, socklen_t addrlen) {
+    struct lm_server *s = ctx;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    MHD_add_connection(s->daemon, fd, addr, addrlen);
+}
+
+/* A connection the gate answered itself (status > 0), or closed for too many waiting (0). */
+static void gate_refused(void *ctx, int status, const char *msg, const char *method, const char *target) {
+    struct lm_server *s = ctx;
+    if (status == 0) {
+        log_limit(s, "too many connections wait for their first request");
+        return;
+    }
+    lm_metrics_count_request(s->metrics, "other", status);
+    if (s->log)
+        fprintf(stderr, "lumen serve: %s %s status=%d error=\"%s\"\n", *method ? method : "-", *target ? target : "-",
+                status, msg);
+}
+
+/* The connection limit the open-files limit allows: raises the soft RLIMIT_NOFILE to the hard
+ * one, and keeps 64 descriptors for the model's files, the listening socket and the records. */
+static unsigned connection_limit(int want, bool log) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return (unsigned)want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        if (rl.rlim_max == RLIM_INFINITY) up.rlim_cur = up.rlim_max = 1u << 20;
+        if (!setrlimit(RLIMIT_NOFILE, &up)) rl = up;
+    }
+    unsigned n = (unsigned)want;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)want + 64) {
+        n = rl.rlim_cur > 128 ? (unsigned)(rl.rlim_cur - 64) : 64;
+        if (log)
+            fprintf(stderr,
+                    "lumen serve: --max-connections lowered from %d to %u: the process may open "
+                    "%llu files (ulimit -n)\n",
+                    want, n, (unsigned long long)rl.rlim_cur);
+    }
+    return n;
 }
 
 /* Binds and listens ourselves (rather than letting MHD do it) so that a failure names the
@@ -945,6 +1145,8 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
     clock_gettime(CLOCK_REALTIME, &ts);
     s->id_seed = splitmix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid());
     atomic_init(&s->id_counter, 0);
+    atomic_init(&s->active, 0);
+    atomic_init(&s->limit_logged_s, 0);
 
     int fd = -1;
     st = listen_on(p->host ? p->host : "127.0.0.1", p->port, &fd, &s->port);
@@ -959,16 +1161,40 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
         server_free(s);
         return st;
     }
-    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC,
-                                 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
+    s->max_connections = connection_limit(p->max_connections > 0 ? p->max_connections : 1024, p->log_requests);
+    unsigned timeout = p->timeout_keep_alive_s > 0 ? (unsigned)p->timeout_keep_alive_s
+                       : p->timeout_keep_alive_s < 0 ? 0u
+                                                     : 5u;
+    s->timeout_s = timeout;
+    /* MHD gets its connections from the gate (gate.h), which accepts on `fd`. */
+    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC |
+                                     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET,
+                                 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024, MHD_OPTION_END);
+                                 MHD_OPTION_CONNECTION_LIMIT, s->max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * LM_GATE_MAX_HEAD), MHD_OPTION_END);
     if (!s->daemon) {
         int port = s->port;
         close(fd);
         lm_worker_destroy(s->worker);
         server_free(s);
         return lm_errorf(LM_ERR_IO, "libmicrohttpd could not start on port %d", port);
+    }
+    struct lm_gate_params gp = {.listen_fd = fd,
+                                .max_body = s->max_body,
+                                .idle_timeout_s = (int)timeout,
+                                .max_gates = s->max_connections,
+                                .hand_off = gate_hand_off,
+                                .refused = gate_refused,
+                                .ctx = s};
+    st = lm_gate_start(&gp, &s->gate);
+    if (st) {
+        close(fd);
+        MHD_stop_daemon(s->daemon);
+        lm_worker_destroy(s->worker);
+        server_free(s);
+        return st;
     }
     *out = s;
     return LM_OK;
@@ -978,10 +1204,12 @@ int lm_server_port(const struct lm_server *s) { return s->port; }
 
 void lm_server_stop(struct lm_server *s) {
     if (!s) return;
-    int lfd = MHD_quiesce_daemon(s->daemon); /* no new connections */
-    if (lfd >= 0) close(lfd);
+    lm_gate_stop(s->gate); /* no new connections */
     lm_worker_shutdown(s->worker); /* waiting connections wake up with 503 / end of stream */
-    MHD_stop_daemon(s->daemon);    /* closes idle connections and joins their threads */
+    /* Let the answers of the cancelled requests go out (a stream's final chunks, [DONE] and the
+     * chunked terminator) before MHD closes every connection. */
+    for (int i = 0; i < 500 && atomic_load(&s->active) > 0; i++) usleep(10 * 1000);
+    MHD_stop_daemon(s->daemon); /* closes idle connections and joins their threads */
     lm_worker_destroy(s->worker);
     server_free(s);
 }

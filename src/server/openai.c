@@ -57,6 +57,57 @@ static lm_status bad(struct lm_api_error *e, const char *param, const char *fmt,
     return lm_api_errorf(e, 400, INVALID, NULL, param, "%s", msg);
 }
 
+/* The first string in `v` (a value at `path`) that holds a NUL character: its path written to
+ * `out` ("messages[0].content"), true when one was found. */
+static bool find_nul(const json_t *v, const char *path, char *out, size_t cap) {
+    char sub[160];
+    if (json_is_string(v)) {
+        if (memchr(json_string_value(v), 0, json_string_length(v))) {
+            snprintf(out, cap, "%s", path);
+            return true;
+        }
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+            if (find_nul(x, sub, out, cap)) return true;
+        }
+    } else if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach((json_t *)v, k, x) {
+            snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", k);
+            if (find_nul(x, sub, out, cap)) return true;
+        }
+    }
+    return false;
+}
+
+/* Parses a request body: a JSON text (duplicate keys refused) whose strings hold no NUL
+ * character. On error returns LM_ERR_INVALID with `err` filled (400) and *out NULL. */
+static lm_status load_body(const char *body, size_t len, json_t **out, struct lm_api_error *err) {
+    json_error_t jerr;
+    *out = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    if (!*out) {
+        if (strstr(jerr.text, "NUL"))
+            return bad(err, "",
+                       "request body: an object key holds a NUL character (\\u0000); NUL "
+                       "characters are not allowed (line %d, column %d)",
+                       jerr.line, jerr.column);
+        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                   jerr.line, jerr.column);
+    }
+    char path[96];
+    if (find_nul(*out, "", path, sizeof path)) {
+        json_decref(*out);
+        *out = NULL;
+        return bad(err, path, "%s holds a NUL character (\\u0000); NUL characters are not allowed",
+                   path[0] ? path : "the request body");
+    }
+    return LM_OK;
+}
+
 static lm_status get_bool(const json_t *obj, const char *key, const char *param, bool *out,
                           struct lm_api_error *e) {
     json_t *v = field(obj, key);
@@ -415,17 +466,11 @@ static lm_status parse_body(const char *body, size_t len, enum lm_api_endpoint e
     req->top_p = -1;
     req->repetition_penalty = 1;
     req->n = 1;
-    json_error_t jerr;
-    req->root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
-    lm_status st;
-    if (!req->root) {
-        st = bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                 jerr.line, jerr.column);
-    } else if (!json_is_object(req->root)) {
+    lm_status st = load_body(body, len, &req->root, err);
+    if (!st && !json_is_object(req->root))
         st = bad(err, "", "request body must be a JSON object, not %s", json_kind(req->root));
-    } else {
+    else if (!st)
         st = ep == LM_API_CHAT ? parse_chat_fields(req, err) : parse_completion_fields(req, err);
-    }
     if (st) lm_chat_request_free(req);
     return st;
 }
@@ -781,10 +826,10 @@ void lm_openai_chunk(struct lm_buf *out, const struct lm_openai_meta *meta,
         choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "delta", delta, "logprobs",
                            logprobs_obj(meta, d->logprobs, d->n_logprobs, 0), "finish_reason", fr);
     } else {
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", d->index, "text",
-                           utf8_string(d->content ? d->content : "", d->content ? d->len : 0),
-                           "logprobs", logprobs_obj(meta, d->logprobs, d->n_logprobs, 0),
-                           "finish_reason", fr);
+        choice = json_pack(
+            "{s:i, s:o, s:o, s:o}", "index", d->index, "text",
+            utf8_string(d->content ? d->content : "", d->content ? d->len : 0), "logprobs",
+            logprobs_obj(meta, d->logprobs, d->n_logprobs, d->text_offset), "finish_reason", fr);
     }
     json_object_set_new(o, "choices", json_pack("[o]", choice));
     if (usage_null) json_object_set_new(o, "usage", json_null());
@@ -812,11 +857,35 @@ char *lm_openai_error_json(const struct lm_api_error *e) {
     return dump(json_pack("{s:o}", "error", err));
 }
 
+static json_t *model_obj(const char *name, long long created, int max_model_len, unsigned tasks) {
+    return json_pack("{s:o, s:s, s:I, s:s, s:i, s:o}", "id", utf8_string(name, strlen(name)),
+                     "object", "model", "created", (json_int_t)created, "owned_by", "lumen",
+                     "max_model_len", max_model_len, "capabilities", task_list(tasks));
+}
+
 char *lm_openai_models(const char *name, long long created, int max_model_len, unsigned tasks) {
-    json_t *m = json_pack("{s:o, s:s, s:I, s:s, s:i, s:o}", "id", utf8_string(name, strlen(name)),
-                          "object", "model", "created", (json_int_t)created, "owned_by", "lumen",
-                          "max_model_len", max_model_len, "capabilities", task_list(tasks));
-    return dump(json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+    return dump(json_pack("{s:s, s:[o]}", "object", "list", "data",
+                          model_obj(name, created, max_model_len, tasks)));
+}
+
+char *lm_openai_model(const char *name, long long created, int max_model_len, unsigned tasks) {
+    return dump(model_obj(name, created, max_model_len, tasks));
+}
+
+lm_status lm_api_check_model(const char *served, const char *requested, struct lm_api_error *err) {
+    if (!requested || !*requested || !strcmp(requested, served)) return LM_OK;
+    return lm_api_errorf(err, 404, INVALID, "model_not_found", "model",
+                         "The model `%s` does not exist.", requested);
+}
+
+/* The optional "model" of a /tokenize or /detokenize body (vLLM checks it as for generation). */
+static lm_status check_body_model(const struct lm_model *m, const json_t *root,
+                                  struct lm_api_error *err) {
+    json_t *model = field(root, "model");
+    if (!model) return LM_OK;
+    if (!json_is_string(model))
+        return bad(err, "model", "model must be a string, not %s", json_kind(model));
+    return lm_api_check_model(lm_model_name(m), json_string_value(model), err);
 }
 
 /* ---- /tokenize and /detokenize ------------------------------------------------------------ */
@@ -824,17 +893,16 @@ char *lm_openai_models(const char *name, long long created, int max_model_len, u
 lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const char *body, size_t len,
                              int ctx, char **out, struct lm_api_error *err) {
     *out = NULL;
-    json_error_t jerr;
-    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                   jerr.line, jerr.column);
+    json_t *root;
+    lm_status lst = load_body(body, len, &root, err);
+    if (lst) return lst;
     lm_status st = LM_OK;
     struct lm_ids ids = {0};
     struct lm_chat_request req = {0};
     json_t *prompt = field(root, "prompt"), *msgs = field(root, "messages");
     if (!json_is_object(root)) {
         st = bad(err, "", "request body must be a JSON object, not %s", json_kind(root));
+    } else if ((st = check_body_model(m, root, err))) { /* 400 or 404: err is filled */
     } else if (prompt && msgs) {
         st = bad(err, "messages", "give either prompt or messages, not both");
     } else if (prompt) {
@@ -876,17 +944,16 @@ lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const cha
 lm_status lm_openai_detokenize(const struct lm_model *m, const char *body, size_t len, char **out,
                                struct lm_api_error *err) {
     *out = NULL;
-    json_error_t jerr;
-    json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return bad(err, "", "request body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                   jerr.line, jerr.column);
+    json_t *root;
+    lm_status lst = load_body(body, len, &root, err);
+    if (lst) return lst;
     lm_status st = LM_OK;
     json_t *tokens = json_is_object(root) ? field(root, "tokens") : NULL;
     struct lm_ids ids = {0};
     int vocab = lm_model_config(m)->vocab_size;
     if (!json_is_object(root)) {
         st = bad(err, "", "request body must be a JSON object, not %s", json_kind(root));
+    } else if ((st = check_body_model(m, root, err))) { /* 400 or 404: err is filled */
     } else if (!tokens) {
         st = bad(err, "tokens", "tokens is required");
     } else if (!json_is_array(tokens)) {

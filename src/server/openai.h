@@ -74,7 +74,7 @@ struct lm_chat_request {
     int32_t *prompt_ids; /* [n_prompt_ids] malloc'd when the prompt is an array of ids */
     size_t n_prompt_ids;
 
-    const char *model;  /* "" when absent; any value is accepted */
+    const char *model;  /* "" when absent; the server checks it (lm_api_check_model) */
     int n;              /* choices: 1..LM_OPENAI_MAX_N */
     int max_tokens;     /* max_completion_tokens, else max_tokens; -1 not given */
     double temperature; /* [0, 2]; -1 not given */
@@ -104,7 +104,9 @@ struct lm_chat_request {
  * function_call rejected); tools/tool_choice/functions/function_call absent; n 1..8; ranges of
  * temperature, top_p, top_k, min_p, the penalties, max_tokens; logprobs a boolean and
  * top_logprobs 0..20 (only with logprobs true); stop a string or up to 4 strings;
- * stream_options only with stream. Unknown fields are ignored, as OpenAI-compatible servers do. */
+ * stream_options only with stream. A string holding a NUL character ("\u0000") is refused, with
+ * its path as param ("messages[0].content"). Unknown fields are ignored, as OpenAI-compatible
+ * servers do. */
 lm_status lm_chat_request_parse(const char *body, size_t len, struct lm_chat_request *req,
                                 struct lm_api_error *err);
 /* The same for a /v1/completions body: prompt a non-empty string or a non-empty array of token
@@ -191,6 +193,8 @@ struct lm_openai_delta {
     size_t reasoning_len;
     const struct lm_token_logprob *logprobs; /* tokens of this chunk; NULL = "logprobs": null */
     size_t n_logprobs;
+    size_t text_offset;        /* completions: where this chunk's first token starts in the choice's
+                                  text (logprobs.text_offset counts from the start of the completion) */
     const char *finish_reason; /* NULL = JSON null */
 };
 
@@ -211,15 +215,26 @@ char *lm_openai_error_json(const struct lm_api_error *e);
 /* GET /v1/models: one model with owned_by "lumen", max_model_len and "capabilities", the task
  * names of `tasks` (enum lm_task bits). Malloc'd, caller frees. */
 char *lm_openai_models(const char *name, long long created, int max_model_len, unsigned tasks);
+/* GET /v1/models/{id}: the same model object alone. Malloc'd, caller frees. */
+char *lm_openai_model(const char *name, long long created, int max_model_len, unsigned tasks);
+
+/* The "model" a request names, against the served model's id `served` (lm_model_name: the
+ * folder's base name, or the .gguf file's name without the extension). OK when `requested` is
+ * NULL or "" (the field is optional, as in vLLM: the served model answers) or equals `served`;
+ * otherwise 404, as OpenAI and vLLM answer: {"message": "The model `gpt-4` does not exist.",
+ * "type": "invalid_request_error", "param": "model", "code": "model_not_found"}. */
+lm_status lm_api_check_model(const char *served, const char *requested, struct lm_api_error *err);
 
 /* POST /tokenize (vLLM): {"prompt": str, "add_special_tokens"?} or {"messages": [...],
  * "add_generation_prompt"? (default true), "chat_template_kwargs"?} ->
  * {"count": n, "max_model_len": ctx, "tokens": [...]}. Messages need the text_conversation task
- * (`tasks`). Returns a malloc'd JSON string in *out, or an error (400) in `err`. */
+ * (`tasks`). An optional "model" must name the served model (lm_api_check_model: 404). Strings
+ * holding a NUL character are refused here as in every body. Returns a malloc'd JSON string in
+ * *out, or an error (400, 404) in `err`. */
 lm_status lm_openai_tokenize(const struct lm_model *m, unsigned tasks, const char *body, size_t len,
                              int ctx, char **out, struct lm_api_error *err);
 /* POST /detokenize (vLLM): {"tokens": [ids]} -> {"prompt": text} (special tokens kept, as
- * vLLM's decode does). Ids outside [0, vocab_size) are a 400. */
+ * vLLM's decode does). Ids outside [0, vocab_size) are a 400; "model" as for /tokenize. */
 lm_status lm_openai_detokenize(const struct lm_model *m, const char *body, size_t len, char **out,
                                struct lm_api_error *err);
 

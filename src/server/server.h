@@ -1,12 +1,16 @@
 /* server.h: `lumen serve`, an OpenAI-compatible HTTP server over one loaded model.
  *
  * Routes: POST /v1/chat/completions and POST /v1/completions (streaming and not), GET
- * /v1/models (with each model's capabilities), POST /tokenize and /detokenize (vLLM's), GET
+ * /v1/models (with each model's capabilities) and /v1/models/{id}, POST /tokenize and
+ * /detokenize (vLLM's), GET
  * /metrics (Prometheus), GET /health. A generation route runs only when the model's family
  * declares its task (text_conversation, text_generation); otherwise 400.
  * Transport: libmicrohttpd (http.c); request logic: openai.h; engine and queue: worker.h;
  * request records: records.h; metrics: metrics.h. Requests wait in a bounded queue (429 beyond
- * it). A client that disconnects cancels its request. */
+ * it). A client that disconnects cancels its request. Every error the server answers itself is
+ * OpenAI's error JSON (openai.h), transport errors of a connection's first request included
+ * (gate.h says which, and the one gap: later requests of a keep-alive connection). A request's
+ * "model" must name the served model when given (404 otherwise). */
 #ifndef LM_SERVER_SERVER_H
 #define LM_SERVER_SERVER_H
 
@@ -34,6 +38,17 @@ struct lm_server_params {
                                  NULL (default): none */
     bool reasoning;    /* split chat output into reasoning_content and content with the family's
                           reasoning parser, when it has one; default true */
+    /* Connections (libmicrohttpd, one thread each). */
+    int timeout_keep_alive_s;    /* seconds; a connection idle this long (no byte received or sent:
+                                    between requests, or a client that stops sending its
+                                    request) is closed; default 5, as uvicorn's
+                                    --timeout-keep-alive. A request being answered is never
+                                    idle: generation and streaming keep their connection. 0 =
+                                    the default; negative = never */
+    int max_connections;         /* open connections at most; more are closed at accept with a
+                                    log line (at most one each 10 s); default 1024, lowered to
+                                    what the open-files limit (ulimit -n, raised to its hard
+                                    limit at start) allows */
 };
 struct lm_server_params lm_server_default_params(void); /* ctx_size is 0: the caller sets it */
 
@@ -47,8 +62,10 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
                           struct lm_server **out);
 /* The bound port (useful with port 0). */
 int lm_server_port(const struct lm_server *s);
-/* Stops accepting, cancels queued and running requests (their clients get 503 or the end of the
- * stream), joins all threads and frees the server. Accepts NULL. */
+/* Stops accepting, lets in-flight requests finish for up to shutdown_timeout_s, then cancels
+ * the rest (a waiting client gets 503; a stream ends with finish_reason "abort", then [DONE]),
+ * waits up to 5 s for the last responses to be written, joins all threads and frees the server.
+ * Accepts NULL. */
 void lm_server_stop(struct lm_server *s);
 
 #endif

@@ -75,6 +75,7 @@ static void job_free(struct lm_job *j) {
     lm_chat_request_free(&j->req);
     lm_ids_free(&j->prompt);
     lm_buf_free(&j->pending);
+    lm_logprob_list_free(&j->pending_logprobs);
     lm_gen_result_free(&j->result);
     free(j->error);
     pthread_cond_destroy(&j->cond);
@@ -101,6 +102,15 @@ static bool job_on_text(void *ctx, const char *text, size_t len) {
     if (j->stream && len) {
         pthread_mutex_lock(&j->w->mu);
         lm_buf_append(&j->pending, text, len);
+        /* The logprobs of every token generated so far go with this text (the scheduler pushes
+         * a token's entry before its text is released; text held back for a stop string or an
+         * incomplete character goes with a later release, and its entries with this one). */
+        const struct lm_logprob_list *l = &j->sr.result.logprobs;
+        if (j->gen.sampling.logprobs && l->n > j->logprobs_released) {
+            for (size_t i = j->logprobs_released; i < l->n; i++)
+                lm_logprob_list_push(&j->pending_logprobs, &l->v[i]);
+            j->logprobs_released = l->n;
+        }
         pthread_cond_broadcast(&j->cond);
         pthread_mutex_unlock(&j->w->mu);
     }
@@ -154,7 +164,11 @@ static void job_on_finish(struct lm_sched_req *r) {
         s->later_turn_requests++;
         s->later_turn_prompt_tokens += j->result.prompt_tokens;
         s->later_turn_cached_tokens += j->result.cached_tokens;
-        if (j->reusable >= 0) s->later_turn_reusable_tokens += j->reusable;
+        if (j->reusable >= 0) {
+            s->later_turn_reusable_tokens += j->reusable;
+            s->later_turn_history_cached +=
+                j->result.cached_tokens < j->reusable ? j->result.cached_tokens : j->reusable;
+        }
     }
     bool last = unref_locked(j);
     pthread_mutex_unlock(&w->mu);
@@ -447,19 +461,20 @@ void lm_worker_shutdown(struct lm_worker *w) {
             "cache, "
             "%.1f%% of the %lld their history holds; "
             "%lld canonical-turn prefills (%lld tokens); %lld steps, %.1f tokens a step; %lld "
-            "preemptions, %lld evictions\n",
+            "preemptions, %lld evictions; %lld decode-only steps, %lld with tokens chosen on the "
+            "device; engine busy %.2f s, %.2f s of it in the forward step\n",
             st.requests, st.prompt_tokens, st.cached_tokens,
             st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
             st.later_turn_requests, st.later_turn_cached_tokens, st.later_turn_prompt_tokens,
             st.later_turn_prompt_tokens
                 ? 100.0 * (double)st.later_turn_cached_tokens / (double)st.later_turn_prompt_tokens
                 : 0.0,
-            st.later_turn_reusable_tokens ? 100.0 * (double)st.later_turn_cached_tokens /
+            st.later_turn_reusable_tokens ? 100.0 * (double)st.later_turn_history_cached /
                                                 (double)st.later_turn_reusable_tokens
                                           : 0.0,
             st.later_turn_reusable_tokens, st.warm_requests, st.warm_tokens, e->steps,
             e->steps ? (double)e->step_tokens / (double)e->steps : 0.0, e->preemptions,
-            e->evictions);
+            e->evictions, e->decode_steps, e->device_sampled_steps, e->busy_s, e->forward_s);
     }
 }
 
@@ -513,7 +528,9 @@ void lm_job_release(struct lm_job *j) {
     if (last) job_free(j);
 }
 
-lm_status lm_worker_submit(struct lm_job *j) {
+/* Fills the scheduler's view of `j` and its later-turn statistics (no lock needed: the job is
+ * not shared yet). */
+static void prepare(struct lm_job *j) {
     struct lm_worker *w = j->w;
     assert(j->state == LM_JOB_NEW && j->gen.max_tokens > 0);
     j->gen.cancel = &j->cancel;
@@ -539,26 +556,48 @@ lm_status lm_worker_submit(struct lm_job *j) {
         j->reusable = (int)(k < j->prompt.n ? k : j->prompt.n - 1);
         lm_ids_free(&hist);
     }
+}
+
+lm_status lm_worker_submit(struct lm_job *j) {
+    return lm_worker_submit_all(&j, 1);
+}
+
+lm_status lm_worker_submit_all(struct lm_job *const *jobs, int n) {
+    assert(n >= 1);
+    struct lm_worker *w = jobs[0]->w;
+    for (int i = 0; i < n; i++)
+        prepare(jobs[i]);
     pthread_mutex_lock(&w->mu);
     lm_status st = LM_OK;
+    int places = w->p.max_seqs + w->p.max_queue;
     if (w->stopping) {
         st = lm_errorf(LM_ERR_CANCELLED, "server is shutting down");
-    } else if (w->n_queued + w->n_inside >= w->p.max_seqs + w->p.max_queue) {
+    } else if (n > places) {
+        st = lm_errorf(LM_ERR_INVALID,
+                       "n is %d; each choice takes a place of --max-seqs %d plus --max-queue %d, "
+                       "so this server holds at most %d choices of one request",
+                       n, w->p.max_seqs, w->p.max_queue, places);
+    } else if (w->n_queued + w->n_inside + n > places) {
         st = lm_errorf(LM_ERR_RANGE,
-                       "the queue is full: %d requests are running and %d waiting (--max-seqs %d, "
-                       "--max-queue %d)",
-                       w->n_running, w->n_queued + w->n_inside - w->n_running, w->p.max_seqs,
+                       "the queue is full: %d sequences are running and %d waiting, and this "
+                       "request needs %d (--max-seqs %d, --max-queue %d; each of n choices "
+                       "counts)",
+                       w->n_running, w->n_queued + w->n_inside - w->n_running, n, w->p.max_seqs,
                        w->p.max_queue);
     } else {
-        j->refs++;
-        j->state = LM_JOB_QUEUED;
-        j->sr.result.times.arrival_ms = lm_now_ms();
-        if (w->tail)
-            w->tail->next = j;
-        else
-            w->head = j;
-        w->tail = j;
-        w->n_queued++;
+        double now = lm_now_ms();
+        for (int i = 0; i < n; i++) {
+            struct lm_job *j = jobs[i];
+            j->refs++;
+            j->state = LM_JOB_QUEUED;
+            j->sr.result.times.arrival_ms = now;
+            if (w->tail)
+                w->tail->next = j;
+            else
+                w->head = j;
+            w->tail = j;
+            w->n_queued++;
+        }
         pthread_cond_signal(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -566,6 +605,11 @@ lm_status lm_worker_submit(struct lm_job *j) {
 }
 
 enum lm_job_state lm_job_wait(struct lm_job *j, int timeout_ms, struct lm_buf *text) {
+    return lm_job_take(j, timeout_ms, text, NULL);
+}
+
+enum lm_job_state lm_job_take(struct lm_job *j, int timeout_ms, struct lm_buf *text,
+                              struct lm_logprob_list *logprobs) {
     struct lm_worker *w = j->w;
     pthread_mutex_lock(&w->mu);
     if (j->pending.len == 0 && j->state != LM_JOB_DONE && timeout_ms > 0) {
@@ -582,6 +626,9 @@ enum lm_job_state lm_job_wait(struct lm_job *j, int timeout_ms, struct lm_buf *t
     if (j->pending.len) {
         if (text) lm_buf_append(text, j->pending.p, j->pending.len);
         lm_buf_reset(&j->pending);
+        for (size_t i = 0; logprobs && i < j->pending_logprobs.n; i++)
+            lm_logprob_list_push(logprobs, &j->pending_logprobs.v[i]);
+        j->pending_logprobs.n = 0;
     }
     enum lm_job_state s = j->state;
     pthread_mutex_unlock(&w->mu);

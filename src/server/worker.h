@@ -61,26 +61,31 @@ struct lm_job {
 
     /* Guarded by the worker mutex; final (readable without the lock) once state is DONE. */
     enum lm_job_state state;
-    struct lm_buf pending;       /* streamed text released but not yet taken by lm_job_wait */
-    struct lm_gen_result result; /* valid when DONE: ids, text, finish, prompt_tokens,
-                                    completion_tokens, cached_tokens (prompt tokens reused from
-                                    the prefix cache: usage.prompt_tokens_details.cached_tokens),
-                                    logprobs, preemptions; times (CLOCK_MONOTONIC ms, lm_now_ms:
-                                    arrival = submit, scheduled = admitted, first_token, finish;
-                                    0 when not reached, e.g. scheduled for a job cancelled in the
-                                    queue); prefill_s = first_token - scheduled, decode_s =
-                                    finish - first_token. Also filled (status not OK) for a job
-                                    that failed or was cancelled, as far as it got. */
-    lm_status status;            /* LM_OK, LM_ERR_CANCELLED (client gone, shutdown) or the error */
-    char *error;                 /* message for a non-OK status; owned */
+    struct lm_buf pending; /* streamed text released but not yet taken by lm_job_wait */
+    struct lm_logprob_list pending_logprobs; /* streamed with logprobs: the entries of the
+                                                tokens generated up to the last released text,
+                                                not yet taken by lm_job_take */
+    struct lm_gen_result result;             /* valid when DONE: ids, text, finish, prompt_tokens,
+                                                completion_tokens, cached_tokens (prompt tokens reused from
+                                                the prefix cache: usage.prompt_tokens_details.cached_tokens),
+                                                logprobs, preemptions; times (CLOCK_MONOTONIC ms, lm_now_ms:
+                                                arrival = submit, scheduled = admitted, first_token, finish;
+                                                0 when not reached, e.g. scheduled for a job cancelled in the
+                                                queue); prefill_s = first_token - scheduled, decode_s =
+                                                finish - first_token. Also filled (status not OK) for a job
+                                                that failed or was cancelled, as far as it got. */
+    lm_status status; /* LM_OK, LM_ERR_CANCELLED (client gone, shutdown) or the error */
+    char *error;      /* message for a non-OK status; owned */
 
     /* Private to worker.c. */
     struct lm_worker *w;
     pthread_cond_t cond;
     int refs;
     struct lm_job *next;
-    struct lm_sched_req sr; /* the engine's view of the job */
-    int reusable;           /* later chat turn: prompt tokens its canonical history covers */
+    struct lm_sched_req sr;   /* the engine's view of the job */
+    int reusable;             /* later chat turn: prompt tokens its canonical history covers */
+    size_t logprobs_released; /* engine thread: entries of sr.result.logprobs already copied to
+                                 pending_logprobs */
 };
 
 /* Engine limits. */
@@ -134,6 +139,8 @@ struct lm_worker_stats {
     long long later_turn_prompt_tokens, later_turn_cached_tokens;
     long long later_turn_reusable_tokens; /* of their prompt tokens, those of the history in
                                              canonical form (all a prefix cache can give) */
+    long long later_turn_history_cached;  /* of those, the ones found in the cache: per request
+                                             min(cached, reusable), so never above reusable */
     long long warm_requests, warm_tokens; /* canonical-form prefills and the tokens they ran */
 };
 void lm_worker_stats(struct lm_worker *w, struct lm_worker_stats *out);
@@ -148,10 +155,22 @@ void lm_job_release(struct lm_job *j);
 /* Queues `j` (state NEW, gen filled). LM_ERR_RANGE when max_seqs + max_queue jobs are already
  * inside (answer 429); LM_ERR_CANCELLED when the worker is shutting down (answer 503). */
 lm_status lm_worker_submit(struct lm_job *j);
+/* Queues the n jobs of one request (its `n` choices) all or none: each job takes one of the
+ * max_seqs + max_queue places. LM_ERR_RANGE when fewer than n places are free now (answer 429);
+ * LM_ERR_INVALID when n is above max_seqs + max_queue, so the request could never fit (answer
+ * 400; the message names n and both flags); LM_ERR_CANCELLED when shutting down (503). */
+lm_status lm_worker_submit_all(struct lm_job *const *jobs, int n);
 
 /* Waits up to `timeout_ms` for released text or completion. Moves released text to `text` (when
- * non-NULL) and returns the job's state at that moment. */
+ * non-NULL) and returns the job's state at that moment. Logprobs released with the text are
+ * dropped when text is taken (use lm_job_take to have them). */
 enum lm_job_state lm_job_wait(struct lm_job *j, int timeout_ms, struct lm_buf *text);
+/* lm_job_wait that also moves the logprobs entries released with the text (one per generated
+ * token up to the last text release; appended to `logprobs` when non-NULL). A streamed choice
+ * sends them with the chunk of that text; the entries not yet released by the time the job is
+ * DONE are the tail of result.logprobs. */
+enum lm_job_state lm_job_take(struct lm_job *j, int timeout_ms, struct lm_buf *text,
+                              struct lm_logprob_list *logprobs);
 
 /* The client went away: sets the cancel flag; a queued job never runs, a running one stops
  * within one step. */

@@ -1,4 +1,5 @@
-/* matmul.h: the fast CPU matmul behind lm_cpu_ops_fast()->matmul (internal to backend/cpu).
+/* matmul.h: the fast CPU matmul behind lm_cpu_ops_fast()->matmul, and the other declarations
+ * the fast kernels share (internal to backend/cpu).
  *
  * y[n, m] = x[n, k] . w[m, k]^T for weights of any enum lm_dtype (row-major or packed),
  * threaded over groups of 16 weight rows with the pool. Contract as lm_cpu_ops.matmul (ops.h),
@@ -14,8 +15,10 @@
  *     a group of 16 rows into a float32 panel (L2-resident) and runs an outer-product tile of 6
  *     tokens x 16 rows over every token (row-major weights, one token: transposed 8 x 8 in
  *     registers instead).
- * Scratch: the calling thread keeps one buffer (grown when a larger matmul comes, freed at
- * thread exit); the steady state allocates nothing. */
+ * The code is kern_matmul.h, compiled once per vector target (kern_avx512.c, kern_avx2.c,
+ * kern_generic.c); ops_fast.c picks one at run time. Every target gives the same bits.
+ * Scratch: the calling thread keeps one buffer (lm_cpu_scratch); the steady state allocates
+ * nothing. */
 #ifndef LM_BACKEND_CPU_MATMUL_H
 #define LM_BACKEND_CPU_MATMUL_H
 
@@ -30,10 +33,17 @@ int lm_cpu_bf16_slot(int j);
  * scalar reference's access). */
 float lm_cpu_weight(const void *w, enum lm_dtype t, int k, long r, long l);
 
-void lm_cpu_matmul_fast(struct lm_pool *pool, float *y, const float *x, const void *w,
-                        enum lm_dtype wt, int n, int k, int m);
+/* The calling thread's scratch of at least `floats` float32, 64-byte aligned: grown when a larger
+ * request comes, kept for the next call, freed when the thread exits. NULL when out of memory.
+ * Valid until this thread's next call. */
+float *lm_cpu_scratch(size_t floats);
 
-/* The vector target of the fast kernels: "avx512", "avx2" or "generic". */
-const char *lm_cpu_simd_name(void);
+/* The kernel table of each vector target (kern_<target>.c). avx2 and avx512 exist only in
+ * x86-64 builds and may be called only on CPUs with those features (ops_fast.c checks). */
+const struct lm_cpu_ops *lm_cpu_ops_generic(void);
+#if defined(__x86_64__)
+const struct lm_cpu_ops *lm_cpu_ops_avx2(void);
+const struct lm_cpu_ops *lm_cpu_ops_avx512(void);
+#endif
 
 #endif

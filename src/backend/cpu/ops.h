@@ -3,10 +3,11 @@
  *
  * Two tables implement the same contract: lm_cpu_ops_scalar() holds plain single-threaded loops
  * that read like the math (the reference the tests compare against), lm_cpu_ops_fast() the SIMD
- * versions (AVX-512 when the compiler targets it, else AVX2+FMA+F16C, else GCC vector
- * extensions for any other CPU), threaded over rows with a base/threadpool.h pool and returning
- * only when every thread is done (the barrier between ops). The fast table is chosen at compile
- * time from the target flags (the build uses -march=native); lm_cpu_ops_fast()->name says which.
+ * versions, threaded over rows with a base/threadpool.h pool and returning only when every thread
+ * is done (the barrier between ops). The fast kernels are compiled for several vector targets in
+ * one binary (AVX-512F; AVX2+FMA+F16C; GCC vector extensions: NEON on AArch64, SSE2 on older
+ * x86-64) and the best one the CPU runs is chosen at run time (cpuid); lm_cpu_ops_fast()->name
+ * says which. Every target's matmul gives the scalar reference's bits.
  *
  * Activations are float32, row-major. Weights may be float32, float16 or bfloat16 and are
  * widened to float32 on the fly, or Q8_0 blocks (see the matmul's contract). All pointers are borrowed for the duration of the call; output
@@ -86,7 +87,7 @@ struct lm_attn_seq {
 };
 
 struct lm_cpu_ops {
-    const char *name; /* "scalar", "avx512", "avx2", "generic" */
+    const char *name; /* "scalar", "avx512", "avx2", "generic", "neon" */
 
     /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
      * x: float32 rows of k; w: m rows of k elements of dtype wt (row-major or packed); y:
@@ -149,7 +150,15 @@ struct lm_cpu_ops {
 
 /* The plain reference kernels (single-threaded; the pool argument is ignored). */
 const struct lm_cpu_ops *lm_cpu_ops_scalar(void);
-/* The fast kernels for this build's target (see above). */
+/* The fast kernels of the best vector target this CPU runs, chosen at the first call (cpuid)
+ * and the same for the life of the process: "avx512", "avx2", "generic" (x86-64 without AVX2)
+ * or "neon" (AArch64). The environment variable LM_CPU_KERNELS names a target to prefer (one
+ * this build lacks or this CPU cannot run is passed over: check ->name). Never NULL. */
 const struct lm_cpu_ops *lm_cpu_ops_fast(void);
+/* The fast kernels of one target by name (as ->name), or NULL when this build lacks it or this
+ * CPU cannot run it. For tests and benchmarks that compare targets. */
+const struct lm_cpu_ops *lm_cpu_ops_target(const char *name);
+/* The targets this build holds, best first, NULL-terminated (static storage). */
+const char *const *lm_cpu_ops_targets(void);
 
 #endif

@@ -1,452 +1,56 @@
-/* ops_fast.c: the SIMD kernels of ops.h, threaded over rows with the pool.
+/* ops_fast.c: run-time choice of the fast kernels (ops.h, lm_cpu_ops_fast).
  *
- * One source serves three targets through a small vector layer (VL lanes of float32):
- * AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes), or GCC vector extensions (4 lanes, any CPU).
- * The choice is made at compile time from the target flags (-march=native).
- *
- * matmul: matmul.c (matmul.h gives its paths and the fixed order of operations that makes it
- * batch invariant). attention_paged: the same per-(query, head) arithmetic as attention, with
- * K/V rows found through each sequence's block table. */
-#include <assert.h>
-#include <math.h>
+ * The kernels are compiled once per vector target (kern_avx512.c, kern_avx2.c, kern_generic.c,
+ * each with its own target flags), so one binary carries them all; the first call asks the CPU
+ * (cpuid through __builtin_cpu_supports, which also checks that the OS saves the AVX / AVX-512
+ * registers) and keeps the best target it can run: avx512 > avx2 > generic (neon on AArch64).
+ * LM_CPU_KERNELS=avx512|avx2|generic|neon in the environment asks for one; a target this build
+ * lacks or this CPU cannot run is passed over for the best one, and ->name says which ran. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "backend/cpu/ops.h"
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/quant.h"
+#include "backend/cpu/ops.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define VL 16
-#define TARGET_NAME "avx512"
-typedef __m512 vf;
-#define V_ZERO() _mm512_setzero_ps()
-#define V_SET1(x) _mm512_set1_ps(x)
-#define V_LOAD(p) _mm512_loadu_ps(p)
-#define V_STORE(p, v) _mm512_storeu_ps(p, v)
-#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define V_ADD(a, b) _mm512_add_ps(a, b)
-#define V_MUL(a, b) _mm512_mul_ps(a, b)
-#define V_MAX(a, b) _mm512_max_ps(a, b)
-#define V_HSUM(v) _mm512_reduce_add_ps(v)
-#define V_HMAX(v) _mm512_reduce_max_ps(v)
-#define V_LOAD_BF16(p)                                                                          \
-    _mm512_castsi512_ps(                                                                        \
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define VL 8
-#define TARGET_NAME "avx2"
-typedef __m256 vf;
-#define V_ZERO() _mm256_setzero_ps()
-#define V_SET1(x) _mm256_set1_ps(x)
-#define V_LOAD(p) _mm256_loadu_ps(p)
-#define V_STORE(p, v) _mm256_storeu_ps(p, v)
-#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define V_ADD(a, b) _mm256_add_ps(a, b)
-#define V_MUL(a, b) _mm256_mul_ps(a, b)
-#define V_MAX(a, b) _mm256_max_ps(a, b)
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-static inline float hmax256(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#define V_HSUM(v) hsum256(v)
-#define V_HMAX(v) hmax256(v)
-#define V_LOAD_BF16(p)                                                                          \
-    _mm256_castsi256_ps(                                                                        \
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
-#define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+static const struct lm_cpu_ops *g_fast;
+static pthread_once_t g_fast_once = PTHREAD_ONCE_INIT;
+
+const char *const *lm_cpu_ops_targets(void) {
+#if defined(__x86_64__)
+    static const char *const names[] = {"avx512", "avx2", "generic", NULL};
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    static const char *const names[] = {"neon", NULL};
 #else
-/* 16-byte vectors: SSE2 on any x86-64, NEON on AArch64, lowered to scalars elsewhere. */
-#define VL 4
-#define TARGET_NAME "generic"
-typedef float vf __attribute__((vector_size(VL * 4)));
-static inline vf g_load(const float *p) {
-    vf v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline vf g_set1(float x) {
-    vf v;
-    for (int i = 0; i < VL; i++) v[i] = x;
-    return v;
-}
-static inline float g_hsum(vf v) {
-    float s = 0;
-    for (int i = 0; i < VL; i++) s += v[i];
-    return s;
-}
-static inline float g_hmax(vf v) {
-    float s = v[0];
-    for (int i = 1; i < VL; i++) s = v[i] > s ? v[i] : s;
-    return s;
-}
-static inline vf g_max(vf a, vf b) {
-    for (int i = 0; i < VL; i++) a[i] = a[i] > b[i] ? a[i] : b[i];
-    return a;
-}
-static inline vf g_bf16(const uint16_t *p) {
-    vf v;
-    for (int i = 0; i < VL; i++) v[i] = lm_bf16_to_f32(p[i]);
-    return v;
-}
-static inline vf g_f16(const uint16_t *p) {
-    vf v;
-    for (int i = 0; i < VL; i++) v[i] = lm_f16_to_f32(p[i]);
-    return v;
-}
-#define V_ZERO() g_set1(0.0f)
-#define V_SET1(x) g_set1(x)
-#define V_LOAD(p) g_load(p)
-#define V_STORE(p, v) memcpy((p), &(v), sizeof(vf))
-#define V_FMA(a, b, c) ((a) * (b) + (c))
-#define V_ADD(a, b) ((a) + (b))
-#define V_MUL(a, b) ((a) * (b))
-#define V_MAX(a, b) g_max(a, b)
-#define V_HSUM(v) g_hsum(v)
-#define V_HMAX(v) g_hmax(v)
-#define V_LOAD_BF16(p) g_bf16((const uint16_t *)(p))
-#define V_LOAD_F16(p) g_f16((const uint16_t *)(p))
+    static const char *const names[] = {"generic", NULL};
 #endif
-
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-/* Work below this many multiply-adds runs on the calling thread: waking the pool costs more. */
-enum { PAR_MIN_WORK = 1 << 15 };
-
-static float vdot(const float *a, const float *b, int n) {
-    vf acc0 = V_ZERO(), acc1 = V_ZERO();
-    int i = 0;
-    for (; i + 2 * VL <= n; i += 2 * VL) {
-        acc0 = V_FMA(V_LOAD(a + i), V_LOAD(b + i), acc0);
-        acc1 = V_FMA(V_LOAD(a + i + VL), V_LOAD(b + i + VL), acc1);
-    }
-    for (; i + VL <= n; i += VL) acc0 = V_FMA(V_LOAD(a + i), V_LOAD(b + i), acc0);
-    float s = V_HSUM(V_ADD(acc0, acc1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    return names;
 }
 
-/* y[0..n) += a * x[0..n) */
-static void vaxpy(float *y, float a, const float *x, int n) {
-    vf va = V_SET1(a);
-    int i = 0;
-    for (; i + VL <= n; i += VL) {
-        vf r = V_FMA(va, V_LOAD(x + i), V_LOAD(y + i));
-        V_STORE(y + i, r);
-    }
-    for (; i < n; i++) y[i] += a * x[i];
+const struct lm_cpu_ops *lm_cpu_ops_target(const char *name) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (!strcmp(name, "avx512"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                       __builtin_cpu_supports("fma")
+                   ? lm_cpu_ops_avx512()
+                   : NULL;
+    /* F16C has no __builtin_cpu_supports name in GCC 12; every AVX2 CPU made has it (Intel
+     * Haswell, AMD Excavator/Zen on). */
+    if (!strcmp(name, "avx2"))
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? lm_cpu_ops_avx2() : NULL;
+#endif
+    const struct lm_cpu_ops *g = lm_cpu_ops_generic();
+    return !strcmp(name, g->name) ? g : NULL;
 }
 
-/* ---- matmul ---- */
-
-/* The matmul of every weight dtype lives in matmul.c (batch invariant; see matmul.h). */
-static void f_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
-                     enum lm_dtype wt, int n, int k, int m) {
-    lm_cpu_matmul_fast(pool, y, x, w, wt, n, k, m);
+static void choose(void) {
+    const char *want = getenv("LM_CPU_KERNELS");
+    if (want && *want) g_fast = lm_cpu_ops_target(want);
+    for (const char *const *t = lm_cpu_ops_targets(); !g_fast && *t; t++) g_fast = lm_cpu_ops_target(*t);
 }
 
-/* ---- rmsnorm ---- */
-
-struct rows_args {
-    float *y;
-    const float *x;
-    const float *w;
-    int n, d;
-    float eps;
-};
-
-static void rmsnorm_rows(const struct rows_args *a, long i0, long i1) {
-    const int d = a->d;
-    for (long i = i0; i < i1; i++) {
-        const float *xi = a->x + i * d;
-        float *yi = a->y + i * d;
-        float inv = 1.0f / sqrtf(vdot(xi, xi, d) / (float)d + a->eps);
-        vf vinv = V_SET1(inv);
-        int j = 0;
-        for (; j + VL <= d; j += VL) {
-            vf r = V_MUL(V_LOAD(a->w + j), V_MUL(V_LOAD(xi + j), vinv));
-            V_STORE(yi + j, r);
-        }
-        for (; j < d; j++) yi[j] = a->w[j] * (xi[j] * inv);
-    }
+const struct lm_cpu_ops *lm_cpu_ops_fast(void) {
+    pthread_once(&g_fast_once, choose);
+    return g_fast;
 }
-
-static void rmsnorm_task(void *p, int ith, int nth) {
-    const struct rows_args *a = p;
-    long i0, i1;
-    lm_pool_split(a->n, ith, nth, 1, &i0, &i1);
-    rmsnorm_rows(a, i0, i1);
-}
-
-static void f_rmsnorm(struct lm_pool *pool, float *y, const float *x, const float *w, int n, int d,
-                      float eps) {
-    struct rows_args a = {y, x, w, n, d, eps};
-    if ((long)n * d < 4 * PAR_MIN_WORK || n < 2)
-        rmsnorm_rows(&a, 0, n);
-    else
-        lm_pool_run(pool, rmsnorm_task, &a);
-}
-
-/* ---- rope ---- */
-
-struct rope_args {
-    float *x;
-    int n, n_heads, head_dim, pos0;
-    const float *inv_freq;
-};
-
-static void rope_rows(const struct rope_args *a, long i0, long i1) {
-    const int half = a->head_dim / 2;
-    float c[256], s[256];
-    assert(half <= 256);
-    for (long i = i0; i < i1; i++) {
-        float pos = (float)(a->pos0 + i);
-        for (int j = 0; j < half; j++) {
-            float ang = a->inv_freq[j] * pos;
-            c[j] = cosf(ang);
-            s[j] = sinf(ang);
-        }
-        for (int h = 0; h < a->n_heads; h++) {
-            float *v = a->x + (i * a->n_heads + h) * a->head_dim;
-            int j = 0;
-            for (; j + VL <= half; j += VL) {
-                vf x1 = V_LOAD(v + j), x2 = V_LOAD(v + j + half);
-                vf vc = V_LOAD(c + j), vs = V_LOAD(s + j);
-                vf o1 = V_FMA(x1, vc, V_MUL(V_SET1(-1.0f), V_MUL(x2, vs)));
-                vf o2 = V_FMA(x2, vc, V_MUL(x1, vs));
-                V_STORE(v + j, o1);
-                V_STORE(v + j + half, o2);
-            }
-            for (; j < half; j++) {
-                float x1 = v[j], x2 = v[j + half];
-                v[j] = x1 * c[j] - x2 * s[j];
-                v[j + half] = x2 * c[j] + x1 * s[j];
-            }
-        }
-    }
-}
-
-static void rope_task(void *p, int ith, int nth) {
-    const struct rope_args *a = p;
-    long i0, i1;
-    lm_pool_split(a->n, ith, nth, 1, &i0, &i1);
-    rope_rows(a, i0, i1);
-}
-
-static void f_rope(struct lm_pool *pool, float *x, int n, int n_heads, int head_dim, int pos0,
-                   const float *inv_freq) {
-    struct rope_args a = {x, n, n_heads, head_dim, pos0, inv_freq};
-    if ((long)n * n_heads * head_dim < 4 * PAR_MIN_WORK || n < 2)
-        rope_rows(&a, 0, n);
-    else
-        lm_pool_run(pool, rope_task, &a);
-}
-
-/* ---- swiglu ---- */
-
-struct swiglu_args {
-    float *y;
-    const float *gate, *up;
-    long n;
-};
-
-static void swiglu_range(const struct swiglu_args *a, long i0, long i1) {
-    for (long i = i0; i < i1; i++) {
-        float g = a->gate[i];
-        a->y[i] = g / (1.0f + expf(-g)) * a->up[i];
-    }
-}
-
-static void swiglu_task(void *p, int ith, int nth) {
-    const struct swiglu_args *a = p;
-    long i0, i1;
-    lm_pool_split(a->n, ith, nth, 16, &i0, &i1);
-    swiglu_range(a, i0, i1);
-}
-
-static void f_swiglu(struct lm_pool *pool, float *y, const float *gate, const float *up, long n) {
-    struct swiglu_args a = {y, gate, up, n};
-    if (n < PAR_MIN_WORK / 2)
-        swiglu_range(&a, 0, n);
-    else
-        lm_pool_run(pool, swiglu_task, &a);
-}
-
-/* ---- softmax ---- */
-
-static void f_softmax(float *x, int n) {
-    int i = 0;
-    float mx = -INFINITY;
-    if (n >= VL) {
-        vf vm = V_LOAD(x);
-        for (i = VL; i + VL <= n; i += VL) vm = V_MAX(vm, V_LOAD(x + i));
-        mx = V_HMAX(vm);
-    }
-    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    float sum = 0;
-    for (i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    vf inv = V_SET1(1.0f / sum);
-    for (i = 0; i + VL <= n; i += VL) {
-        vf r = V_MUL(V_LOAD(x + i), inv);
-        V_STORE(x + i, r);
-    }
-    for (; i < n; i++) x[i] *= 1.0f / sum;
-}
-
-/* ---- attention ---- */
-
-struct attn_args {
-    float *out;
-    const float *q, *k, *v;
-    int n, pos0, n_heads, n_kv_heads, head_dim, kv_stride;
-    float scale;
-    float *scratch;
-};
-
-/* Work items are (query, head) pairs, dealt round-robin so that long (late) queries spread. */
-static void attn_task(void *p, int ith, int nth) {
-    const struct attn_args *a = p;
-    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    float *sc = a->scratch + (long)ith * (a->pos0 + a->n);
-    long items = (long)a->n * a->n_heads;
-    for (long it = ith; it < items; it += nth) {
-        int i = (int)(it / a->n_heads), h = (int)(it % a->n_heads), g = h / group;
-        int len = a->pos0 + i + 1;
-        const float *qi = a->q + it * hd;
-        float *oi = a->out + it * hd;
-        const float *kb = a->k + (long)g * hd, *vb = a->v + (long)g * hd;
-        for (int t = 0; t < len; t++) sc[t] = vdot(qi, kb + (long)t * a->kv_stride, hd) * a->scale;
-        f_softmax(sc, len);
-        for (int d = 0; d < hd; d++) oi[d] = 0;
-        for (int t = 0; t < len; t++) vaxpy(oi, sc[t], vb + (long)t * a->kv_stride, hd);
-    }
-}
-
-static void f_attention(struct lm_pool *pool, float *out, const float *q, const float *k,
-                        const float *v, int n, int pos0, int n_heads, int n_kv_heads, int head_dim,
-                        int kv_stride, float scale, float *scratch) {
-    assert(n_heads % n_kv_heads == 0);
-    struct attn_args a = {out, q, k, v, n, pos0, n_heads, n_kv_heads, head_dim, kv_stride, scale,
-                          scratch};
-    long work = (long)n * n_heads * (pos0 + n) * head_dim;
-    if (work < 2 * PAR_MIN_WORK)
-        attn_task(&a, 0, 1);
-    else
-        lm_pool_run(pool, attn_task, &a);
-}
-
-/* Paged attention: the same per-(query, head) arithmetic as attn_task, with K/V rows found
- * through each sequence's block table. Items (row, head) over all sequences are dealt
- * round-robin to the threads. */
-struct attn_paged_args {
-    float *out;
-    const float *q, *k, *v;
-    const struct lm_attn_seq *seqs;
-    int n_seqs, n_heads, n_kv_heads, head_dim, kv_stride, block_size, max_len;
-    float scale;
-    float *scratch;
-};
-
-static void attn_paged_task(void *p, int ith, int nth) {
-    const struct attn_paged_args *a = p;
-    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, bs = a->block_size;
-    float *sc = a->scratch + (long)ith * a->max_len;
-    long base = 0; /* first item of the current sequence */
-    for (int s = 0; s < a->n_seqs; s++) {
-        const struct lm_attn_seq *sq = &a->seqs[s];
-        long items = (long)sq->n * a->n_heads;
-        long first = ((ith - base) % nth + nth) % nth;
-        for (long li = first; li < items; li += nth) {
-            int i = (int)(li / a->n_heads), h = (int)(li % a->n_heads), g = h / group;
-            int len = sq->pos0 + i + 1;
-            long it = base + li;
-            const float *qi = a->q + it * hd;
-            float *oi = a->out + it * hd;
-            const float *kb = a->k + (long)g * hd, *vb = a->v + (long)g * hd;
-            for (int t = 0; t < len; t++) {
-                long row = (long)sq->blocks[t / bs] * bs + t % bs;
-                sc[t] = vdot(qi, kb + row * a->kv_stride, hd) * a->scale;
-            }
-            f_softmax(sc, len);
-            for (int d = 0; d < hd; d++) oi[d] = 0;
-            for (int t = 0; t < len; t++) {
-                long row = (long)sq->blocks[t / bs] * bs + t % bs;
-                vaxpy(oi, sc[t], vb + row * a->kv_stride, hd);
-            }
-        }
-        base += items;
-    }
-}
-
-static void f_attention_paged(struct lm_pool *pool, float *out, const float *q, const float *k,
-                              const float *v, const struct lm_attn_seq *seqs, int n_seqs,
-                              int n_heads, int n_kv_heads, int head_dim, int kv_stride,
-                              int block_size, float scale, float *scratch) {
-    assert(n_heads % n_kv_heads == 0 && block_size > 0);
-    long work = 0;
-    int max_len = 1;
-    for (int s = 0; s < n_seqs; s++) {
-        int len = seqs[s].pos0 + seqs[s].n;
-        if (len > max_len) max_len = len;
-        work += (long)seqs[s].n * n_heads * len * head_dim;
-    }
-    struct attn_paged_args a = {out,       q,          k,        v,        seqs,
-                                n_seqs,    n_heads,    n_kv_heads, head_dim, kv_stride,
-                                block_size, max_len,   scale,    scratch};
-    if (work < 2 * PAR_MIN_WORK)
-        attn_paged_task(&a, 0, 1);
-    else
-        lm_pool_run(pool, attn_paged_task, &a);
-}
-
-/* ---- convert ---- */
-
-static void f_convert_row(float *y, const void *w, enum lm_dtype wt, int n) {
-    int i = 0;
-    switch (wt) {
-    case LM_DTYPE_F32: memcpy(y, w, (size_t)n * 4); return;
-    case LM_DTYPE_BF16:
-        for (; i + VL <= n; i += VL) {
-            vf r = V_LOAD_BF16((const uint16_t *)w + i);
-            V_STORE(y + i, r);
-        }
-        for (; i < n; i++) y[i] = lm_bf16_to_f32(((const uint16_t *)w)[i]);
-        return;
-    case LM_DTYPE_F16:
-        for (; i + VL <= n; i += VL) {
-            vf r = V_LOAD_F16((const uint16_t *)w + i);
-            V_STORE(y + i, r);
-        }
-        for (; i < n; i++) y[i] = lm_f16_to_f32(((const uint16_t *)w)[i]);
-        return;
-    case LM_DTYPE_Q8_0: lm_q8_0_dequantize_row(w, y, n); return;
-    default: assert(0 && "convert_row takes row-major dtypes"); return;
-    }
-}
-
-static const struct lm_cpu_ops k_fast = {
-    .name = TARGET_NAME,
-    .matmul = f_matmul,
-    .rmsnorm = f_rmsnorm,
-    .rope = f_rope,
-    .swiglu = f_swiglu,
-    .softmax = f_softmax,
-    .attention = f_attention,
-    .attention_paged = f_attention_paged,
-    .convert_row = f_convert_row,
-};
-
-const struct lm_cpu_ops *lm_cpu_ops_fast(void) { return &k_fast; }

@@ -3,26 +3,21 @@
  * A group of 16 rows is stored column by column, so that one load of a column gives 16 rows'
  * elements: the matmul's register tiles hold 16 rows of one token per 2 (AVX2) vectors and
  * stream the group front to back. The order of the 16 rows inside a column is the identity,
- * except for bfloat16 under AVX2, where the 32-bit lane i holds rows i (low half) and 8 + i
- * (high half): `lane << 16` widens rows 0-7 and `lane & 0xffff0000` rows 8-15, two cheap
- * integer operations instead of two shuffles. */
+ * except for bfloat16, where the 32-bit slot i holds rows i (low half) and 8 + i (high half):
+ * `slot << 16` widens rows 0-7 and `slot & 0xffff0000` rows 8-15, two cheap integer operations
+ * instead of two shuffles (AVX2: two registers; AVX-512: one more insert; generic: four). The
+ * layout is the same for every vector target, so weights packed once serve whichever target
+ * runs (ops_fast.c chooses at run time). */
 #include <assert.h>
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
-#include "backend/cpu/simd.h"
 
 #define GROUP LM_MM_GROUP
 #define Q8_GROUP_BLOCK_BYTES (GROUP * (2 + LM_Q8_0_BLOCK)) /* 16 scales + 32 x 16 quants */
 
-int lm_cpu_bf16_slot(int j) {
-#ifdef SIMD_AVX2
-    return j < 8 ? 2 * j : 2 * (j - 8) + 1;
-#else
-    return j;
-#endif
-}
+int lm_cpu_bf16_slot(int j) { return j < 8 ? 2 * j : 2 * (j - 8) + 1; }
 
 enum lm_dtype lm_dtype_unpacked(enum lm_dtype t) {
     switch (t) {

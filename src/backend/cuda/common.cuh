@@ -32,6 +32,9 @@ struct lm_cuda_ctx {
     int gemv_rows;       /* 0 = automatic */
     bool gemv_prefetch;  /* GEMV L2-prefetch mode (gemv.cu) */
     bool gemv_regx;      /* batch-1 GEMV with x in registers (gemv.cu k_gemv1) */
+    bool gemv_one_pass;  /* batch-1 GEMV: rows per warp and register batches so that every weight
+                            row is loaded before the wait, in one pass (gemv.cu, v7) */
+    bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */

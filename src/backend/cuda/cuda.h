@@ -79,6 +79,14 @@ struct lm_cuda_ctx_params {
     bool gemv_regx;   /* batch-1 lm_cuda_gemv keeps x in registers when K <= 1024 (or <= 2048
                          without a norm): no shared memory, no block barrier (default false:
                          slower, every warp re-reads x from L2; docs/perf-notes.md v5) */
+    bool gemv_one_pass; /* batch-1 lm_cuda_gemv picks 1, 2 or 4 weight rows per warp so that the grid
+                           covers every row in one pass (every weight load issued before waiting on
+                           the preceding kernel), and sizes its register batches by k (default true;
+                           false: the v6 choice, for A/B; docs/perf-notes.md v7) */
+    bool attn_dec;    /* fused decode launches of lm_cuda_attention that fit the GPU in one wave
+                         (head_dim x group <= 1024) use the 8-warp kernel that loads earlier
+                         positions' K/V before waiting on the preceding kernel (default true; false: the v6 kernel,
+                         for A/B; docs/perf-notes.md v7) */
 };
 struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void);
 
@@ -95,6 +103,8 @@ void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on);
+void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on);
+void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 
 /* ---- linear layers ---- */
 
@@ -171,7 +181,11 @@ lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const struct lm_cuda
  * head h on KV head h / (n_heads / n_kv_heads) (GQA, Ainslie et al. 2023). With fused = false,
  * q must already be normalised and rotated and every attended position already in the cache
  * (lm_cuda_qk_norm_rope_store). With fused = true the kernel does that step itself for its own
- * token first: only valid when no two of the n tokens share a sequence (a decode step). */
+ * token first: only valid when no two of the n tokens share a sequence (a decode step).
+ * With fused = true and programmatic dependent launch on, the kernel may read seq, pos, the block
+ * tables and the cached K/V of positions < pos[t] before the preceding kernels on the stream have
+ * finished: nothing in the same chain of PDL kernels may write them (in a model step they are
+ * written by the host copy before the step's first kernel, and by earlier steps). */
 lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n, bool fused);
 
 /* ---- choosing tokens ---- */

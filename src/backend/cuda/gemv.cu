@@ -82,9 +82,17 @@ __device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, f
     }
 }
 
+/* Batch-1 instantiations whose weight batch is at most 8 16-byte loads a lane (v7's one-pass
+ * shapes): built for 3 blocks a multiprocessor, so that the next kernel's blocks fit beside two of
+ * them and start their weight stream early (programmatic dependent launch). */
+template <int T, int R, int U>
+__host__ __device__ constexpr bool gemv_lean() {
+    return T == 1 && U * R <= 8;
+}
+
 /* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
 template <int T, int R, int U, int EPI>
-__global__ void __launch_bounds__(GEMV_THREADS, 2)
+__global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const uint16_t *__restrict__ w, int K, int M,
            const float *__restrict__ nw, float eps, int pf) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
@@ -106,8 +114,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 wv[u][r] = (j < M && k < K) ? ld_stream16(w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
             }
     };
-    /* The weights never depend on the previous kernel: start streaming them before waiting. */
+    /* The weights never depend on the previous kernel: start streaming them before waiting. The
+     * norm weights too: into shared memory after the T activation rows, in the same slot layout. */
     if (rg < end) load(rg, 0);
+    if (nw) {
+        float *nws = xs + T * Kp;
+        for (int k = threadIdx.x; k < Kp; k += GEMV_THREADS) nws[gemv_slot(k)] = k < K ? __ldg(nw + k) : 0.f;
+    }
 
     /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end).
      * Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
@@ -115,7 +128,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
      * plain pointer the compiler must assume may alias shared memory: without the explicit
      * batch it would not move a load above the previous store). x is read through L2 (.cg),
      * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
-    constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    constexpr int SU = gemv_lean<T, R, U>() ? U : T == 1 ? 16 : T <= 4 ? 8 : 4;
     for (int c0 = 0; c0 < nch; c0 += SU) {
         if (c0 == 0) pdl_wait();
         float v[T][SU];
@@ -145,14 +158,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             }
             sq = warp_sum(sq);
             if (lane == 0) inv_s[t] = 1.0f / sqrtf(sq / (float)K + eps);
+            const float4 *nws = gemv_smem + (T * Kp >> 2);
 #pragma unroll 4
             for (int c = 0; c < nch; c++) {
                 const int k = c * 256 + lane * 8;
                 if (k >= K) continue;
-                const float4 na = __ldg(reinterpret_cast<const float4 *>(nw + k));
-                const float4 nb = __ldg(reinterpret_cast<const float4 *>(nw + k + 4));
-                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], na);
-                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nb);
+                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], nws[c * 64 + lane]);
+                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nws[c * 64 + 32 + lane]);
             }
         }
         __syncthreads();
@@ -307,15 +319,23 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     }
 }
 
-template <int T, int R, int EPI>
-cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                        const uint16_t *w, int k, int m, const float *nw, float eps) {
-    /* Chunks of 256 weights a lane loads before using any: enough bytes in flight per SM even
-     * when a small matrix gives each SM only one block (o_proj, down_proj at batch 1). */
-    constexpr int U = T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
+/* Chunks of 256 weights a lane loads before using any: enough bytes in flight per SM even when a
+ * small matrix gives each SM only one block (o_proj, down_proj at batch 1). */
+template <int T, int R>
+constexpr int gemv_u() {
+    return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
+}
+
+/* Dynamic shared memory of k_gemv: T activation rows and, with a norm, its weights. */
+inline size_t gemv_smem_bytes(int T, int k, bool nw) {
+    return (size_t)(T + (nw ? 1 : 0)) * ((k + 255) / 256) * 256 * sizeof(float);
+}
+
+template <int T, int R, int U, int EPI>
+cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                          const uint16_t *w, int k, int m, const float *nw, float eps) {
     auto fn = k_gemv<T, R, U, EPI>;
-    const int nch = (k + 255) / 256;
-    const size_t smem = (size_t)T * nch * 256 * sizeof(float);
+    const size_t smem = gemv_smem_bytes(T, k, nw != nullptr);
     const int n_rg = (m + R - 1) / R;
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     /* Prefetch mode for matrices that fit L2 several times over: one block per SM, so the next
@@ -325,6 +345,12 @@ cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x,
     if (pf) lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* sets the smem limit */
     const int grid = need < cap ? need : cap;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps, pf);
+}
+
+template <int T, int R, int EPI>
+cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                        const uint16_t *w, int k, int m, const float *nw, float eps) {
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
 }
 
 template <int R, int EPI, int NC>
@@ -355,10 +381,49 @@ cudaError_t gemv1_dispatch(const lm_cuda_ctx *c, int R, float *y, const float *x
     return cudaErrorNotSupported;
 }
 
+/* One pass at batch 1 (v7): the fewest weight rows per warp (1, 2 or 4; SwiGLU 2 or 4), with a
+ * register batch sized to hold a warp's whole rows (U >= the row's chunks), for which the resident
+ * blocks cover every row: every weight load is then issued before the wait on the preceding
+ * kernel. cudaErrorNotSupported when no shape does (lm_head). */
+template <int R, int U, int EPI>
+cudaError_t gemv_try_one_pass(const lm_cuda_ctx *c, float *y, const float *x, const uint16_t *w, int k,
+                              int m, const float *nw, float eps) {
+    if ((k + 255) / 256 > U) return cudaErrorNotSupported;
+    const int blocks = ((m + R - 1) / R + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int occ = lm_cuda_occupancy((const void *)k_gemv<1, R, U, EPI>, GEMV_THREADS,
+                                      gemv_smem_bytes(1, k, nw != nullptr));
+    if (blocks > occ * c->sm_count) return cudaErrorNotSupported;
+    return launch_gemv_u<1, R, U, EPI>(c, y, 0, x, 0, w, k, m, nw, eps);
+}
+
+template <int EPI>
+cudaError_t gemv_one_pass(const lm_cuda_ctx *c, float *y, const float *x, const uint16_t *w, int k, int m,
+                          const float *nw, float eps) {
+    const int nch = (k + 255) / 256;
+    cudaError_t e = cudaErrorNotSupported;
+    if constexpr (EPI != LM_CUDA_EPI_SWIGLU) {
+        if (nch <= 4)
+            e = gemv_try_one_pass<1, 4, EPI>(c, y, x, w, k, m, nw, eps);
+        else if (nch <= 8)
+            e = gemv_try_one_pass<1, 8, EPI>(c, y, x, w, k, m, nw, eps);
+        else
+            e = gemv_try_one_pass<1, 12, EPI>(c, y, x, w, k, m, nw, eps);
+        if (e != cudaErrorNotSupported) return e;
+    }
+    if (nch <= 4)
+        e = gemv_try_one_pass<2, 4, EPI>(c, y, x, w, k, m, nw, eps);
+    else
+        e = gemv_try_one_pass<2, 8, EPI>(c, y, x, w, k, m, nw, eps);
+    if (e != cudaErrorNotSupported) return e;
+    return gemv_try_one_pass<4, 4, EPI>(c, y, x, w, k, m, nw, eps);
+}
+
 template <int T, int EPI>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
                                int ldx, const uint16_t *w, int k, int m, const float *nw, float eps) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
+        if constexpr (T == 1)
+            if (R == 4) return launch_gemv<T, 4, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
         return launch_gemv<T, 2, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
     } else {
         if constexpr (T == 1)
@@ -401,7 +466,7 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
     if (!R) R = m >= 2 * GEMV_WARPS * c->sm_count ? 2 : 1;
     /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
     const int kp = (k + 255) / 256 * 256;
-    int per = 200 * 1024 / (kp * 4);
+    int per = 200 * 1024 / (kp * 4) - (norm_w ? 1 : 0);
     if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
     if (per > 8) per = 8;
     for (int t0 = 0; t0 < n; t0 += per) {
@@ -414,6 +479,17 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
             case LM_CUDA_EPI_STORE: e = gemv1_dispatch<LM_CUDA_EPI_STORE>(c, R, yt, xt, w, k, m, norm_w, eps); break;
             case LM_CUDA_EPI_ADD: e = gemv1_dispatch<LM_CUDA_EPI_ADD>(c, R, yt, xt, w, k, m, norm_w, eps); break;
             default: e = gemv1_dispatch<LM_CUDA_EPI_SWIGLU>(c, R, yt, xt, w, k, m, norm_w, eps); break;
+            }
+            if (e != cudaErrorNotSupported) {
+                if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
+                continue;
+            }
+        }
+        if (n == 1 && !c->gemv_rows && c->gemv_one_pass) {
+            switch (epi) {
+            case LM_CUDA_EPI_STORE: e = gemv_one_pass<LM_CUDA_EPI_STORE>(c, yt, xt, w, k, m, norm_w, eps); break;
+            case LM_CUDA_EPI_ADD: e = gemv_one_pass<LM_CUDA_EPI_ADD>(c, yt, xt, w, k, m, norm_w, eps); break;
+            default: e = gemv_one_pass<LM_CUDA_EPI_SWIGLU>(c, yt, xt, w, k, m, norm_w, eps); break;
             }
             if (e != cudaErrorNotSupported) {
                 if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");

@@ -98,6 +98,8 @@ extern "C" struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void) {
     p.gemv_rows = 0;
     p.gemv_prefetch = false; /* v4: slower in the whole step (docs/perf-notes.md) */
     p.gemv_regx = false; /* v5: slower (every warp re-reads x from L2) */
+    p.gemv_one_pass = true; /* v7 */
+    p.attn_dec = true;      /* v7 */
     return p;
 }
 
@@ -133,6 +135,8 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemv_rows = p.gemv_rows;
     c->gemv_prefetch = p.gemv_prefetch;
     c->gemv_regx = p.gemv_regx;
+    c->gemv_one_pass = p.gemv_one_pass;
+    c->attn_dec = p.attn_dec;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -167,6 +171,8 @@ extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->s
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on) { c->gemv_prefetch = on; }
 extern "C" void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on) { c->gemv_regx = on; }
+extern "C" void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on) { c->gemv_one_pass = on; }
+extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }

@@ -695,3 +695,24 @@ extern "C" lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, in
     cudaEventDestroy(e1);
     return rc;
 }
+
+/* ---- KV block copy (prefix reuse; appended for the serving engine, family/qwen3/cuda.c) ---- */
+
+extern "C" lm_status lm_cuda_qwen3_kv_copy(struct lm_cuda_qwen3 *m, int src, int dst, int n_rows) {
+    const int BS = m->p.block_size, nkv = m->cfg.n_kv_heads, D = m->D;
+    if (src < 0 || src >= m->p.n_blocks || dst < 0 || dst >= m->p.n_blocks)
+        return lm_errorf(LM_ERR_INVALID, "CUDA KV copy: block %d -> %d outside [0, %d)", src, dst,
+                         m->p.n_blocks);
+    if (n_rows < 0 || n_rows > BS)
+        return lm_errorf(LM_ERR_INVALID, "CUDA KV copy: %d rows (0 to %d)", n_rows, BS);
+    if (n_rows == 0 || src == dst) return LM_OK;
+    /* A block is [n_kv_heads][block_size][head_dim] bf16: n_kv_heads runs of n_rows * D. */
+    const size_t blk = (size_t)nkv * BS * D, pitch = (size_t)BS * D * 2, width = (size_t)n_rows * D * 2;
+    for (int l = 0; l < m->NL; l++)
+        for (int pool = 0; pool < 2; pool++) {
+            uint16_t *base = (pool ? m->v_pool : m->k_pool) + (size_t)l * m->layer_elems;
+            LM_CU(cudaMemcpy2DAsync(base + (size_t)dst * blk, pitch, base + (size_t)src * blk, pitch,
+                                    width, (size_t)nkv, cudaMemcpyDeviceToDevice, m->ctx->stream));
+        }
+    return lm_cuda_ctx_sync(m->ctx);
+}

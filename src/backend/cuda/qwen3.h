@@ -17,7 +17,7 @@
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
  *   graph (input copy, every kernel, output copy), so a step is one launch.
  *
- * Plugging into the serving engine (`lumen serve --device cuda`, not wired yet): the engine keeps
+ * Plugging into the serving engine (`lumen serve --device cuda`, family/qwen3/gpu.c): the engine keeps
  * its paged KV allocator on the host and hands this model block ids in [0, n_blocks) with the
  * same block_size (lm_cuda_qwen3_info); each engine step becomes one lm_cuda_qwen3_forward with
  * every running sequence's token (decode) and the prefill chunks of new ones, out_tokens naming
@@ -176,6 +176,13 @@ struct lm_cuda_batch {
 };
 
 lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b);
+
+/* Copies the K/V of the first n_rows (0..block_size) positions of block src into block dst, every
+ * layer, K and V (device to device on the model's stream; returns once done): a sequence reusing
+ * part of a cached block gets its own copy to extend (family/model.h, lm_kv_cache_copy).
+ * LM_ERR_INVALID for a block outside [0, n_blocks) or n_rows outside [0, block_size]; LM_ERR_IO
+ * for a CUDA failure. */
+lm_status lm_cuda_qwen3_kv_copy(struct lm_cuda_qwen3 *m, int src, int dst, int n_rows);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@ const struct lm_family lm_family_qwen3 = {
     .kv_destroy = lm_qwen3_kv_destroy,
     .kv_copy = lm_qwen3_kv_copy,
     .forward = lm_qwen3_forward,
+    .forward_sample = lm_qwen3_forward_sample,
     .render_chat = lm_qwen3_render_chat,
     .reasoning = &lm_qwen3_reasoning,
 };

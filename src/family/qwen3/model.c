@@ -4,10 +4,13 @@
  * Reference: transformers models/qwen3/modeling_qwen3.py. */
 #include "family/qwen3/model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "family/qwen3/gpu.h"
 
 struct qwen3_layer {
     float *input_layernorm;          /* [hidden] */
@@ -34,10 +37,16 @@ struct lm_qwen3 {
     struct lm_pool *pool;        /* borrowed from the model */
     const struct lm_cpu_ops *ops;
     struct lm_weight_store *ws;  /* borrowed; owns the tensors above */
+    /* On CUDA (load args `cuda`): the host weights described for the backend (pointers into the
+     * store, row-major) and the device side; the forward runs there. NULL on the CPU. */
+    struct lm_cuda_qwen3_weights cw;
+    struct lm_cuda_qwen3_layer_weights *cw_layers; /* [n_layers] */
+    struct lm_qwen3_gpu *gpu;
 };
 
 struct lm_qwen3_kv {
     struct lm_qwen3 *m;
+    struct lm_qwen3_gpu *gpu; /* on CUDA: the device holds the pool; nothing below is allocated */
     int n_blocks;       /* blocks of LM_KV_BLOCK positions in the pool */
     int max_batch;      /* tokens per forward step (scratch rows) */
     int max_ctx;        /* positions a sequence may reach */
@@ -89,6 +98,67 @@ static lm_status check_config(const struct lm_hf_config *hf, const struct lm_mod
                          "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                          hf->name, c->num_attention_heads, c->num_key_value_heads);
     return LM_OK;
+}
+
+/* A matrix as the CUDA backend takes it: row-major. The store maps matrices in place for CUDA;
+ * one it had to copy (unaligned in the file) is in the CPU's packed layout and is unpacked here
+ * into a bf16 copy the store owns (exact: every source dtype's values are what the backend would
+ * round to bf16 itself). */
+static lm_status cuda_matrix(struct lm_weight_store *ws, const struct lm_mat *x,
+                             struct lm_cuda_matrix *out) {
+    *out = (struct lm_cuda_matrix){x->data, x->dtype, x->rows, x->cols};
+    if (!lm_dtype_is_packed(x->dtype)) return LM_OK;
+    uint16_t *p = lm_weight_store_alloc(ws, (size_t)x->rows * (size_t)x->cols * 2);
+    float *row = malloc(sizeof(float) * (size_t)x->cols);
+    if (!p || !row) {
+        free(row);
+        return lm_errorf(LM_ERR_NOMEM, "qwen3: out of memory for a [%d, %d] matrix", x->rows, x->cols);
+    }
+    for (long r = 0; r < x->rows; r++) {
+        lm_cpu_matrix_row(row, x->data, x->dtype, x->cols, r);
+        for (int c = 0; c < x->cols; c++) p[r * x->cols + c] = lm_f32_to_bf16(row[c]);
+    }
+    free(row);
+    *out = (struct lm_cuda_matrix){p, LM_DTYPE_BF16, x->rows, x->cols};
+    return LM_OK;
+}
+
+/* Describes the loaded weights for the CUDA backend and opens the device side (gpu.h). */
+static lm_status gpu_open(struct lm_qwen3 *m, int device) {
+    struct lm_cuda_qwen3_weights *w = &m->cw;
+    const struct lm_model_config *c = &m->cfg;
+    w->cfg = (struct lm_cuda_qwen3_config){c->hidden_size, c->intermediate_size,
+                                           c->num_hidden_layers, c->num_attention_heads,
+                                           c->num_key_value_heads, c->head_dim, c->vocab_size,
+                                           c->rms_norm_eps, c->rope_theta};
+    m->cw_layers = calloc((size_t)m->n_layers, sizeof *m->cw_layers);
+    if (!m->cw_layers) return lm_errorf(LM_ERR_NOMEM, "qwen3: out of memory");
+    lm_status rc;
+    struct lm_weight_store *ws = m->ws;
+    if ((rc = cuda_matrix(ws, &m->embed_tokens, &w->embed_tokens))) return rc;
+    if (m->lm_head.data == m->embed_tokens.data)
+        w->lm_head = w->embed_tokens;
+    else if ((rc = cuda_matrix(ws, &m->lm_head, &w->lm_head)))
+        return rc;
+    w->norm = m->norm;
+    for (int l = 0; l < m->n_layers; l++) {
+        const struct qwen3_layer *L = &m->layers[l];
+        struct lm_cuda_qwen3_layer_weights *d = &m->cw_layers[l];
+        d->input_layernorm = L->input_layernorm;
+        d->post_attention_layernorm = L->post_attention_layernorm;
+        d->q_norm = L->q_norm;
+        d->k_norm = L->k_norm;
+        if ((rc = cuda_matrix(ws, &L->q_proj, &d->q_proj)) ||
+            (rc = cuda_matrix(ws, &L->k_proj, &d->k_proj)) ||
+            (rc = cuda_matrix(ws, &L->v_proj, &d->v_proj)) ||
+            (rc = cuda_matrix(ws, &L->o_proj, &d->o_proj)) ||
+            (rc = cuda_matrix(ws, &L->gate_proj, &d->gate_proj)) ||
+            (rc = cuda_matrix(ws, &L->up_proj, &d->up_proj)) ||
+            (rc = cuda_matrix(ws, &L->down_proj, &d->down_proj)))
+            return rc;
+    }
+    w->layers = m->cw_layers;
+    return lm_qwen3_gpu_open(w, device, &m->gpu);
 }
 
 lm_status lm_qwen3_load(const struct lm_family_load_args *a, void **state) {
@@ -164,9 +234,12 @@ lm_status lm_qwen3_load(const struct lm_family_load_args *a, void **state) {
         float p = (float)pow((double)(float)c->rope_theta, (double)e);
         m->inv_freq[i] = 1.0f / p;
     }
+    if (a->cuda && (rc = gpu_open(m, a->cuda_device))) goto fail;
     *state = m;
     return LM_OK;
 fail:
+    lm_qwen3_gpu_close(m->gpu);
+    free(m->cw_layers);
     free(m->layers);
     free(m);
     return rc;
@@ -175,6 +248,8 @@ fail:
 void lm_qwen3_unload(void *state) {
     struct lm_qwen3 *m = state;
     if (!m) return;
+    lm_qwen3_gpu_close(m->gpu);
+    free(m->cw_layers);
     free(m->layers);
     free(m);
 }
@@ -184,6 +259,7 @@ void lm_qwen3_unload(void *state) {
 void lm_qwen3_kv_destroy(void *kvp) {
     struct lm_qwen3_kv *kv = kvp;
     if (!kv) return;
+    if (kv->gpu) lm_qwen3_gpu_kv_close(kv->gpu);
     lm_huge_free(kv->k_cache, kv->cache_bytes);
     lm_huge_free(kv->v_cache, kv->cache_bytes);
     free(kv->x);
@@ -214,6 +290,16 @@ lm_status lm_qwen3_kv_create(void *state, int n_blocks, int max_batch, int max_c
     kv->n_blocks = n_blocks;
     kv->max_batch = max_batch;
     kv->max_ctx = max_ctx;
+    if (m->gpu) { /* the pool and the scratch live on the device */
+        lm_status rc = lm_qwen3_gpu_kv_open(m->gpu, n_blocks, max_batch, max_ctx);
+        if (rc) {
+            free(kv);
+            return rc;
+        }
+        kv->gpu = m->gpu;
+        *out = kv;
+        return LM_OK;
+    }
     size_t rows = (size_t)n_blocks * LM_KV_BLOCK;
     kv->cache_bytes = (size_t)m->n_layers * rows * (size_t)m->kv_dim * sizeof(float);
     kv->k_cache = lm_huge_alloc(kv->cache_bytes);
@@ -245,6 +331,13 @@ lm_status lm_qwen3_kv_create(void *state, int n_blocks, int max_batch, int max_c
 void lm_qwen3_kv_copy(void *kvp, int src, int dst, int n_rows) {
     struct lm_qwen3_kv *kv = kvp;
     const struct lm_qwen3 *m = kv->m;
+    if (kv->gpu) {
+        /* A CUDA failure here leaves the device in error: the next forward reports it. */
+        lm_status rc = lm_qwen3_gpu_kv_copy(kv->gpu, src, dst, n_rows);
+        assert(rc != LM_ERR_INVALID);
+        (void)rc;
+        return;
+    }
     size_t layer = (size_t)kv->n_blocks * LM_KV_BLOCK * m->kv_dim;
     size_t bytes = (size_t)n_rows * m->kv_dim * sizeof(float);
     for (int l = 0; l < m->n_layers; l++) {
@@ -266,6 +359,7 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
                            float *logits) {
     struct lm_qwen3 *m = state;
     struct lm_qwen3_kv *kv = kvp;
+    if (kv->gpu) return lm_qwen3_gpu_forward(kv->gpu, seqs, n_seqs, logits, NULL, NULL);
     const struct lm_cpu_ops *ops = m->ops;
     struct lm_pool *pool = m->pool;
     const int H = m->hidden, Q = m->q_dim, KV = m->kv_dim, D = m->head_dim, I = m->inter;
@@ -337,4 +431,13 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
     ops->rmsnorm(pool, xb, xb, m->norm, rows, H, eps);
     ops->matmul(pool, logits, xb, m->lm_head.data, m->lm_head.dtype, rows, H, m->vocab);
     return LM_OK;
+}
+
+lm_status lm_qwen3_forward_sample(void *state, void *kvp, const struct lm_batch_seq *seqs, int n_seqs,
+                                  const struct lm_device_sampling *sampling, int32_t *ids) {
+    struct lm_qwen3_kv *kv = kvp;
+    if (!kv->gpu)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "qwen3: choosing tokens in the forward step needs a "
+                                             "CUDA device (the model runs on the CPU)");
+    return lm_qwen3_gpu_forward(kv->gpu, seqs, n_seqs, NULL, sampling, ids);
 }

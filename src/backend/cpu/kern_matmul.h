@@ -1,0 +1,468 @@
+/* kern_matmul.h: the fast matmul of every weight dtype and layout, as a template included once
+ * per vector target (kern_avx512.c, kern_avx2.c, kern_generic.c define LM_SIMD_LEVEL and KN(),
+ * which names this target's copy of each function). No include guard: one inclusion per file.
+ *
+ * Every y[t, r] is the chain acc = fma(w[r, l], x[t, l], acc), l = 0..k-1 in order, in one lane
+ * of a vector register: the kernels vectorize across 16 rows of a packed group (ops.h,
+ * lm_cpu_pack), never across l, so the order cannot depend on the tile, the batch, the thread
+ * or the vector target (batch invariance), and equals the scalar reference's fmaf chain.
+ *
+ * Paths:
+ *   streaming tiles (n < LM_MM_PANEL_MIN tokens on packed weights: decode, small batches): 4
+ *     groups x 1 token (Q8_0: 3), 2 groups x 2 tokens, or one group x up to 6 tokens at a time
+ *     (a batch: every token over a group before the next, the group from L1/L2 after the first
+ *     pass); each column of 16 weights is loaded once, widened in registers (bf16: a shift and
+ *     a mask) and used by every token of the tile, so each weight comes from memory once a call;
+ *   panels (n >= LM_MM_PANEL_MIN, or row-major weights mapped from a file): a thread widens one
+ *     group into a float32 panel [k][16] (L2-resident; row-major weights are transposed 8 x 8 on
+ *     the way under AVX2), then an outer-product tile of 6 tokens x 16 rows (12 accumulators,
+ *     the BLIS shape) runs over every token: per column 2 loads, 6 broadcasts, 12 FMAs. */
+#include <assert.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant.h"
+#include "backend/cpu/simd.h"
+
+#define G LM_MM_GROUP                           /* rows per group */
+#define NV (G / VL)                             /* vectors per column of a group */
+#define QGB (G * (2 + LM_Q8_0_BLOCK))           /* bytes of a packed Q8_0 group block */
+#if NV > 2
+#define MK_T 3 /* 4-lane vectors: 16 registers hold 3 tokens x 4 vectors */
+#else
+#define MK_T 6
+#endif
+
+#ifndef RM_PREFETCH
+#define RM_PREFETCH 512 /* bytes ahead in each row of a row-major decode */
+#endif
+#ifndef MM_XBLOCK
+#define MM_XBLOCK (1 << 30) /* bytes of activations per token block of the panel path */
+#endif
+
+/* Work below this many multiply-adds runs on the calling thread: waking the pool costs more. */
+enum { MM_PAR_MIN_WORK = 1 << 15 };
+
+/* ---- column loads of packed groups: 16 rows of column l as NV vectors in row order ---- */
+
+ALWAYS_INLINE void col_f32(vf *o, const float *g, long l) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) o[v] = V_LOAD(g + l * G + v * VL);
+}
+ALWAYS_INLINE void col_f16(vf *o, const uint16_t *g, long l) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) o[v] = V_LOAD_F16(g + l * G + v * VL);
+}
+ALWAYS_INLINE void col_bf16(vf *o, const uint16_t *g, long l) {
+    /* 32-bit slot i holds rows i (low half) and 8 + i (high half) on every target (pack.c):
+     * `slot << 16` widens rows 0-7, `slot & 0xffff0000` rows 8-15. */
+#if defined(SIMD_AVX2)
+    __m256i v = _mm256_loadu_si256((const __m256i *)(g + l * G));
+    o[0] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    o[1] = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+#elif defined(SIMD_AVX512)
+    __m256i v = _mm256_loadu_si256((const __m256i *)(g + l * G));
+    __m256i lo = _mm256_slli_epi32(v, 16), hi = _mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u));
+    o[0] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+#else
+    vu a, b;
+    memcpy(&a, g + l * G, sizeof a);     /* slots 0-3: rows 0-3 and 8-11 */
+    memcpy(&b, g + l * G + 8, sizeof b); /* slots 4-7: rows 4-7 and 12-15 */
+    const vu mask = {0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
+    o[0] = (vf)(a << 16), o[1] = (vf)(b << 16), o[2] = (vf)(a & mask), o[3] = (vf)(b & mask);
+#endif
+}
+
+/* ---- streaming tiles on packed weights ----
+ *
+ * tile_<dtype>(NG, T, ...): rows of NG consecutive groups (group stride gs elements or bytes)
+ * for T tokens; y[t * ldy + i * 16 + j] for the group's valid rows (`valid` rows in the last
+ * group). */
+
+ALWAYS_INLINE void store_group(float *y, const vf *acc, int valid) {
+    if (valid >= G) {
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) V_STORE(y + v * VL, acc[v]);
+        return;
+    }
+    float tmp[G];
+    for (int v = 0; v < NV; v++) V_STORE(tmp + v * VL, acc[v]);
+    memcpy(y, tmp, sizeof(float) * (size_t)valid);
+}
+
+#define DEFINE_TILE(SUF, WT, COL)                                                                \
+    ALWAYS_INLINE void tile_##SUF(const int NG, const int T, float *y, long ldy, const float *x, \
+                                  long ldx, int k, const WT *w, long gs, int valid) {            \
+        vf acc[4][6][NV];                                                                        \
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();    \
+        for (long l = 0; l < k; l++) {                                                           \
+            if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */           \
+                vf c[NV];                                                                        \
+                COL(c, w, l);                                                                    \
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {                            \
+                    vf xb = V_SET1(x[t * ldx + l]);                                              \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][t][v] =          \
+                        V_FMA(c[v], xb, acc[0][t][v]);                                           \
+                }                                                                                \
+                continue;                                                                        \
+            }                                                                                    \
+            vf xb[3];                                                                            \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xb[t] =                 \
+                V_SET1(x[t * ldx + l]);                                                          \
+            _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {                               \
+                vf c[NV];                                                                        \
+                COL(c, w + i * gs, l);                                                           \
+                _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++)                     \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] =          \
+                        V_FMA(c[v], xb[t], acc[i][t][v]);                                        \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
+                store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);           \
+    }
+
+DEFINE_TILE(f32, float, col_f32)
+DEFINE_TILE(f16, uint16_t, col_f16)
+DEFINE_TILE(bf16, uint16_t, col_bf16)
+
+/* Q8_0: per block of 32 columns the groups' 16 scales are widened once; column l's weights are
+ * then q * d (exact) before the same fma. */
+ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, const float *x,
+                             long ldx, int k, const unsigned char *w, long gs, int valid) {
+    vf acc[4][6][NV];
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();
+    for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
+        vf d[4][NV];
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+                d[i][v] = V_LOAD_F16((const uint16_t *)(w + i * gs + (long)b * QGB) + v * VL);
+        for (int q = 0; q < LM_Q8_0_BLOCK; q++) {
+            const long l = (long)b * LM_Q8_0_BLOCK + q;
+            if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */
+                const int8_t *qs = (const int8_t *)(w + (long)b * QGB + 2 * G + q * G);
+                vf c[NV];
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) c[v] = V_MUL(V_LOAD_I8(qs + v * VL), d[0][v]);
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+                    vf xb = V_SET1(x[t * ldx + l]);
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][t][v] = V_FMA(c[v], xb, acc[0][t][v]);
+                }
+                continue;
+            }
+            vf xb[3];
+            _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xb[t] = V_SET1(x[t * ldx + l]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
+                const int8_t *qs = (const int8_t *)(w + i * gs + (long)b * QGB + 2 * G + q * G);
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
+                    vf c = V_MUL(V_LOAD_I8(qs + v * VL), d[i][v]);
+                    _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) acc[i][t][v] =
+                        V_FMA(c, xb[t], acc[i][t][v]);
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);
+}
+
+#define TILE_CASE(SUF, NG, T)                                                                    \
+    case NG * 8 + T: tile_##SUF(NG, T, y, ldy, x, ldx, k, w, gs, valid); break;
+#if MK_T > 3
+#define TILE_CASES_WIDE(SUF) TILE_CASE(SUF, 1, 4) TILE_CASE(SUF, 1, 5) TILE_CASE(SUF, 1, 6)
+#else
+#define TILE_CASES_WIDE(SUF)
+#endif
+#define DEFINE_TILE_SWITCH(SUF, WT)                                                              \
+    static void tiles_##SUF(int NG, int T, float *y, long ldy, const float *x, long ldx, int k,  \
+                            const WT *w, long gs, int valid) {                                   \
+        switch (NG * 8 + T) {                                                                    \
+            TILE_CASE(SUF, 1, 1) TILE_CASE(SUF, 2, 1) TILE_CASE(SUF, 3, 1) TILE_CASE(SUF, 4, 1)  \
+            TILE_CASE(SUF, 1, 2) TILE_CASE(SUF, 2, 2) TILE_CASE(SUF, 1, 3) TILE_CASE(SUF, 2, 3)  \
+            TILE_CASES_WIDE(SUF)                                                                 \
+        default: assert(0 && "tile shape");                                                      \
+        }                                                                                        \
+    }
+DEFINE_TILE_SWITCH(f32, float)
+DEFINE_TILE_SWITCH(f16, uint16_t)
+DEFINE_TILE_SWITCH(bf16, uint16_t)
+DEFINE_TILE_SWITCH(q8_0, unsigned char)
+
+/* Groups [g, g + NG) of packed weights for tokens [t, t + T). */
+static void tiles_packed(enum lm_dtype wt, int NG, int T, float *y, int m, const float *x, int k,
+                         const void *w, long g, int t) {
+    const enum lm_dtype base = lm_dtype_unpacked(wt);
+    const size_t gb = G * lm_dtype_row_bytes(base, k); /* bytes per group */
+    const int valid = m - (int)(g + NG - 1) * G < G ? m - (int)(g + NG - 1) * G : G;
+    float *yt = y + (long)t * m + g * G;
+    const float *xt = x + (long)t * k;
+    const unsigned char *wg = (const unsigned char *)w + (size_t)g * gb;
+    switch (base) {
+    case LM_DTYPE_F32: tiles_f32(NG, T, yt, m, xt, k, k, (const float *)wg, (long)(gb / 4), valid); break;
+    case LM_DTYPE_F16: tiles_f16(NG, T, yt, m, xt, k, k, (const uint16_t *)wg, (long)(gb / 2), valid); break;
+    case LM_DTYPE_BF16: tiles_bf16(NG, T, yt, m, xt, k, k, (const uint16_t *)wg, (long)(gb / 2), valid); break;
+    case LM_DTYPE_Q8_0: tiles_q8_0(NG, T, yt, m, xt, k, k, wg, (long)gb, valid); break;
+    default: assert(0);
+    }
+}
+
+/* ---- panels ---- */
+
+#ifdef SIMD_AVX2
+/* Columns c[0..8) of the 8 x 8 block whose rows are r[0..8). */
+ALWAYS_INLINE void transpose8(__m256 *c, const __m256 *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    c[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    c[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    c[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    c[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#endif
+
+/* VL elements of row-major row `row` from column l (exact widening; Q8_0: l % VL == 0). */
+ALWAYS_INLINE vf row_chunk(const void *w, enum lm_dtype t, int k, long row, long l) {
+    switch (t) {
+    case LM_DTYPE_F32: return V_LOAD((const float *)w + row * k + l);
+    case LM_DTYPE_F16: return V_LOAD_F16((const uint16_t *)w + row * k + l);
+    case LM_DTYPE_BF16: return V_LOAD_BF16((const uint16_t *)w + row * k + l);
+    default: {
+        const struct lm_block_q8_0 *b =
+            (const struct lm_block_q8_0 *)w + row * (k / LM_Q8_0_BLOCK) + l / LM_Q8_0_BLOCK;
+        return V_MUL(V_LOAD_I8(b->qs + l % LM_Q8_0_BLOCK), V_SET1(S_F16(b->d)));
+    }
+    }
+}
+
+/* pan[k][16] = float32 of the rows of group g (rows past m are zero). */
+static void widen_group(float *pan, const void *w, enum lm_dtype wt, long g, int m, int k) {
+    const enum lm_dtype base = lm_dtype_unpacked(wt);
+    if (lm_dtype_is_packed(wt)) {
+        const unsigned char *gp = (const unsigned char *)w + (size_t)g * G * lm_dtype_row_bytes(base, k);
+        vf c[NV];
+        switch (base) {
+        case LM_DTYPE_F16:
+            for (long l = 0; l < k; l++) {
+                col_f16(c, (const uint16_t *)gp, l);
+                for (int v = 0; v < NV; v++) V_STORE(pan + l * G + v * VL, c[v]);
+            }
+            break;
+        case LM_DTYPE_BF16:
+            for (long l = 0; l < k; l++) {
+                col_bf16(c, (const uint16_t *)gp, l);
+                for (int v = 0; v < NV; v++) V_STORE(pan + l * G + v * VL, c[v]);
+            }
+            break;
+        case LM_DTYPE_Q8_0:
+            for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
+                const unsigned char *bp = gp + (size_t)b * QGB;
+                vf d[NV];
+                for (int v = 0; v < NV; v++) d[v] = V_LOAD_F16((const uint16_t *)bp + v * VL);
+                for (int q = 0; q < LM_Q8_0_BLOCK; q++)
+                    for (int v = 0; v < NV; v++) {
+                        vf e = V_MUL(V_LOAD_I8((const int8_t *)bp + 2 * G + q * G + v * VL), d[v]);
+                        V_STORE(pan + ((long)b * LM_Q8_0_BLOCK + q) * G + v * VL, e);
+                    }
+            }
+            break;
+        default: assert(0);
+        }
+        return;
+    }
+    /* Row-major: transpose while widening. */
+    const long r0 = g * G;
+    long l = 0;
+#ifdef SIMD_AVX2
+    if (r0 + G <= m) {
+        for (; l + 8 <= k; l += 8)
+            for (int h = 0; h < 2; h++) {
+                __m256 r[8], c[8];
+                for (int j = 0; j < 8; j++) r[j] = row_chunk(w, base, k, r0 + h * 8 + j, l);
+                transpose8(c, r);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(pan + (l + i) * G + h * 8, c[i]);
+            }
+    }
+#endif
+    for (int j = 0; j < G; j++)
+        for (long c = l; c < k; c++) pan[c * G + j] = r0 + j < m ? lm_cpu_weight(w, base, k, r0 + j, c) : 0.0f;
+}
+
+#ifdef SIMD_AVX2
+/* Row-major weights, one token: groups [g, g + NG) (NG <= 2) transposed 8 x 8 in registers as
+ * they stream, then the same per-row chain as every other path (decode from a mapped file).
+ * 32 columns a visit: a whole 64-byte line of every bf16/f16 row (a Q8_0 block). */
+ALWAYS_INLINE void rm_tile_t1_dt(const enum lm_dtype t, int NG, float *y, const float *x, int k,
+                                 const void *w, long g, int m) {
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    const size_t rb = lm_dtype_row_bytes(t, k), eb = lm_dtype_row_bytes(t, 32); /* bytes per 32 */
+    long l = 0;
+    for (; l + 32 <= k; l += 32) {
+        for (int j = 0; j < NG * G; j++)
+            __builtin_prefetch((const char *)w + (size_t)(g * G + j) * rb + (size_t)l / 32 * eb + RM_PREFETCH, 0, 3);
+        for (int gi = 0; gi < NG; gi++)
+            for (int h = 0; h < 2; h++)
+                _Pragma("GCC unroll 4") for (int sub = 0; sub < 4; sub++) {
+                    __m256 r[8], c[8];
+                    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                        r[j] = row_chunk(w, t, k, (g + gi) * G + h * 8 + j, l + 8 * sub);
+                    transpose8(c, r);
+                    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+                        acc[gi][h] = _mm256_fmadd_ps(c[i], _mm256_set1_ps(x[l + 8 * sub + i]), acc[gi][h]);
+                }
+    }
+    for (; l < k; l++)
+        for (int gi = 0; gi < NG; gi++)
+            for (int h = 0; h < 2; h++) {
+                float col[8];
+                for (int j = 0; j < 8; j++) col[j] = lm_cpu_weight(w, t, k, (g + gi) * G + h * 8 + j, l);
+                acc[gi][h] = _mm256_fmadd_ps(_mm256_loadu_ps(col), _mm256_set1_ps(x[l]), acc[gi][h]);
+            }
+    for (int gi = 0; gi < NG; gi++) {
+        int valid = m - (int)(g + gi) * G < G ? m - (int)(g + gi) * G : G;
+        store_group(y + (g + gi) * G, acc[gi], valid);
+    }
+}
+
+static void rm_tile_t1(int NG, float *y, const float *x, int k, const void *w, enum lm_dtype t,
+                       long g, int m) {
+    switch (t) {
+    case LM_DTYPE_F32: rm_tile_t1_dt(LM_DTYPE_F32, NG, y, x, k, w, g, m); break;
+    case LM_DTYPE_F16: rm_tile_t1_dt(LM_DTYPE_F16, NG, y, x, k, w, g, m); break;
+    case LM_DTYPE_BF16: rm_tile_t1_dt(LM_DTYPE_BF16, NG, y, x, k, w, g, m); break;
+    case LM_DTYPE_Q8_0: rm_tile_t1_dt(LM_DTYPE_Q8_0, NG, y, x, k, w, g, m); break;
+    default: assert(0);
+    }
+}
+#endif
+
+/* The outer-product tile: y[t][16 rows] for T <= MK_T tokens over the panel. */
+ALWAYS_INLINE void mk_tile(const int T, float *y, long ldy, const float *x, long ldx, int k,
+                           const float *pan, int valid) {
+    vf acc[MK_T][NV];
+    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[t][v] = V_ZERO();
+    for (long l = 0; l < k; l++) {
+        vf c[NV];
+        col_f32(c, pan, l);
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+            vf xb = V_SET1(x[t * ldx + l]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[t][v] = V_FMA(c[v], xb, acc[t][v]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) store_group(y + t * ldy, acc[t], valid);
+}
+
+static void mk_tiles(int T, float *y, long ldy, const float *x, long ldx, int k, const float *pan,
+                     int valid) {
+    switch (T) {
+    case 1: mk_tile(1, y, ldy, x, ldx, k, pan, valid); break;
+    case 2: mk_tile(2, y, ldy, x, ldx, k, pan, valid); break;
+    case 3: mk_tile(3, y, ldy, x, ldx, k, pan, valid); break;
+#if MK_T > 3
+    case 4: mk_tile(4, y, ldy, x, ldx, k, pan, valid); break;
+    case 5: mk_tile(5, y, ldy, x, ldx, k, pan, valid); break;
+    case 6: mk_tile(6, y, ldy, x, ldx, k, pan, valid); break;
+#endif
+    default: assert(0);
+    }
+}
+
+/* ---- driver ---- */
+
+struct mm_args {
+    float *y;
+    const float *x;
+    const void *w;
+    enum lm_dtype wt;
+    int n, k, m;
+    bool panels;    /* the panel path */
+    float *scratch; /* panels: one [k][16] panel per thread */
+};
+
+static void mm_task(void *p, int ith, int nth) {
+    const struct mm_args *a = p;
+    const int n = a->n, k = a->k, m = a->m;
+    const long groups = (m + G - 1) / G;
+    long g0, g1;
+    lm_pool_split(groups, ith, nth, 1, &g0, &g1);
+#ifdef SIMD_AVX2
+    if (n == 1 && !lm_dtype_is_packed(a->wt)) {
+        /* Whole groups only: rows past m would be read from outside the matrix. */
+        long full = m / G < g1 ? m / G : g1, g = g0;
+        for (; g < full; g += full - g < 2 ? 1 : 2) rm_tile_t1(full - g < 2 ? 1 : 2, a->y, a->x, k, a->w, a->wt, g, m);
+        if (g < g1) { /* the partial last group through a panel */
+            float *pan = a->scratch + (size_t)ith * G * (size_t)k;
+            widen_group(pan, a->w, a->wt, g, m, k);
+            mk_tiles(1, a->y + g * G, m, a->x, k, k, pan, m - (int)g * G);
+        }
+        return;
+    }
+#endif
+    if (!a->panels) {
+        if (n <= 2) { /* several groups at once: enough independent chains for one token */
+            const int ng = n == 1 ? (lm_dtype_unpacked(a->wt) == LM_DTYPE_Q8_0 ? 3 : 4) : 2;
+            for (long g = g0; g < g1; g += ng)
+                tiles_packed(a->wt, g1 - g < ng ? (int)(g1 - g) : ng, n, a->y, m, a->x, k, a->w, g, 0);
+            return;
+        }
+        /* A batch: one group at a time, every token over it in tiles of up to MK_T tokens; the
+         * group (16 rows) comes from memory once and from L1/L2 for the later tiles. */
+        for (long g = g0; g < g1; g++)
+            for (int t = 0; t < n; t += MK_T) tiles_packed(a->wt, 1, n - t < MK_T ? n - t : MK_T, a->y, m, a->x, k, a->w, g, t);
+        return;
+    }
+    float *pan = a->scratch + (size_t)ith * G * (size_t)k;
+    const size_t gb = G * lm_dtype_row_bytes(LM_DTYPE_F32, k);
+    /* Tokens in blocks whose activations stay in L2 beside a panel; a panel is widened once per
+     * block of tokens. */
+    int tb = (int)(MM_XBLOCK / ((long)k * 4)) / MK_T * MK_T;
+    if (tb < MK_T) tb = MK_T;
+    for (int t0 = 0; t0 < n; t0 += tb) {
+        const int t1 = n - t0 < tb ? n : t0 + tb;
+        for (long g = g0; g < g1; g++) {
+            const int valid = m - (int)g * G < G ? m - (int)g * G : G;
+            const float *pw;
+            if (a->wt == LM_DTYPE_F32_P16) {
+                pw = (const float *)((const unsigned char *)a->w + (size_t)g * gb);
+            } else {
+                widen_group(pan, a->w, a->wt, g, m, k);
+                pw = pan;
+            }
+            for (int t = t0; t < t1; t += MK_T)
+                mk_tiles(t1 - t < MK_T ? t1 - t : MK_T, a->y + (long)t * m + g * G, m, a->x + (long)t * k, k,
+                         k, pw, valid);
+        }
+    }
+}
+
+static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
+                        enum lm_dtype wt, int n, int k, int m) {
+    assert(lm_dtype_unpacked(wt) != LM_DTYPE_Q8_0 || k % LM_Q8_0_BLOCK == 0);
+    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL};
+    bool par = (long)n * k * m >= MM_PAR_MIN_WORK && m > G;
+    int nth = par ? lm_pool_size(pool) : 1;
+    a.panels = n >= LM_MM_PANEL_MIN || !lm_dtype_is_packed(wt);
+    if (a.panels && wt != LM_DTYPE_F32_P16) {
+        a.scratch = lm_cpu_scratch((size_t)nth * G * (size_t)k);
+        if (!a.scratch) { /* no memory for panels: the scalar reference still gives the bits */
+            lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
+            return;
+        }
+    }
+    if (par)
+        lm_pool_run(pool, mm_task, &a);
+    else
+        mm_task(&a, 0, 1);
+}
