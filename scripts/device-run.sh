@@ -55,7 +55,7 @@ for step in "$@"; do
     # One decode attention launch and one q/k/v GEMV under Nsight Compute's full section set.
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for k in k_attention k_gemv; do
+    for k in ${NCU_KERNELS:-k_attn_dec k_gemv}; do  # v7: batch-1 decode attention is k_attn_dec
       timeout 120 $NCU --clock-control none --set full -k regex:$k --launch-skip 60 --launch-count 1 \
         $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "" >"$OUT/ncu_$k.txt" 2>&1
       grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issued Ipc|Memory Throughput|L2 Hit|Stall|stall|Block Limit" "$OUT/ncu_$k.txt" | head -24

@@ -6,9 +6,11 @@
  * - pp<P>: one forward call over a P-token prompt (llama-bench's pp);
  * - batched decode throughput: B sequences each prefilled with --in random tokens (timed on its
  *   own), then --out decode steps of all B together (llama-batched-bench's S_PP, S_TG and S);
- * - --micro: each linear layer's GEMV kernel against the copy bandwidth;
- * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off and with 1, 2 or
- *   4 weight rows per warp, and batch 8 on the GEMV vs the cuBLAS path.
+ * - --micro: each linear layer's GEMV kernel against the copy bandwidth, the decode attention
+ *   (8-warp and v6 kernels) and the argmax;
+ * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off, with 1, 2 or 4
+ *   weight rows per warp, with the v6 / lean decode attention and the one-pass GEMV option, and
+ *   batch 2, 4, 8 on the GEMV vs the cuBLAS path.
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
  * timings include the host side of each step (input copy, launch, waiting for the ids). */
 #include <getopt.h>
@@ -371,25 +373,26 @@ int lm_cmd_cudabench(int argc, char **argv) {
             const char *name;
             bool graphs, pdl, pf, regx;
             int rows;
-            bool v6attn, v6rows;
-        } vs[] = {{"graphs + PDL (default)", true, true, false, false, 0, false, false},
-                  {"default, v6 decode attention", true, true, false, false, 0, true, false},
-                  {"default, v6 GEMV rows/warp", true, true, false, false, 0, false, true},
-                  {"v6 attention and GEMV rows", true, true, false, false, 0, true, true},
-                  {"default + GEMV L2 prefetch", true, true, true, false, 0, false, false},
-                  {"default + batch-1 x in registers", true, true, false, true, 0, false, false},
-                  {"graphs, no PDL", true, false, false, false, 0, false, false},
-                  {"no graphs, PDL", false, true, false, false, 0, false, false},
-                  {"no graphs, no PDL", false, false, false, false, 0, false, false},
-                  {"default, 1 row/warp", true, true, false, false, 1, false, false},
-                  {"default, 2 rows/warp", true, true, false, false, 2, false, false}};
+            bool v6attn, onepass, lean;
+        } vs[] = {{"graphs + PDL (default)", true, true, false, false, 0, false, false, false},
+                  {"default, v6 decode attention", true, true, false, false, 0, true, false, false},
+                  {"default + lean decode attention", true, true, false, false, 0, false, false, true},
+                  {"default + one-pass GEMV", true, true, false, false, 0, false, true, false},
+                  {"default + GEMV L2 prefetch", true, true, true, false, 0, false, false, false},
+                  {"default + batch-1 x in registers", true, true, false, true, 0, false, false, false},
+                  {"graphs, no PDL", true, false, false, false, 0, false, false, false},
+                  {"no graphs, PDL", false, true, false, false, 0, false, false, false},
+                  {"no graphs, no PDL", false, false, false, false, 0, false, false, false},
+                  {"default, 1 row/warp", true, true, false, false, 1, false, false, false},
+                  {"default, 2 rows/warp", true, true, false, false, 2, false, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), vs[i].pf);
             lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), vs[i].regx);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
-            lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), !vs[i].v6rows);
+            lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), vs[i].onepass);
+            lm_cuda_ctx_set_attn_dec_lean(lm_cuda_qwen3_ctx(b.m), vs[i].lean);
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
@@ -399,7 +402,8 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), false);
         lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), false);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
-        lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), true);
+        lm_cuda_ctx_set_attn_dec_lean(lm_cuda_qwen3_ctx(b.m), false);
+        lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), false);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 4, 8};
         for (int k = 0; k < 3 && !st; k++)

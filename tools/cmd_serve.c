@@ -50,17 +50,17 @@ static void help(FILE *f) {
             "                   the weights go to the GPU as bf16, the KV cache is GPU memory (bf16),\n"
             "                   and tokens of requests without penalties, min_p or logprobs are\n"
             "                   chosen on the GPU (a seeded request is reproducible on that device\n"
-            "                   but draws differently from the CPU sampler). Suggested there:\n"
-            "                   --max-seqs 256 --max-batch-tokens 2048 --kv-size 16G\n"
+            "                   but draws differently from the CPU sampler). On CUDA --max-seqs\n"
+            "                   defaults to 256 and --max-batch-tokens to 2048\n"
             "  --ctx-size N     context of one request in tokens: prompt + max_tokens must fit in\n"
             "                   it (default: the smaller of the model's max_position_embeddings\n"
             "                   and 4096)\n"
-            "  --max-seqs N     requests running at once in the batch (default 16)\n"
+            "  --max-seqs N     requests running at once in the batch (default 16; 256 on CUDA)\n"
             "  --max-queue N    requests that may wait beyond the --max-seqs running ones; more get\n"
             "                   HTTP 429 with Retry-After (default 64). Each of a request's n\n"
             "                   choices takes one place of --max-seqs + --max-queue\n"
             "  --max-batch-tokens N  tokens per forward step: one per decoding request plus prefill\n"
-            "                   chunks (default 512; at least --max-seqs)\n"
+            "                   chunks (default 512, on CUDA 2048; at least --max-seqs)\n"
             "  --kv-size SIZE   KV cache (shared by all requests, blocks of 16 tokens): MiB, or with\n"
             "                   a suffix: 512M, 2G, or 32768t for tokens (default: --ctx-size x\n"
             "                   --max-seqs tokens, capped at a quarter of the available memory, or\n"
@@ -258,6 +258,10 @@ int lm_cmd_serve(int argc, char **argv) {
     sp.ctx_size = ctx;
     struct lm_model_info info;
     lm_model_info(m, &info);
+    if (info.device_memory_free) { /* CUDA: a GPU wants larger batches than the CPU defaults */
+        if (!sp.max_seqs) sp.max_seqs = 256;
+        if (!sp.max_batch_tokens) sp.max_batch_tokens = sp.max_seqs > 2048 ? sp.max_seqs : 2048;
+    }
     if (!kv_size && info.device_memory_free) {
         /* CUDA: the default (ctx-size x max-seqs) capped at 80% of what the weights and the
          * step's activations and logits (2 GiB allowed) leave free on the GPU. */

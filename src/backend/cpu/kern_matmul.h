@@ -18,6 +18,7 @@
  *     the way under AVX2), then an outer-product tile of 6 tokens x 16 rows (12 accumulators,
  *     the BLIS shape) runs over every token: per column 2 loads, 6 broadcasts, 12 FMAs. */
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -32,6 +33,16 @@
 #define MK_T 3 /* 4-lane vectors: 16 registers hold 3 tokens x 4 vectors */
 #else
 #define MK_T 6
+#endif
+
+#ifndef MM_CHUNKS
+#define MM_CHUNKS 8 /* chunks of groups per thread, taken dynamically (mm_task) */
+#endif
+#ifndef MM_BATCH_NG
+#define MM_BATCH_NG 1 /* groups per tile of a batch (3 <= n < LM_MM_PANEL_MIN tokens) */
+#endif
+#ifndef MM_BATCH_T
+#define MM_BATCH_T MK_T /* tokens per tile of a batch */
 #endif
 
 #ifndef RM_PREFETCH
@@ -389,14 +400,13 @@ struct mm_args {
     int n, k, m;
     bool panels;    /* the panel path */
     float *scratch; /* panels: one [k][16] panel per thread */
+    long chunk;     /* groups a thread takes at a time */
+    atomic_long next; /* the first group nobody has taken */
 };
 
-static void mm_task(void *p, int ith, int nth) {
-    const struct mm_args *a = p;
+/* Groups [g0, g1) on thread ith. */
+static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
     const int n = a->n, k = a->k, m = a->m;
-    const long groups = (m + G - 1) / G;
-    long g0, g1;
-    lm_pool_split(groups, ith, nth, 1, &g0, &g1);
 #ifdef SIMD_AVX2
     if (n == 1 && !lm_dtype_is_packed(a->wt)) {
         /* Whole groups only: rows past m would be read from outside the matrix. */
@@ -417,10 +427,14 @@ static void mm_task(void *p, int ith, int nth) {
                 tiles_packed(a->wt, g1 - g < ng ? (int)(g1 - g) : ng, n, a->y, m, a->x, k, a->w, g, 0);
             return;
         }
-        /* A batch: one group at a time, every token over it in tiles of up to MK_T tokens; the
-         * group (16 rows) comes from memory once and from L1/L2 for the later tiles. */
-        for (long g = g0; g < g1; g++)
-            for (int t = 0; t < n; t += MK_T) tiles_packed(a->wt, 1, n - t < MK_T ? n - t : MK_T, a->y, m, a->x, k, a->w, g, t);
+        /* A batch: MM_BATCH_NG groups at a time, every token over them in tiles of up to
+         * MM_BATCH_T tokens; the groups come from memory once and from L1/L2 for the later
+         * tiles. */
+        for (long g = g0; g < g1; g += MM_BATCH_NG) {
+            const int ng = g1 - g < MM_BATCH_NG ? (int)(g1 - g) : MM_BATCH_NG;
+            for (int t = 0; t < n; t += MM_BATCH_T)
+                tiles_packed(a->wt, ng, n - t < MM_BATCH_T ? n - t : MM_BATCH_T, a->y, m, a->x, k, a->w, g, t);
+        }
         return;
     }
     float *pan = a->scratch + (size_t)ith * G * (size_t)k;
@@ -447,13 +461,35 @@ static void mm_task(void *p, int ith, int nth) {
     }
 }
 
+/* Threads take chunks of groups from a shared counter until none are left, rather than one
+ * fixed share each: on a shared machine a thread that loses its core for a while no longer
+ * holds every other thread at the barrier (the others take its chunks). Which thread computes
+ * a row changes nothing in its bits (one chain per output). */
+static void mm_task(void *p, int ith, int nth) {
+    struct mm_args *a = p;
+    const long groups = (a->m + G - 1) / G;
+    (void)nth;
+    for (;;) {
+        long g0 = atomic_fetch_add_explicit(&a->next, a->chunk, memory_order_relaxed);
+        if (g0 >= groups) return;
+        mm_range(a, ith, g0, g0 + a->chunk < groups ? g0 + a->chunk : groups);
+    }
+}
+
 static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                         enum lm_dtype wt, int n, int k, int m) {
     assert(lm_dtype_unpacked(wt) != LM_DTYPE_Q8_0 || k % LM_Q8_0_BLOCK == 0);
-    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL};
+    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL, 0, 0};
     bool par = (long)n * k * m >= MM_PAR_MIN_WORK && m > G;
     int nth = par ? lm_pool_size(pool) : 1;
     a.panels = n >= LM_MM_PANEL_MIN || !lm_dtype_is_packed(wt);
+    /* About MM_CHUNKS chunks a thread; streaming tiles want whole 4-group tiles (12 groups:
+     * also whole 3-group Q8_0 tiles and 2-group pairs). */
+    const long groups = (m + G - 1) / G;
+    long chunk = (groups + (long)nth * MM_CHUNKS - 1) / ((long)nth * MM_CHUNKS);
+    if (!a.panels) chunk = (chunk + 11) / 12 * 12;
+    a.chunk = chunk < 1 ? 1 : chunk;
+    atomic_init(&a.next, 0);
     if (a.panels && wt != LM_DTYPE_F32_P16) {
         a.scratch = lm_cpu_scratch((size_t)nth * G * (size_t)k);
         if (!a.scratch) { /* no memory for panels: the scalar reference still gives the bits */

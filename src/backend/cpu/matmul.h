@@ -7,7 +7,7 @@
  * over l = 0..k-1 in order from 0, where w' is the weight's exact float32 value (bf16/f16
  * widened, Q8_0 dequantized: d * q is exact in float32), whatever n is and whichever path, tile
  * or thread computes it; the kernels vectorize across rows, never across l.
- * Paths (all giving those bits; matmul.c has the details):
+ * Paths (all giving those bits; kern_matmul.h has the details):
  *   n < LM_MM_PANEL_MIN tokens on packed weights (decode, batched decode): weights widened in
  *     registers as they stream, register tiles of up to 4 groups x 1 token or 1 group x 6
  *     tokens, each weight read from memory once per call;

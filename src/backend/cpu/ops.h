@@ -54,7 +54,7 @@ int lm_dtype_is_packed(enum lm_dtype t);
  * 16 rows (the last zero-padded), each group stored column by column: for each l < k the 16
  * rows' elements (Q8_0: for each block of 32 columns, the 16 rows' float16 scales, then for each
  * of the 32 columns the 16 rows' int8 quants). Within a column the row order is the fast
- * kernels' (backend/cpu/matmul.c). lm_cpu_packed_bytes: the size; lm_cpu_pack writes it from
+ * kernels' (backend/cpu/kern_matmul.h). lm_cpu_packed_bytes: the size; lm_cpu_pack writes it from
  * row-major `src` (dst and src do not overlap); the result has dtype lm_dtype_packed(t). */
 size_t lm_cpu_packed_bytes(enum lm_dtype t, int m, int k);
 void lm_cpu_pack(void *dst, const void *src, enum lm_dtype t, int m, int k);

@@ -1,5 +1,5 @@
 /* ops_scalar.c: the plain reference kernels of ops.h, and the dtype helpers. Each loop reads
- * like the formula it implements; the fast kernels (ops_fast.c) are tested against these. */
+ * like the formula it implements; the fast kernels (kern_ops.h, kern_matmul.h) are tested against these. */
 #include <assert.h>
 #include <math.h>
 

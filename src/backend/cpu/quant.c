@@ -1,5 +1,5 @@
 /* quant.c: Q8_0 quantization (see quant.h). Plain loops: quantization runs once, when a bundle
- * is built; the kernels dequantize in registers (matmul.c). */
+ * is built; the kernels dequantize in registers (kern_matmul.h). */
 #include "backend/cpu/quant.h"
 
 #include <assert.h>

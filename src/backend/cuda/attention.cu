@@ -368,12 +368,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
 
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
 
-template <int D, int GM>
+/* LEAN: built for 2 blocks a multiprocessor (<= 128 registers; half the passes a round), so that
+ * a block fits beside a GEMV block and its early K/V loads overlap that kernel. */
+template <int D, int GM, bool LEAN>
 struct DecShape {
     static constexpr int LP = D / 16;                          /* lanes per position */
     static constexpr int PW = 32 / LP;                         /* positions per warp per pass */
     static constexpr int PP = DEC_WARPS * PW;                  /* positions per pass */
-    static constexpr int NP = GM <= 2 ? 4 : GM == 4 ? 2 : 1;   /* passes per round (registers) */
+    static constexpr int NP = (GM <= 2 ? 4 : GM == 4 ? 2 : 1) / (LEAN && GM <= 4 ? 2 : 1); /* passes a round */
     static constexpr int RP = NP * PP;                         /* positions per round */
 };
 
@@ -439,9 +441,9 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
     }
 }
 
-template <int D, int GM>
-__global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) {
-    using S = DecShape<D, GM>;
+template <int D, int GM, bool LEAN>
+__global__ void __launch_bounds__(DEC_THREADS, LEAN ? 2 : 1) k_attn_dec(const lm_cuda_attn a) {
+    using S = DecShape<D, GM, LEAN>;
     constexpr int LP = S::LP, PW = S::PW, PP = S::PP, NP = S::NP, RP = S::RP;
     constexpr int PER = (D / 2 + 31) / 32;
     __shared__ __align__(16) float qs[GM][D];
@@ -522,6 +524,9 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) 
                 vr[p][1] = *reinterpret_cast<const uint4 *>(&vn[(j + LP) * 8]);
             }
         }
+        /* Passes of this round that hold any position < L (the same for the whole block: the
+         * loops below stop there, so short contexts skip the empty passes). */
+        const int npv = min(NP, (L - r0 + PP - 1) / PP);
         /* q.k: each lane's 16 dims, then a sum over the LP lanes of the position. */
         float s[NP][GM];
 #pragma unroll
@@ -533,6 +538,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) 
             const float4 qb1 = *reinterpret_cast<const float4 *>(&qs[h][D / 2 + (j + LP) * 4]);
 #pragma unroll
             for (int p = 0; p < NP; p++) {
+                if (p >= npv) break;
                 const uint4 k0 = kr[p][0], k1 = kr[p][1];
                 float x = qa0.x * bf_lo(k0.x);
                 float y = qa1.x * bf_lo(k1.x);
@@ -556,10 +562,12 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) 
 #pragma unroll
         for (int o = 1; o < LP; o <<= 1)
 #pragma unroll
-            for (int p = 0; p < NP; p++)
+            for (int p = 0; p < NP; p++) {
+                if (p >= npv) break;
 #pragma unroll
                 for (int h = 0; h < GM; h++)
                     if (h < G) s[p][h] += __shfl_xor_sync(0xffffffffu, s[p][h], o);
+            }
         /* Online softmax per warp (the max is warp-wide; l is per position group until the end). */
 #pragma unroll
         for (int h = 0; h < GM; h++) {
@@ -567,6 +575,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) 
             float mx = -INFINITY;
 #pragma unroll
             for (int p = 0; p < NP; p++) {
+                if (p >= npv) break;
                 const int tok = r0 + p * PP + warp * PW + grp;
                 s[p][h] = tok < L ? s[p][h] * a.scale : -INFINITY;
                 mx = fmaxf(mx, s[p][h]);
@@ -582,6 +591,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(const lm_cuda_attn a) 
             for (int e = 0; e < 16; e++) acc[h][e] *= alpha;
 #pragma unroll
             for (int p = 0; p < NP; p++) {
+                if (p >= npv) break;
                 const float pr = expf(s[p][h] - mr);
                 l[h] += pr;
                 const uint4 v0 = vr[p][0], v1 = vr[p][1];
@@ -685,10 +695,11 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     const dim3 grid(a.n_kv_heads, n), block(ATT_WARPS * 32);
     /* Decode launches that fit the GPU in one wave: the 8-warp kernel (v7). */
     if constexpr (GM * D <= 1024)
-        if (fused && c->attn_dec &&
-            (long)a.n_kv_heads * n <=
-                (long)lm_cuda_occupancy((const void *)k_attn_dec<D, GM>, DEC_THREADS, 0) * c->sm_count)
-            return lm_launch(c, grid, dim3(DEC_THREADS), 0, k_attn_dec<D, GM>, a);
+        if (fused && c->attn_dec) {
+            auto fn = c->attn_dec_lean ? k_attn_dec<D, GM, true> : k_attn_dec<D, GM, false>;
+            if ((long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count)
+                return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
+        }
     /* V prefetch when the launch is too small to fill the GPU (latency-bound: decode at small
      * batch) and the slices fit in registers (D <= 128); otherwise occupancy matters more. */
     constexpr bool can_pre = AttShape<D>::DPL <= 4;

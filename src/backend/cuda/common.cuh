@@ -35,6 +35,7 @@ struct lm_cuda_ctx {
     bool gemv_one_pass;  /* batch-1 GEMV: rows per warp and register batches so that every weight
                             row is loaded before the wait, in one pass (gemv.cu, v7) */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
+    bool attn_dec_lean;  /* ... built for 2 blocks a multiprocessor (attention.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */

@@ -79,10 +79,11 @@ struct lm_cuda_ctx_params {
     bool gemv_regx;   /* batch-1 lm_cuda_gemv keeps x in registers when K <= 1024 (or <= 2048
                          without a norm): no shared memory, no block barrier (default false:
                          slower, every warp re-reads x from L2; docs/perf-notes.md v5) */
-    bool gemv_one_pass; /* batch-1 lm_cuda_gemv picks 1, 2 or 4 weight rows per warp so that the grid
-                           covers every row in one pass (every weight load issued before waiting on
-                           the preceding kernel), and sizes its register batches by k (default true;
-                           false: the v6 choice, for A/B; docs/perf-notes.md v7) */
+    bool gemv_one_pass; /* batch-1 lm_cuda_gemv picks the fewest weight rows per warp (1, 2 or 4)
+                           for which the resident blocks cover every row in one pass, every weight
+                           load issued before waiting on the preceding kernel (in Qwen3-0.6B:
+                           gate/up at 4 rows a warp instead of 2). Default false (docs/perf-notes.md
+                           v7) */
     bool attn_dec;    /* fused decode launches of lm_cuda_attention that fit the GPU in one wave
                          (head_dim x group <= 1024) use the 8-warp kernel that loads earlier
                          positions' K/V before waiting on the preceding kernel (default true; false: the v6 kernel,
@@ -105,6 +106,10 @@ void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
+/* The 8-warp decode attention built for 2 blocks a multiprocessor (at most 128 registers, half the
+ * positions a round), so that a block fits beside a GEMV block (default false; docs/perf-notes.md
+ * v7). */
+void lm_cuda_ctx_set_attn_dec_lean(struct lm_cuda_ctx *c, bool on);
 
 /* ---- linear layers ---- */
 

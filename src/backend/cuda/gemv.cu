@@ -82,17 +82,9 @@ __device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, f
     }
 }
 
-/* Batch-1 instantiations whose weight batch is at most 8 16-byte loads a lane (v7's one-pass
- * shapes): built for 3 blocks a multiprocessor, so that the next kernel's blocks fit beside two of
- * them and start their weight stream early (programmatic dependent launch). */
-template <int T, int R, int U>
-__host__ __device__ constexpr bool gemv_lean() {
-    return T == 1 && U * R <= 8;
-}
-
 /* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
 template <int T, int R, int U, int EPI>
-__global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const uint16_t *__restrict__ w, int K, int M,
            const float *__restrict__ nw, float eps, int pf) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
@@ -114,13 +106,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
                 wv[u][r] = (j < M && k < K) ? ld_stream16(w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
             }
     };
-    /* The weights never depend on the previous kernel: start streaming them before waiting. The
-     * norm weights too: into shared memory after the T activation rows, in the same slot layout. */
+    /* The weights never depend on the previous kernel: start streaming them before waiting. (v7
+     * also staged the norm weights into shared memory here: slower, docs/perf-notes.md v7.) */
     if (rg < end) load(rg, 0);
-    if (nw) {
-        float *nws = xs + T * Kp;
-        for (int k = threadIdx.x; k < Kp; k += GEMV_THREADS) nws[gemv_slot(k)] = k < K ? __ldg(nw + k) : 0.f;
-    }
 
     /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end).
      * Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
@@ -128,9 +116,16 @@ __global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
      * plain pointer the compiler must assume may alias shared memory: without the explicit
      * batch it would not move a load above the previous store). x is read through L2 (.cg),
      * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
-    constexpr int SU = gemv_lean<T, R, U>() ? U : T == 1 ? 16 : T <= 4 ? 8 : 4;
+    constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    pdl_wait();
+    /* The residual this lane adds to in its first row group, read in the same round trip as x
+     * (not after the sums). Lane t * R + r owns output (t, row r of the group). */
+    float yold = 0.f;
+    if (EPI == LM_CUDA_EPI_ADD && rg < end && lane < T * R) {
+        const int j = rg * R + lane % R;
+        if (j < M) yold = __ldcg(y + (size_t)(lane / R) * ldy + j);
+    }
     for (int c0 = 0; c0 < nch; c0 += SU) {
-        if (c0 == 0) pdl_wait();
         float v[T][SU];
 #pragma unroll
         for (int t = 0; t < T; t++)
@@ -158,13 +153,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
             }
             sq = warp_sum(sq);
             if (lane == 0) inv_s[t] = 1.0f / sqrtf(sq / (float)K + eps);
-            const float4 *nws = gemv_smem + (T * Kp >> 2);
 #pragma unroll 4
             for (int c = 0; c < nch; c++) {
                 const int k = c * 256 + lane * 8;
                 if (k >= K) continue;
-                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], nws[c * 64 + lane]);
-                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nws[c * 64 + 32 + lane]);
+                const float4 na = __ldg(reinterpret_cast<const float4 *>(nw + k));
+                const float4 nb = __ldg(reinterpret_cast<const float4 *>(nw + k + 4));
+                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], na);
+                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nb);
             }
         }
         __syncthreads();
@@ -174,7 +170,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
 #pragma unroll
     for (int t = 0; t < T; t++) inv[t] = nw ? inv_s[t] : 1.f;
 
-    bool have = rg < end;
+    bool have = rg < end, first = true;
     for (; rg < end; rg += stride) {
         float acc[T][R];
 #pragma unroll
@@ -225,7 +221,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, gemv_lean<T, R, U>() ? 3 : 2)
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (lane == t * R + r) gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r);
+                if (lane == t * R + r) {
+                    if (EPI == LM_CUDA_EPI_ADD && first) {
+                        if (j0 + r < M) y[(size_t)t * ldy + j0 + r] = __fadd_rn(yold, acc[t][r]);
+                    } else {
+                        gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r);
+                    }
+                }
+        first = false;
     }
 }
 
@@ -326,9 +329,10 @@ constexpr int gemv_u() {
     return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
 }
 
-/* Dynamic shared memory of k_gemv: T activation rows and, with a norm, its weights. */
+/* Dynamic shared memory of k_gemv: T activation rows. */
 inline size_t gemv_smem_bytes(int T, int k, bool nw) {
-    return (size_t)(T + (nw ? 1 : 0)) * ((k + 255) / 256) * 256 * sizeof(float);
+    (void)nw;
+    return (size_t)T * ((k + 255) / 256) * 256 * sizeof(float);
 }
 
 template <int T, int R, int U, int EPI>
@@ -399,23 +403,17 @@ cudaError_t gemv_try_one_pass(const lm_cuda_ctx *c, float *y, const float *x, co
 template <int EPI>
 cudaError_t gemv_one_pass(const lm_cuda_ctx *c, float *y, const float *x, const uint16_t *w, int k, int m,
                           const float *nw, float eps) {
-    const int nch = (k + 255) / 256;
+    /* v7a also tried smaller register batches built for 3-5 blocks an SM (q/k/v at 1 row a warp in
+     * 512 blocks, gate/up at 2 in 384): slower (more blocks each staging x); now only the v6
+     * shapes, so in Qwen3-0.6B this moves gate/up alone, from 2 rows a warp to 4. */
     cudaError_t e = cudaErrorNotSupported;
     if constexpr (EPI != LM_CUDA_EPI_SWIGLU) {
-        if (nch <= 4)
-            e = gemv_try_one_pass<1, 4, EPI>(c, y, x, w, k, m, nw, eps);
-        else if (nch <= 8)
-            e = gemv_try_one_pass<1, 8, EPI>(c, y, x, w, k, m, nw, eps);
-        else
-            e = gemv_try_one_pass<1, 12, EPI>(c, y, x, w, k, m, nw, eps);
+        e = gemv_try_one_pass<1, gemv_u<1, 1>(), EPI>(c, y, x, w, k, m, nw, eps);
         if (e != cudaErrorNotSupported) return e;
     }
-    if (nch <= 4)
-        e = gemv_try_one_pass<2, 4, EPI>(c, y, x, w, k, m, nw, eps);
-    else
-        e = gemv_try_one_pass<2, 8, EPI>(c, y, x, w, k, m, nw, eps);
+    e = gemv_try_one_pass<2, gemv_u<1, 2>(), EPI>(c, y, x, w, k, m, nw, eps);
     if (e != cudaErrorNotSupported) return e;
-    return gemv_try_one_pass<4, 4, EPI>(c, y, x, w, k, m, nw, eps);
+    return gemv_try_one_pass<4, gemv_u<1, 4>(), EPI>(c, y, x, w, k, m, nw, eps);
 }
 
 template <int T, int EPI>
@@ -466,7 +464,7 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
     if (!R) R = m >= 2 * GEMV_WARPS * c->sm_count ? 2 : 1;
     /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
     const int kp = (k + 255) / 256 * 256;
-    int per = 200 * 1024 / (kp * 4) - (norm_w ? 1 : 0);
+    int per = 200 * 1024 / (kp * 4);
     if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
     if (per > 8) per = 8;
     for (int t0 = 0; t0 < n; t0 += per) {

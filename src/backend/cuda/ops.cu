@@ -98,7 +98,7 @@ extern "C" struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void) {
     p.gemv_rows = 0;
     p.gemv_prefetch = false; /* v4: slower in the whole step (docs/perf-notes.md) */
     p.gemv_regx = false; /* v5: slower (every warp re-reads x from L2) */
-    p.gemv_one_pass = true; /* v7 */
+    p.gemv_one_pass = false; /* v7: slower (docs/perf-notes.md) */
     p.attn_dec = true;      /* v7 */
     return p;
 }
@@ -173,6 +173,7 @@ extern "C" void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on) { 
 extern "C" void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on) { c->gemv_regx = on; }
 extern "C" void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on) { c->gemv_one_pass = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
+extern "C" void lm_cuda_ctx_set_attn_dec_lean(struct lm_cuda_ctx *c, bool on) { c->attn_dec_lean = on; }
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }
