@@ -34,7 +34,7 @@ for step in "$@"; do
     { nvidia-smi; nvidia-smi -q -d CLOCK | head -40; nproc; lscpu | head -20; ldconfig -p | grep -E 'gnutls|curl|jansson|pcre2|ssl|utf8proc|microhttpd|cublas'; } >"$OUT/env.log" 2>&1
     grep -E "H200|Driver|MiB" "$OUT/env.log" | head -5 ;;
   test)
-    timeout 300 $TEST >"$OUT/test_cuda.log" 2>&1; rc=$?
+    timeout ${TEST_TIMEOUT:-300} $TEST >"$OUT/test_cuda.log" 2>&1; rc=$?
     echo "test_cuda exit $rc"; grep -E "failed|worst|model:|checks" "$OUT/test_cuda.log" | head -40 ;;
   synth)
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log" ;;
@@ -61,7 +61,7 @@ for step in "$@"; do
       grep -E "Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issued Ipc|Memory Throughput|L2 Hit|Stall|stall|Block Limit" "$OUT/ncu_$k.txt" | head -24
     done ;;
   engtest)
-    timeout 300 $TEST_ENG >"$OUT/test_cuda_engine.log" 2>&1; rc=$?
+    timeout ${TEST_TIMEOUT:-300} $TEST_ENG >"$OUT/test_cuda_engine.log" 2>&1; rc=$?
     echo "test_cuda_engine exit $rc"; grep -vE "^$" "$OUT/test_cuda_engine.log" | tail -25 ;;
   perf)
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1

@@ -214,6 +214,85 @@ static void test_gemv(void) {
     fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
 }
 
+/* lm_cuda_layer_fused (v8) against the four lm_cuda_gemv calls it stands for, bit for bit: three
+ * launches in a row (the grid barrier is reused), PDL off and on, with and without the q/k/v
+ * phase (with it on 2 blocks a multiprocessor, without on 1). The generator is restored afterwards (test_sample's inputs stay as they were). */
+static uint16_t *dev_bf16_rand(long n, float scale) {
+    uint16_t *h = malloc(sizeof(uint16_t) * n);
+    for (long i = 0; i < n; i++) h[i] = lm_f32_to_bf16(frand() * scale);
+    uint16_t *d = dev_from(h, sizeof(uint16_t) * n);
+    free(h);
+    return d;
+}
+static float *dev_f32_rand(long n, float scale, float offset) {
+    float *h = malloc(sizeof(float) * n);
+    for (long i = 0; i < n; i++) h[i] = offset + frand() * scale;
+    float *d = dev_from(h, sizeof(float) * n);
+    free(h);
+    return d;
+}
+static void test_layer_fused(void) {
+    const uint64_t rng0 = g_rng;
+    static const int shapes[][4] = {{1024, 2048, 3072, 4096}, {64, 128, 200, 256}, {136, 72, 520, 168}};
+    for (int si = 0; si < 3; si++) {
+        const int H = shapes[si][0], Q = shapes[si][1], I = shapes[si][2], QKV = shapes[si][3];
+        uint16_t *wo = dev_bf16_rand((long)H * Q, 1.0f / sqrtf((float)Q));
+        uint16_t *wgu = dev_bf16_rand((long)2 * I * H, 1.0f / sqrtf((float)H));
+        uint16_t *wd = dev_bf16_rand((long)H * I, 1.0f / sqrtf((float)I));
+        uint16_t *wqkv = dev_bf16_rand((long)QKV * H, 1.0f / sqrtf((float)H));
+        float *post_ln = dev_f32_rand(H, 0.5f, 1.0f), *in_ln = dev_f32_rand(H, 0.5f, 1.0f);
+        float *att = dev_f32_rand(Q, 1.0f, 0.0f), *x0 = dev_f32_rand(H, 1.0f, 0.0f);
+        float *xa = dev(sizeof(float) * H), *xb = dev(sizeof(float) * H);
+        float *ha = dev(sizeof(float) * I), *hb = dev(sizeof(float) * I);
+        float *qa = dev(sizeof(float) * QKV), *qb = dev(sizeof(float) * QKV);
+        float *ra = malloc(sizeof(float) * (H + I + QKV)), *rb = malloc(sizeof(float) * (H + I + QKV));
+        for (int pdl = 0; pdl < 2; pdl++)
+            for (int wq = 0; wq < 2; wq++) {
+                lm_cuda_ctx_set_pdl(g_ctx, pdl);
+                lm_cuda_ctx_set_layer_fused_blocks(g_ctx, wq ? 2 : 1); /* both grids */
+                float *hx = malloc(sizeof(float) * H);
+                lm_cuda_download(hx, x0, sizeof(float) * H);
+                lm_cuda_upload(xa, hx, sizeof(float) * H), lm_cuda_upload(xb, hx, sizeof(float) * H);
+                free(hx);
+                poison(ha, sizeof(float) * I), poison(hb, sizeof(float) * I);
+                poison(qa, sizeof(float) * QKV), poison(qb, sizeof(float) * QKV);
+                lm_status rc = LM_OK;
+                for (int rep = 0; rep < 3 && !rc; rep++) {
+                    rc = lm_cuda_gemv(g_ctx, xa, H, att, Q, wo, 1, Q, H, NULL, 0, LM_CUDA_EPI_ADD);
+                    if (!rc) rc = lm_cuda_gemv(g_ctx, ha, I, xa, H, wgu, 1, H, 2 * I, post_ln, 1e-6f, LM_CUDA_EPI_SWIGLU);
+                    if (!rc) rc = lm_cuda_gemv(g_ctx, xa, H, ha, I, wd, 1, I, H, NULL, 0, LM_CUDA_EPI_ADD);
+                    if (!rc && wq) rc = lm_cuda_gemv(g_ctx, qa, QKV, xa, H, wqkv, 1, H, QKV, in_ln, 1e-6f, LM_CUDA_EPI_STORE);
+                    struct lm_cuda_layer_fused_args fa = {
+                        .x = xb, .att = att, .h = hb, .qkv = qb, .wo = wo, .wgu = wgu, .wd = wd,
+                        .wqkv = wq ? wqkv : NULL, .post_ln = post_ln, .in_ln = in_ln,
+                        .H = H, .Q = Q, .I = I, .QKV = QKV, .eps = 1e-6f};
+                    if (!rc) rc = lm_cuda_layer_fused(g_ctx, &fa);
+                }
+                CHECK(rc == LM_OK, "layer_fused H=%d: %s", H, lm_error_message());
+                sync_ok("layer_fused");
+                lm_cuda_download(ra, xa, sizeof(float) * H), lm_cuda_download(rb, xb, sizeof(float) * H);
+                lm_cuda_download(ra + H, ha, sizeof(float) * I), lm_cuda_download(rb + H, hb, sizeof(float) * I);
+                lm_cuda_download(ra + H + I, qa, sizeof(float) * QKV);
+                lm_cuda_download(rb + H + I, qb, sizeof(float) * QKV);
+                const int n = H + I + (wq ? QKV : 0);
+                int diff = 0;
+                for (int i = 0; i < n; i++) diff += memcmp(&ra[i], &rb[i], sizeof(float)) != 0;
+                CHECK(diff == 0, "layer_fused H=%d Q=%d I=%d QKV=%d pdl=%d qkv=%d: %d of %d outputs differ "
+                      "from the GEMV path (first: x[0] %g vs %g)", H, Q, I, QKV, pdl, wq, diff, n, ra[0], rb[0]);
+                CHECK(!isnan(rb[0]) && !isnan(rb[H]), "layer_fused H=%d: outputs unwritten", H);
+            }
+        lm_cuda_ctx_set_pdl(g_ctx, true);
+        lm_cuda_ctx_set_layer_fused_blocks(g_ctx, 2);
+        free(ra), free(rb);
+        lm_cuda_free(wo), lm_cuda_free(wgu), lm_cuda_free(wd), lm_cuda_free(wqkv);
+        lm_cuda_free(post_ln), lm_cuda_free(in_ln), lm_cuda_free(att), lm_cuda_free(x0);
+        lm_cuda_free(xa), lm_cuda_free(xb), lm_cuda_free(ha), lm_cuda_free(hb), lm_cuda_free(qa), lm_cuda_free(qb);
+    }
+    struct lm_cuda_layer_fused_args bad = {.H = 12, .Q = 16, .I = 16, .QKV = 16};
+    CHECK(lm_cuda_layer_fused(g_ctx, &bad) == LM_ERR_SHAPE, "layer_fused with hidden 12 must be refused");
+    g_rng = rng0;
+}
+
 static void test_gemm(void) {
     const int n = 37, k = 328, m = 517;
     float *x = malloc(sizeof(float) * n * k), *xr = malloc(sizeof(float) * n * k);
@@ -545,9 +624,12 @@ static int ref_sample(const float *l, int V, const struct lm_cuda_sampling *p, d
         free(it);
         return 0;
     }
-    const double mx = it[0].v, inv_t = 1.0 / p->temperature;
+    /* Each probability in the device's float32 arithmetic ((v - max) * (1 / t), then expf), every
+     * sum in float64: only expf's last bit may differ, so a draw lands within 1e-6 of a boundary
+     * (relative to the kept mass) about once in 10^6 draws. */
+    const float mx = it[0].v, inv_t = 1.0f / p->temperature;
     double *pr = malloc(sizeof(double) * nc), sum = 0;
-    for (int i = 0; i < nc; i++) sum += pr[i] = expf((float)((it[i].v - mx) * (float)inv_t));
+    for (int i = 0; i < nc; i++) sum += pr[i] = expf((it[i].v - mx) * inv_t);
     int keep = nc;
     double kept = sum;
     if (p->top_p < 1.0f) {
@@ -623,7 +705,7 @@ static void test_sample(void) {
                 int want = ref_sample(l + (size_t)r * V, V, &sp[r], &margin);
                 total++;
                 if (ids[r] != want) {
-                    if (margin < 1e-5)
+                    if (margin < 1e-6)
                         near++;
                     else if (bad++ < 5)
                         fprintf(stderr, "sample V=%d cfg %d row %d: got %d, want %d (margin %.3g)\n", V, c,
@@ -633,7 +715,10 @@ static void test_sample(void) {
             lm_cuda_free(dsp);
         }
         CHECK(bad == 0, "sample V=%d: %d of %d draws differ from the reference", V, bad, total);
-        CHECK(near <= total / 100, "sample V=%d: %d draws differ at a boundary", V, near);
+        /* float64 sums on the device (v8): at most 2 of 512 within 1e-6 of a boundary (was 1% within
+         * 1e-5 with float32 histogram bins, and 7 of 512 were seen once). */
+        CHECK(near <= total / 256, "sample V=%d: %d draws differ at a boundary", V, near);
+        if (near) fprintf(stderr, "sample V=%d: %d of %d draws at a boundary\n", V, near, total);
         /* NULL params: all greedy. */
         poison(dids, sizeof(int32_t) * R);
         lm_cuda_sample(g_ctx, dids, dl, V, R, V, NULL);
@@ -856,6 +941,36 @@ static void test_model(void) {
             "steps excused as near ties\n", worst_hf, g_max_abs_err, worst_cpu, g_near_ties);
     CHECK(g_near_ties <= 1, "%d near-tie greedy differences (at most 1 expected)", g_near_ties);
 
+    /* 1b. The same alone decodes with the v8 persistent layer kernel (layer_fused), graphs on and
+     * off: logits bit-identical to the GEMV path's. */
+    for (int graphs = 1; graphs >= 0; graphs--) {
+        lm_cuda_qwen3_set_options(g_m, graphs, true, 8);
+        lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(g_m), true);
+        int diff_bits = 0, steps = 0;
+        for (int i = 0; i < nc; i++) {
+            struct ref_case *c = &cs[i];
+            const int G = (int)c->greedy.n;
+            struct dseq s;
+            dseq_init(&s);
+            int32_t next;
+            rc = prefill(&s, c->prompt.v, (int)c->prompt.n, 8, logits, &next);
+            CHECK(rc == LM_OK, "%s: prefill (layer_fused): %s", c->name, lm_error_message());
+            for (int t = 0; t + 1 < G; t++) {
+                struct dseq *sp = &s;
+                int32_t id = c->greedy.v[t];
+                rc = decode(&sp, 1, &id, NULL, &next, logits);
+                CHECK(rc == LM_OK, "%s: decode (layer_fused): %s", c->name, lm_error_message());
+                diff_bits += memcmp(logits, alone[i] + (size_t)(t + 1) * V, sizeof(float) * V) != 0;
+                steps++;
+            }
+            free(s.bt);
+        }
+        CHECK(diff_bits == 0, "layer_fused (graphs %d): %d of %d decode steps' logits differ from the GEMV "
+              "path", graphs, diff_bits, steps);
+        lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(g_m), false);
+    }
+    lm_cuda_qwen3_set_options(g_m, true, true, 8);
+
     /* 2. Batched decode on the GEMV path (5 sequences): ids equal and logits bit-identical to the
      * alone runs; then graphs off must give the same bits. */
     for (int graphs = 1; graphs >= 0; graphs--) {
@@ -1001,6 +1116,7 @@ int main(void) {
     }
     g_ref = lm_cpu_ops_scalar();
     test_gemv();
+    test_layer_fused();
     test_gemm();
     test_rows();
     test_attention();

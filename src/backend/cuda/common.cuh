@@ -36,6 +36,9 @@ struct lm_cuda_ctx {
                             row is loaded before the wait, in one pass (gemv.cu, v7) */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
     bool attn_dec_lean;  /* ... built for 2 blocks a multiprocessor (attention.cu) */
+    bool layer_fused;    /* batch-1 steps use lm_cuda_layer_fused (gemv.cu, v8) */
+    int layer_fused_blocks; /* lm_cuda_layer_fused's blocks a multiprocessor: 1 or 2 (default 2) */
+    unsigned long long *grid_bar; /* lm_cuda_layer_fused's grid-barrier arrival count (gemv.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */

@@ -110,6 +110,7 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->am_part);
     cudaFree(c->am_count);
+    cudaFree(c->grid_bar);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
 }
@@ -137,6 +138,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemv_regx = p.gemv_regx;
     c->gemv_one_pass = p.gemv_one_pass;
     c->attn_dec = p.attn_dec;
+    c->layer_fused_blocks = 2;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -144,6 +146,8 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
+    if (e == cudaSuccess) e = cudaMalloc(&c->grid_bar, sizeof(unsigned long long));
+    if (e == cudaSuccess) e = cudaMemset(c->grid_bar, 0, sizeof(unsigned long long));
     if (e != cudaSuccess) {
         rc = lm_cuda_fail(e, "context setup");
         lm_cuda_ctx_destroy(c);
@@ -174,6 +178,11 @@ extern "C" void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on) { c->g
 extern "C" void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on) { c->gemv_one_pass = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec_lean(struct lm_cuda_ctx *c, bool on) { c->attn_dec_lean = on; }
+extern "C" void lm_cuda_ctx_set_layer_fused(struct lm_cuda_ctx *c, bool on) { c->layer_fused = on; }
+extern "C" bool lm_cuda_ctx_layer_fused(const struct lm_cuda_ctx *c) { return c->layer_fused; }
+extern "C" void lm_cuda_ctx_set_layer_fused_blocks(struct lm_cuda_ctx *c, int blocks_per_sm) {
+    c->layer_fused_blocks = blocks_per_sm == 1 ? 1 : 2;
+}
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }

@@ -416,10 +416,15 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     if (rc) return rc;
 
     lm_cuda_attn a = make_attn(m, L, gemv);
+    /* v8 option: at batch 1 a layer is its attention plus one persistent kernel (o_proj .. down,
+     * then the next layer's q/k/v); only layer 0's q/k/v is a GEMV of its own. */
+    const bool fused = gemv && decode && nt == 1 && c->layer_fused;
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
-        if (gemv) {
+        if (fused && l > 0) {
+            /* q/k/v came from the previous layer's fused kernel */
+        } else if (gemv) {
             LM_TRY(lm_cuda_gemv(c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
@@ -431,7 +436,15 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(lm_cuda_qk_norm_rope_store(c, &a, nt));
             LM_TRY(lm_cuda_attention(c, &a, nt, false));
         }
-        if (gemv) {
+        if (fused) {
+            lm_cuda_layer_fused_args fa;
+            fa.x = m->x, fa.att = m->att, fa.h = m->h, fa.qkv = m->qkv;
+            fa.wo = w.wo, fa.wgu = w.wgu, fa.wd = w.wd, fa.post_ln = w.post_ln;
+            fa.wqkv = l + 1 < m->NL ? m->layers[l + 1].wqkv : NULL;
+            fa.in_ln = l + 1 < m->NL ? m->layers[l + 1].in_ln : NULL;
+            fa.H = H, fa.Q = Q, fa.I = I, fa.QKV = QKV, fa.eps = eps;
+            LM_TRY(lm_cuda_layer_fused(c, &fa));
+        } else if (gemv) {
             LM_TRY(lm_cuda_gemv(c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
             LM_TRY(lm_cuda_gemv(c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
             LM_TRY(lm_cuda_gemv(c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));

@@ -84,7 +84,7 @@ __device__ __forceinline__ float key_val(uint32_t k) {
 
 struct SmpShared {
     unsigned hcnt[256];
-    float hmass[256];
+    double hmass[256]; /* float64: float32 bins put draws within rounding of a boundary too often */
     double dred[SMP_WARPS + 1];
     float fred[SMP_WARPS + 1];
     unsigned ured[SMP_WARPS + 1];
@@ -166,21 +166,22 @@ __device__ void radix_mass(const float *row, int V, uint32_t lo_key, float mx, f
     uint32_t prefix = 0, mask = 0;
     double above = 0.0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += SMP_THREADS) sh.hmass[i] = 0.f;
+        for (int i = threadIdx.x; i < 256; i += SMP_THREADS) sh.hmass[i] = 0.0;
         __syncthreads();
         for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
             const float v = row[i];
             if (!smp_cand(v, lo_key)) continue;
             const uint32_t k = okey(v);
-            if ((k & mask) == prefix) atomicAdd(&sh.hmass[(k >> shift) & 255], expf((v - mx) * inv_t));
+            if ((k & mask) == prefix)
+                atomicAdd(&sh.hmass[(k >> shift) & 255], (double)expf((v - mx) * inv_t));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
             double cum = above;
             int b = 255, last = -1;
             for (; b >= 0; b--) {
-                const float h = sh.hmass[b];
-                if (h <= 0.f) continue;
+                const double h = sh.hmass[b];
+                if (h <= 0.0) continue;
                 last = b;
                 if (strict ? cum + h > target : cum + h >= target) break;
                 cum += h;
