@@ -15,11 +15,10 @@
 #include <string.h>
 
 #include "backend/cpu/ops.h"
-#include "base/file.h"
-#include "base/json.h"
 #include "check.h"
 #include "engine/sched.h"
 #include "family/model.h"
+#include "fixtures.h"
 
 /* ---- kernels ---- */
 
@@ -119,32 +118,6 @@ static void test_paged_attention(struct lm_pool *pool) {
           "scalar paged vs scalar contiguous");
     free(kc), free(vc), free(ka), free(va), free(kb), free(vb), free(q), free(o_paged), free(o_ref);
     free(o_scalar), free(scr);
-}
-
-/* ---- reference cases ---- */
-
-struct ref_case {
-    struct lm_ids prompt, greedy;
-};
-
-static int load_cases(struct ref_case **out) {
-    struct lm_buf file = {0};
-    *out = NULL;
-    if (lm_file_read(TEST_DATA("fixtures/tiny_qwen3_reference/cases.jsonl"), &file)) return 0;
-    int n = 0;
-    char *save = NULL;
-    for (char *line = strtok_r(file.p, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        json_t *c = json_loads(line, 0, NULL);
-        if (!c) continue;
-        *out = realloc(*out, (size_t)(n + 1) * sizeof **out);
-        struct ref_case *rc = &(*out)[n++];
-        memset(rc, 0, sizeof *rc);
-        lm_json_to_ids(json_object_get(c, "prompt_ids"), "prompt_ids", &rc->prompt);
-        lm_json_to_ids(json_object_get(c, "greedy_ids"), "greedy_ids", &rc->greedy);
-        json_decref(c);
-    }
-    lm_buf_free(&file);
-    return n;
 }
 
 /* ---- the model: chunked prefill ---- */
@@ -416,21 +389,16 @@ int main(void) {
     lm_pool_destroy(pool);
 
     struct ref_case *cases;
-    int n_cases = load_cases(&cases);
+    int n_cases = ref_cases_load(&cases);
     CHECK(n_cases == 10, "%d reference cases", n_cases);
-    struct lm_model *m;
-    struct lm_model_open_params mp = lm_model_default_open_params();
-    lm_status rc = lm_model_open(TINY_MODEL, &mp, &m);
-    CHECK(rc == LM_OK, "open: %s", lm_error_message());
-    if (rc) return check_exit("test_batch");
+    struct lm_model *m = open_tiny_model();
+    if (!m) return check_exit("test_batch");
     const struct ref_case *lc = &cases[0];
     for (int i = 1; i < n_cases; i++)
         if (cases[i].prompt.n > lc->prompt.n) lc = &cases[i];
     test_chunked_prefill(m, lc);
     test_sched(m, cases, n_cases);
     lm_model_close(m);
-    for (int i = 0; i < n_cases; i++)
-        lm_ids_free(&cases[i].prompt), lm_ids_free(&cases[i].greedy);
-    free(cases);
+    ref_cases_free(cases, n_cases);
     return check_exit("test_batch");
 }

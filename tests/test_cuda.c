@@ -29,8 +29,7 @@ int main(void) {
 #include "base/file.h"
 #include "base/json.h"
 #include "family/model.h"
-
-#define REF_DIR TEST_DATA("fixtures/tiny_qwen3_reference/")
+#include "fixtures.h"
 
 static const struct lm_cpu_ops *g_ref;
 static struct lm_cuda_ctx *g_ctx;
@@ -107,7 +106,7 @@ static void ref_gemv(float *y, int ldy, const float *x, const uint16_t *w, int n
 
 static void test_gemv(void) {
     static const int shapes[][2] = {{1024, 1001}, {328, 517}, {24, 38}, {3072, 260}, {2048, 4097},
-                                    {1024, 6144}}; /* the last: SwiGLU at 4 rows a warp (one pass) */
+                                    {1024, 6144}}; /* the last: gate/up-sized SwiGLU (added in v7) */
     static const int rows[] = {1, 2, 3, 4, 5, 8, 11};
     double worst = 0;
     uint64_t rng_before_last = 0;
@@ -167,42 +166,35 @@ static void test_gemv(void) {
         sync_ok("gemv five");
         lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
         static const int rsets[] = {1, 2, 4, 0};
-        for (int pdl = 0; pdl < 3; pdl++)
+        for (int pdl = 0; pdl < 2; pdl++)
             for (int ri = 0; ri < 4; ri++) {
-                /* pdl 2: PDL on and the batch-1 kernel that keeps x in registers */
                 lm_cuda_ctx_set_pdl(g_ctx, pdl > 0);
-                lm_cuda_ctx_set_gemv_regx(g_ctx, pdl == 2);
                 lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[ri]);
                 poison(dy, sizeof(float) * (size_t)m);
                 lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
                 sync_ok("gemv one");
                 lm_cuda_download(one, dy, sizeof(float) * (size_t)m);
                 CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)m),
-                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, mode %d) differs from the same row "
+                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, pdl %d) differs from the same row "
                       "in a batch of 5",
                       k, m, rsets[ri], pdl);
             }
         lm_cuda_ctx_set_pdl(g_ctx, true);
-        lm_cuda_ctx_set_gemv_regx(g_ctx, false);
         lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
-        /* The same for the SwiGLU epilogue, with the batch-1 rows per warp chosen for one pass
-         * (v7) and as v6 chose them. */
-        if (m % 2 == 0)
-            for (int op = 0; op < 2; op++) {
-                lm_cuda_ctx_set_gemv_one_pass(g_ctx, op == 0);
-                poison(dy, sizeof(float) * (size_t)5 * ldy);
-                lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
-                sync_ok("gemv five swiglu");
-                lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
-                poison(dy, sizeof(float) * (size_t)m);
-                lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
-                sync_ok("gemv one swiglu");
-                lm_cuda_download(one, dy, sizeof(float) * (size_t)(m / 2));
-                CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)(m / 2)),
-                      "gemv k=%d m=%d SwiGLU: row 2 alone (one pass %d) differs from the same row in a "
-                      "batch of 5", k, m, op == 0);
-            }
-        lm_cuda_ctx_set_gemv_one_pass(g_ctx, true);
+        /* The same for the SwiGLU epilogue. */
+        if (m % 2 == 0) {
+            poison(dy, sizeof(float) * (size_t)5 * ldy);
+            lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
+            sync_ok("gemv five swiglu");
+            lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
+            poison(dy, sizeof(float) * (size_t)m);
+            lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
+            sync_ok("gemv one swiglu");
+            lm_cuda_download(one, dy, sizeof(float) * (size_t)(m / 2));
+            CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)(m / 2)),
+                  "gemv k=%d m=%d SwiGLU: row 2 alone differs from the same row in a batch of 5", k,
+                  m);
+        }
         free(one);
         free(five);
         free(x), free(nw), free(wf), free(w), free(y), free(ref), free(base);
@@ -212,85 +204,6 @@ static void test_gemv(void) {
     CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 12, NULL, 1, 12, 4, NULL, 0, LM_CUDA_EPI_STORE) == LM_ERR_SHAPE,
           "gemv with k = 12 must be refused");
     fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
-}
-
-/* lm_cuda_layer_fused (v8) against the four lm_cuda_gemv calls it stands for, bit for bit: three
- * launches in a row (the grid barrier is reused), PDL off and on, with and without the q/k/v
- * phase (with it on 2 blocks a multiprocessor, without on 1). The generator is restored afterwards (test_sample's inputs stay as they were). */
-static uint16_t *dev_bf16_rand(long n, float scale) {
-    uint16_t *h = malloc(sizeof(uint16_t) * n);
-    for (long i = 0; i < n; i++) h[i] = lm_f32_to_bf16(frand() * scale);
-    uint16_t *d = dev_from(h, sizeof(uint16_t) * n);
-    free(h);
-    return d;
-}
-static float *dev_f32_rand(long n, float scale, float offset) {
-    float *h = malloc(sizeof(float) * n);
-    for (long i = 0; i < n; i++) h[i] = offset + frand() * scale;
-    float *d = dev_from(h, sizeof(float) * n);
-    free(h);
-    return d;
-}
-static void test_layer_fused(void) {
-    const uint64_t rng0 = g_rng;
-    static const int shapes[][4] = {{1024, 2048, 3072, 4096}, {64, 128, 200, 256}, {136, 72, 520, 168}};
-    for (int si = 0; si < 3; si++) {
-        const int H = shapes[si][0], Q = shapes[si][1], I = shapes[si][2], QKV = shapes[si][3];
-        uint16_t *wo = dev_bf16_rand((long)H * Q, 1.0f / sqrtf((float)Q));
-        uint16_t *wgu = dev_bf16_rand((long)2 * I * H, 1.0f / sqrtf((float)H));
-        uint16_t *wd = dev_bf16_rand((long)H * I, 1.0f / sqrtf((float)I));
-        uint16_t *wqkv = dev_bf16_rand((long)QKV * H, 1.0f / sqrtf((float)H));
-        float *post_ln = dev_f32_rand(H, 0.5f, 1.0f), *in_ln = dev_f32_rand(H, 0.5f, 1.0f);
-        float *att = dev_f32_rand(Q, 1.0f, 0.0f), *x0 = dev_f32_rand(H, 1.0f, 0.0f);
-        float *xa = dev(sizeof(float) * H), *xb = dev(sizeof(float) * H);
-        float *ha = dev(sizeof(float) * I), *hb = dev(sizeof(float) * I);
-        float *qa = dev(sizeof(float) * QKV), *qb = dev(sizeof(float) * QKV);
-        float *ra = malloc(sizeof(float) * (H + I + QKV)), *rb = malloc(sizeof(float) * (H + I + QKV));
-        for (int pdl = 0; pdl < 2; pdl++)
-            for (int wq = 0; wq < 2; wq++) {
-                lm_cuda_ctx_set_pdl(g_ctx, pdl);
-                lm_cuda_ctx_set_layer_fused_blocks(g_ctx, wq ? 2 : 1); /* both grids */
-                float *hx = malloc(sizeof(float) * H);
-                lm_cuda_download(hx, x0, sizeof(float) * H);
-                lm_cuda_upload(xa, hx, sizeof(float) * H), lm_cuda_upload(xb, hx, sizeof(float) * H);
-                free(hx);
-                poison(ha, sizeof(float) * I), poison(hb, sizeof(float) * I);
-                poison(qa, sizeof(float) * QKV), poison(qb, sizeof(float) * QKV);
-                lm_status rc = LM_OK;
-                for (int rep = 0; rep < 3 && !rc; rep++) {
-                    rc = lm_cuda_gemv(g_ctx, xa, H, att, Q, wo, 1, Q, H, NULL, 0, LM_CUDA_EPI_ADD);
-                    if (!rc) rc = lm_cuda_gemv(g_ctx, ha, I, xa, H, wgu, 1, H, 2 * I, post_ln, 1e-6f, LM_CUDA_EPI_SWIGLU);
-                    if (!rc) rc = lm_cuda_gemv(g_ctx, xa, H, ha, I, wd, 1, I, H, NULL, 0, LM_CUDA_EPI_ADD);
-                    if (!rc && wq) rc = lm_cuda_gemv(g_ctx, qa, QKV, xa, H, wqkv, 1, H, QKV, in_ln, 1e-6f, LM_CUDA_EPI_STORE);
-                    struct lm_cuda_layer_fused_args fa = {
-                        .x = xb, .att = att, .h = hb, .qkv = qb, .wo = wo, .wgu = wgu, .wd = wd,
-                        .wqkv = wq ? wqkv : NULL, .post_ln = post_ln, .in_ln = in_ln,
-                        .H = H, .Q = Q, .I = I, .QKV = QKV, .eps = 1e-6f};
-                    if (!rc) rc = lm_cuda_layer_fused(g_ctx, &fa);
-                }
-                CHECK(rc == LM_OK, "layer_fused H=%d: %s", H, lm_error_message());
-                sync_ok("layer_fused");
-                lm_cuda_download(ra, xa, sizeof(float) * H), lm_cuda_download(rb, xb, sizeof(float) * H);
-                lm_cuda_download(ra + H, ha, sizeof(float) * I), lm_cuda_download(rb + H, hb, sizeof(float) * I);
-                lm_cuda_download(ra + H + I, qa, sizeof(float) * QKV);
-                lm_cuda_download(rb + H + I, qb, sizeof(float) * QKV);
-                const int n = H + I + (wq ? QKV : 0);
-                int diff = 0;
-                for (int i = 0; i < n; i++) diff += memcmp(&ra[i], &rb[i], sizeof(float)) != 0;
-                CHECK(diff == 0, "layer_fused H=%d Q=%d I=%d QKV=%d pdl=%d qkv=%d: %d of %d outputs differ "
-                      "from the GEMV path (first: x[0] %g vs %g)", H, Q, I, QKV, pdl, wq, diff, n, ra[0], rb[0]);
-                CHECK(!isnan(rb[0]) && !isnan(rb[H]), "layer_fused H=%d: outputs unwritten", H);
-            }
-        lm_cuda_ctx_set_pdl(g_ctx, true);
-        lm_cuda_ctx_set_layer_fused_blocks(g_ctx, 2);
-        free(ra), free(rb);
-        lm_cuda_free(wo), lm_cuda_free(wgu), lm_cuda_free(wd), lm_cuda_free(wqkv);
-        lm_cuda_free(post_ln), lm_cuda_free(in_ln), lm_cuda_free(att), lm_cuda_free(x0);
-        lm_cuda_free(xa), lm_cuda_free(xb), lm_cuda_free(ha), lm_cuda_free(hb), lm_cuda_free(qa), lm_cuda_free(qb);
-    }
-    struct lm_cuda_layer_fused_args bad = {.H = 12, .Q = 16, .I = 16, .QKV = 16};
-    CHECK(lm_cuda_layer_fused(g_ctx, &bad) == LM_ERR_SHAPE, "layer_fused with hidden 12 must be refused");
-    g_rng = rng0;
 }
 
 static void test_gemm(void) {
@@ -567,24 +480,22 @@ static void test_attention(void) {
     static const struct attn_case cases[] = {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
-    /* Decode (phase 1) with the 8-warp kernel (v7, default: 1), its 2-blocks-an-SM build (2) and the
-     * v6 kernel (0); later passes replay the first one's random inputs (and the generator is left
-     * where the first left it). */
+    /* Decode (phase 1) with the 8-warp kernel (v7, default: 1) and the v6 kernel (0); the second
+     * pass replays the first one's random inputs (and the generator is left where the first left
+     * it). */
     const uint64_t rng0 = g_rng;
     uint64_t rng1 = 0;
-    static const int modes[] = {1, 2, 0};
-    for (int mi = 0; mi < 3; mi++) {
+    static const int modes[] = {1, 0};
+    for (int mi = 0; mi < 2; mi++) {
         const int dec = modes[mi];
         if (mi == 1) rng1 = g_rng;
         if (mi > 0) g_rng = rng0;
         lm_cuda_ctx_set_attn_dec(g_ctx, dec > 0);
-        lm_cuda_ctx_set_attn_dec_lean(g_ctx, dec == 2);
         g_attn_dec = dec;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
     }
     g_rng = rng1;
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
-    lm_cuda_ctx_set_attn_dec_lean(g_ctx, false);
 }
 
 /* ---- sampling ---- */
@@ -738,48 +649,8 @@ static void test_sample(void) {
 
 /* ---- the tiny Qwen3 model ---- */
 
-struct ref_case {
-    char name[64];
-    struct lm_ids prompt, greedy;
-    double margin[64]; /* greedy_top1_margin */
-    size_t n_margin;
-    char last_file[128];
-};
-
 static double g_max_abs_err; /* largest |logit - HF| seen on the last-logits checks */
 static int g_near_ties;
-
-static int load_cases(struct ref_case **out) {
-    struct lm_buf b = {0};
-    *out = NULL;
-    if (lm_file_read(REF_DIR "cases.jsonl", &b) != LM_OK) return 0;
-    int n = 0;
-    struct ref_case *cs = NULL;
-    for (char *line = b.p; line && *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        json_error_t e;
-        json_t *j = json_loads(line, 0, &e);
-        if (j) {
-            cs = realloc(cs, sizeof *cs * (n + 1));
-            struct ref_case *c = &cs[n++];
-            memset(c, 0, sizeof *c);
-            snprintf(c->name, sizeof c->name, "%s", json_string_value(json_object_get(j, "name")));
-            snprintf(c->last_file, sizeof c->last_file, "%s",
-                     json_string_value(json_object_get(j, "last_logits_file")));
-            lm_json_to_ids(json_object_get(j, "prompt_ids"), "prompt_ids", &c->prompt);
-            lm_json_to_ids(json_object_get(j, "greedy_ids"), "greedy_ids", &c->greedy);
-            json_t *mg = json_object_get(j, "greedy_top1_margin");
-            for (size_t i = 0; i < json_array_size(mg) && i < 64; i++)
-                c->margin[c->n_margin++] = json_number_value(json_array_get(mg, i));
-            json_decref(j);
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    lm_buf_free(&b);
-    *out = cs;
-    return n;
-}
 
 static float *read_f32(const char *file, int n) {
     char path[512];
@@ -883,7 +754,7 @@ static void test_model(void) {
     lm_cuda_qwen3_info(g_m, &g_info);
     const int V = g_info.cfg.vocab;
     struct ref_case *cs;
-    const int nc = load_cases(&cs);
+    const int nc = ref_cases_load(&cs);
     CHECK(nc >= 10, "fixture cases: %d", nc);
     struct lm_model *cm = NULL;
     CHECK(lm_model_open(TINY_MODEL, NULL, &cm) == LM_OK, "CPU model: %s", lm_error_message());
@@ -941,34 +812,6 @@ static void test_model(void) {
             "steps excused as near ties\n", worst_hf, g_max_abs_err, worst_cpu, g_near_ties);
     CHECK(g_near_ties <= 1, "%d near-tie greedy differences (at most 1 expected)", g_near_ties);
 
-    /* 1b. The same alone decodes with the v8 persistent layer kernel (layer_fused), graphs on and
-     * off: logits bit-identical to the GEMV path's. */
-    for (int graphs = 1; graphs >= 0; graphs--) {
-        lm_cuda_qwen3_set_options(g_m, graphs, true, 8);
-        lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(g_m), true);
-        int diff_bits = 0, steps = 0;
-        for (int i = 0; i < nc; i++) {
-            struct ref_case *c = &cs[i];
-            const int G = (int)c->greedy.n;
-            struct dseq s;
-            dseq_init(&s);
-            int32_t next;
-            rc = prefill(&s, c->prompt.v, (int)c->prompt.n, 8, logits, &next);
-            CHECK(rc == LM_OK, "%s: prefill (layer_fused): %s", c->name, lm_error_message());
-            for (int t = 0; t + 1 < G; t++) {
-                struct dseq *sp = &s;
-                int32_t id = c->greedy.v[t];
-                rc = decode(&sp, 1, &id, NULL, &next, logits);
-                CHECK(rc == LM_OK, "%s: decode (layer_fused): %s", c->name, lm_error_message());
-                diff_bits += memcmp(logits, alone[i] + (size_t)(t + 1) * V, sizeof(float) * V) != 0;
-                steps++;
-            }
-            free(s.bt);
-        }
-        CHECK(diff_bits == 0, "layer_fused (graphs %d): %d of %d decode steps' logits differ from the GEMV "
-              "path", graphs, diff_bits, steps);
-        lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(g_m), false);
-    }
     lm_cuda_qwen3_set_options(g_m, true, true, 8);
 
     /* 2. Batched decode on the GEMV path (5 sequences): ids equal and logits bit-identical to the
@@ -1089,13 +932,9 @@ static void test_model(void) {
         CHECK(lm_cuda_qwen3_forward(g_m, &b) == LM_ERR_RANGE, "a position past max_context must be refused");
         free(s.bt);
     }
-    for (int i = 0; i < nc; i++) {
-        free(alone[i]);
-        lm_ids_free(&cs[i].prompt);
-        lm_ids_free(&cs[i].greedy);
-    }
+    for (int i = 0; i < nc; i++) free(alone[i]);
     free(alone);
-    free(cs);
+    ref_cases_free(cs, nc);
     free(logits);
     lm_model_close(cm);
     lm_cuda_qwen3_destroy(g_m);
@@ -1116,7 +955,6 @@ int main(void) {
     }
     g_ref = lm_cpu_ops_scalar();
     test_gemv();
-    test_layer_fused();
     test_gemm();
     test_rows();
     test_attention();

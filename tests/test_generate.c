@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "base/file.h"
-#include "base/json.h"
 #include "check.h"
 #include "engine/generate.h"
 #include "family/model.h"
+#include "fixtures.h"
 
 /* Collects the streamed pieces; can cancel after `cancel_after` pieces (0 = never). */
 struct sink {
@@ -43,34 +43,6 @@ static bool on_piece(void *ctx, const char *text, size_t len) {
     lm_buf_append(&s->all, text, len);
     s->n_pieces++;
     return !(s->cancel_after && s->n_pieces >= s->cancel_after);
-}
-
-struct ref_case {
-    char name[64];
-    struct lm_ids prompt;
-    struct lm_ids greedy;
-};
-
-static int load_cases(struct ref_case **out) {
-    struct lm_buf file = {0};
-    lm_status st = lm_file_read(TEST_DATA("fixtures/tiny_qwen3_reference/cases.jsonl"), &file);
-    CHECK(st == LM_OK, "cases: %s", lm_error_message());
-    int n = 0;
-    *out = NULL;
-    char *save = NULL;
-    for (char *line = strtok_r(file.p, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        json_t *c = json_loads(line, 0, NULL);
-        if (!c) continue;
-        *out = realloc(*out, (size_t)(n + 1) * sizeof **out);
-        struct ref_case *rc = &(*out)[n++];
-        memset(rc, 0, sizeof *rc);
-        snprintf(rc->name, sizeof rc->name, "%s", json_string_value(json_object_get(c, "name")));
-        lm_json_to_ids(json_object_get(c, "prompt_ids"), "prompt_ids", &rc->prompt);
-        lm_json_to_ids(json_object_get(c, "greedy_ids"), "greedy_ids", &rc->greedy);
-        json_decref(c);
-    }
-    lm_buf_free(&file);
-    return n;
 }
 
 static struct lm_gen_request greedy_req(const struct ref_case *c, int max_tokens) {
@@ -339,7 +311,7 @@ int main(void) {
     st = lm_seq_create(m, 1024, &seq);
     CHECK(st == LM_OK, "seq: %s", lm_error_message());
     struct ref_case *cases = NULL;
-    int n = load_cases(&cases);
+    int n = ref_cases_load(&cases);
     CHECK(n == 10, "%d cases", n);
     if (seq && n > 0) {
         test_greedy(m, seq, cases, n);
@@ -347,8 +319,7 @@ int main(void) {
         test_sampling(m, seq, &cases[0]);
         test_limits(m, seq, cases, n);
     }
-    for (int i = 0; i < n; i++) lm_ids_free(&cases[i].prompt), lm_ids_free(&cases[i].greedy);
-    free(cases);
+    ref_cases_free(cases, n);
     lm_seq_destroy(seq);
     lm_model_close(m);
     return check_exit("test_generate");

@@ -26,10 +26,10 @@
 #include "check.h"
 #include "family/bundle.h"
 #include "family/model.h"
+#include "fixtures.h"
 #include "format/gguf.h"
 
 #define SHARED_GGUF LM_SOURCE_DIR "/../shared/models/tiny-qwen3-gguf/"
-#define REF_DIR TEST_DATA("fixtures/tiny_qwen3_reference/")
 #define TOL 2e-5
 
 static char g_tmpdir[64];
@@ -354,65 +354,6 @@ static void test_model_defects(const char *good) {
 
 /* ---- llama.cpp's files and round trips ---- */
 
-struct ref_case {
-    char name[64], last_file[128];
-    struct lm_ids prompt, greedy;
-};
-
-static int load_cases(struct ref_case **out) {
-    struct lm_buf b = {0};
-    *out = NULL;
-    if (lm_file_read(REF_DIR "cases.jsonl", &b) != LM_OK) return 0;
-    int n = 0;
-    struct ref_case *cs = NULL;
-    for (char *line = b.p; line && *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        json_error_t e;
-        json_t *j = json_loads(line, 0, &e);
-        if (j) {
-            cs = realloc(cs, sizeof *cs * (n + 1));
-            struct ref_case *c = &cs[n++];
-            memset(c, 0, sizeof *c);
-            snprintf(c->name, sizeof c->name, "%s", json_string_value(json_object_get(j, "name")));
-            snprintf(c->last_file, sizeof c->last_file, "%s", json_string_value(json_object_get(j, "last_logits_file")));
-            lm_json_to_ids(json_object_get(j, "prompt_ids"), "prompt_ids", &c->prompt);
-            lm_json_to_ids(json_object_get(j, "greedy_ids"), "greedy_ids", &c->greedy);
-            json_decref(j);
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    lm_buf_free(&b);
-    *out = cs;
-    return n;
-}
-
-static double rel_norm(const float *a, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / den);
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-static float *last_logits(struct lm_model *m, const struct lm_ids *ids) {
-    float *out = malloc(sizeof(float) * (size_t)lm_model_config(m)->vocab_size);
-    struct lm_seq *s;
-    CHECK(lm_seq_create(m, (int)ids->n, &s) == LM_OK, "seq: %s", lm_error_message());
-    CHECK(lm_seq_forward(s, ids->v, (int)ids->n, out, false) == LM_OK, "forward: %s", lm_error_message());
-    lm_seq_destroy(s);
-    return out;
-}
-
 /* The HF reference: last logits within TOL and the greedy ids, for every case. */
 static void check_reference(struct lm_model *m, const struct ref_case *cs, int n, const char *label) {
     const int vocab = lm_model_config(m)->vocab_size;
@@ -655,12 +596,11 @@ int main(void) {
     test_roundtrip_format();
     test_corrupt();
     struct ref_case *cs;
-    int n = load_cases(&cs);
+    int n = ref_cases_load(&cs);
     CHECK(n == 10, "%d reference cases", n);
     test_build_roundtrip(cs, n);
     test_llama_cpp_files(cs, n);
-    for (int i = 0; i < n; i++) lm_ids_free(&cs[i].prompt), lm_ids_free(&cs[i].greedy);
-    free(cs);
+    ref_cases_free(cs, n);
     rmdir(g_tmpdir);
     return check_exit("test_gguf");
 }

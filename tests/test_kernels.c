@@ -16,25 +16,8 @@
 #include "base/threadpool.h"
 #include "check.h"
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* uniform in [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static void fill(float *x, long n, float scale) {
-    for (long i = 0; i < n; i++) x[i] = frand() * scale;
-}
-
-/* max |a - b| / max |b| over n values. */
-static double rel_err(const float *a, const float *b, long n) {
-    double num = 0, den = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
-        if (fabs(b[i]) > den) den = fabs(b[i]);
-    }
-    return den ? num / den : num;
-}
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "fixtures.h"
 
 /* Weights of dtype t holding values w (rounded to t); `wf` receives the exact widened values. */
 static void *make_weights(enum lm_dtype t, const float *w, long n, float *wf) {

@@ -10,74 +10,11 @@
 
 #include "base/buf.h"
 #include "base/file.h"
-#include "base/json.h"
 #include "check.h"
 #include "family/model.h"
+#include "fixtures.h"
 
-#define REF_DIR TEST_DATA("fixtures/tiny_qwen3_reference/")
 #define TOL 2e-5
-
-struct ref_case {
-    char name[64];
-    struct lm_ids prompt, greedy;
-    int32_t (*topk_ids)[10]; /* [n_prompt][10] */
-    double (*topk_logits)[10];
-    char last_file[128];
-};
-
-static int load_cases(struct ref_case **out) {
-    struct lm_buf b = {0};
-    *out = NULL;
-    if (lm_file_read(REF_DIR "cases.jsonl", &b) != LM_OK) return 0;
-    int n = 0;
-    struct ref_case *cs = NULL;
-    for (char *line = b.p; line && *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        json_error_t e;
-        json_t *j = json_loads(line, 0, &e);
-        if (j) {
-            cs = realloc(cs, sizeof *cs * (n + 1));
-            struct ref_case *c = &cs[n++];
-            memset(c, 0, sizeof *c);
-            snprintf(c->name, sizeof c->name, "%s", json_string_value(json_object_get(j, "name")));
-            snprintf(c->last_file, sizeof c->last_file, "%s",
-                     json_string_value(json_object_get(j, "last_logits_file")));
-            lm_json_to_ids(json_object_get(j, "prompt_ids"), "prompt_ids", &c->prompt);
-            lm_json_to_ids(json_object_get(j, "greedy_ids"), "greedy_ids", &c->greedy);
-            json_t *ti = json_object_get(j, "topk_ids"), *tl = json_object_get(j, "topk_logits");
-            c->topk_ids = calloc(c->prompt.n, sizeof *c->topk_ids);
-            c->topk_logits = calloc(c->prompt.n, sizeof *c->topk_logits);
-            for (size_t p = 0; p < c->prompt.n; p++)
-                for (int r = 0; r < 10; r++) {
-                    c->topk_ids[p][r] = (int32_t)json_integer_value(json_array_get(json_array_get(ti, p), r));
-                    c->topk_logits[p][r] = json_number_value(json_array_get(json_array_get(tl, p), r));
-                }
-            json_decref(j);
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    lm_buf_free(&b);
-    *out = cs;
-    return n;
-}
-
-static void free_cases(struct ref_case *cs, int n) {
-    for (int i = 0; i < n; i++) {
-        lm_ids_free(&cs[i].prompt);
-        lm_ids_free(&cs[i].greedy);
-        free(cs[i].topk_ids);
-        free(cs[i].topk_logits);
-    }
-    free(cs);
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Top 10 of x by value (highest first; ties to the lower id). */
 static void top10(const float *x, int n, int32_t *ids) {
@@ -89,16 +26,6 @@ static void top10(const float *x, int n, int32_t *ids) {
         memmove(ids + r + 1, ids + r, sizeof *ids * (9 - r));
         ids[r] = i;
     }
-}
-
-static double rel_norm(const float *a, const float *ref, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / den);
 }
 
 static double g_worst_topk, g_worst_last;
@@ -182,7 +109,7 @@ static void check_case(struct lm_model *m, const struct ref_case *c) {
 }
 
 /* Last-position logits of `ids` run through lm_seq_forward in pieces of the given sizes. */
-static float *last_logits(struct lm_model *m, const struct lm_ids *ids, const int *pieces) {
+static float *last_logits_chunked(struct lm_model *m, const struct lm_ids *ids, const int *pieces) {
     const int vocab = lm_model_config(m)->vocab_size;
     float *out = malloc(sizeof(float) * vocab);
     struct lm_seq *s;
@@ -231,14 +158,11 @@ static void test_errors(struct lm_model *m, const struct ref_case *c) {
 
 int main(void) {
     struct ref_case *cases = NULL;
-    int n_cases = load_cases(&cases);
+    int n_cases = ref_cases_load(&cases);
     CHECK(n_cases == 10, "%d reference cases", n_cases);
 
-    struct lm_model *m;
-    struct lm_model_open_params p = lm_model_default_open_params();
-    lm_status rc = lm_model_open(TINY_MODEL, &p, &m);
-    CHECK(rc == LM_OK, "open: %s", lm_error_message());
-    if (rc) return check_exit("test_model");
+    struct lm_model *m = open_tiny_model();
+    if (!m) return check_exit("test_model");
     const struct lm_model_config *cfg = lm_model_config(m);
     CHECK(!strcmp(cfg->model_type, "qwen3") && cfg->hidden_size == 32 && cfg->num_hidden_layers == 3 &&
               cfg->num_attention_heads == 4 && cfg->num_key_value_heads == 2 && cfg->head_dim == 16 &&
@@ -269,13 +193,13 @@ int main(void) {
     for (int i = 1; i < n_cases; i++)
         if (cases[i].prompt.n > lc->prompt.n) lc = &cases[i];
     int vocab = cfg->vocab_size;
-    float *one = last_logits(m, &lc->prompt, NULL);
+    float *one = last_logits_chunked(m, &lc->prompt, NULL);
     const int pieces[] = {1, 7, 100, 300, 1, 1, 2, 0};
-    float *chunked = last_logits(m, &lc->prompt, pieces);
+    float *chunked = last_logits_chunked(m, &lc->prompt, pieces);
     int ones[1024];
     for (int i = 0; i < 1024; i++) ones[i] = 1;
     ones[lc->prompt.n > 1023 ? 1023 : lc->prompt.n] = 0;
-    float *single = last_logits(m, &lc->prompt, ones);
+    float *single = last_logits_chunked(m, &lc->prompt, ones);
     CHECK(rel_norm(chunked, one, vocab) <= 1e-6, "one call vs pieces: %g", rel_norm(chunked, one, vocab));
     CHECK(rel_norm(single, one, vocab) <= 1e-6, "one call vs token by token: %g",
           rel_norm(single, one, vocab));
@@ -283,7 +207,7 @@ int main(void) {
 
     /* Scalar reference kernels, one thread; and weights mapped in place. */
     struct lm_model *ms, *mm;
-    struct lm_model_open_params ps = p, pm = p;
+    struct lm_model_open_params ps = lm_model_default_open_params(), pm = ps;
     ps.scalar_kernels = true;
     ps.n_threads = 1;
     pm.map_weights = true;
@@ -293,8 +217,9 @@ int main(void) {
     CHECK(info.weights_mapped, "mapped");
     double worst_scalar = 0;
     for (int i = 0; i < n_cases; i++) {
-        float *a = last_logits(m, &cases[i].prompt, NULL), *b = last_logits(ms, &cases[i].prompt, NULL);
-        float *c = last_logits(mm, &cases[i].prompt, NULL);
+        float *a = last_logits_chunked(m, &cases[i].prompt, NULL);
+        float *b = last_logits_chunked(ms, &cases[i].prompt, NULL);
+        float *c = last_logits_chunked(mm, &cases[i].prompt, NULL);
         double e = rel_norm(a, b, vocab);
         worst_scalar = fmax(worst_scalar, e);
         CHECK(e <= 1e-5, "%s: fast vs scalar kernels %g", cases[i].name, e);
@@ -311,6 +236,6 @@ int main(void) {
 
     free(one), free(chunked), free(single);
     lm_model_close(m);
-    free_cases(cases, n_cases);
+    ref_cases_free(cases, n_cases);
     return check_exit("test_model");
 }

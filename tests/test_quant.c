@@ -19,28 +19,12 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant.h"
-#include "base/buf.h"
-#include "base/file.h"
-#include "base/json.h"
 #include "check.h"
 #include "family/bundle.h"
 #include "family/model.h"
 
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static float frand(void) { /* uniform in [-1, 1) */
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
-static double rel_err(const float *a, const float *b, long n) {
-    double num = 0, den = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (d > num || isnan(d)) num = isnan(d) ? INFINITY : d;
-        if (fabs(b[i]) > den) den = fabs(b[i]);
-    }
-    return den ? num / den : num;
-}
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
+#include "fixtures.h"
 
 static void test_quantize(void) {
     struct lm_block_q8_0 b[3];
@@ -170,42 +154,6 @@ static void test_invariance(struct lm_pool *pool, const struct lm_cpu_ops *f) {
 
 /* ---- the tiny model at Q8_0 ---- */
 
-#define REF_DIR TEST_DATA("fixtures/tiny_qwen3_reference/")
-
-static int load_prompts(struct lm_ids **out) {
-    struct lm_buf b = {0};
-    *out = NULL;
-    if (lm_file_read(REF_DIR "cases.jsonl", &b) != LM_OK) return 0;
-    int n = 0;
-    struct lm_ids *ps = NULL;
-    for (char *line = b.p; line && *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        json_error_t e;
-        json_t *j = json_loads(line, 0, &e);
-        if (j) {
-            ps = realloc(ps, sizeof *ps * (n + 1));
-            memset(&ps[n], 0, sizeof ps[n]);
-            lm_json_to_ids(json_object_get(j, "prompt_ids"), "prompt_ids", &ps[n++]);
-            json_decref(j);
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    lm_buf_free(&b);
-    *out = ps;
-    return n;
-}
-
-/* The last position's logits of `ids` (caller frees). */
-static float *last_logits(struct lm_model *m, const struct lm_ids *ids) {
-    float *out = malloc(sizeof(float) * (size_t)lm_model_config(m)->vocab_size);
-    struct lm_seq *s;
-    CHECK(lm_seq_create(m, (int)ids->n, &s) == LM_OK, "seq: %s", lm_error_message());
-    CHECK(lm_seq_forward(s, ids->v, (int)ids->n, out, false) == LM_OK, "forward: %s", lm_error_message());
-    lm_seq_destroy(s);
-    return out;
-}
-
 /* KL(p || q) of the softmaxes of two logit rows, in nats. */
 static double kl(const float *p, const float *q, int n) {
     double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
@@ -216,13 +164,6 @@ static double kl(const float *p, const float *q, int n) {
         k += exp(lp) * (lp - lq);
     }
     return k;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 static void test_tiny_model(void) {
@@ -245,8 +186,8 @@ static void test_tiny_model(void) {
         struct lm_model_info info;
         lm_model_info(mq, &info);
         CHECK(!strcmp(info.weight_dtype, "q8_0"), "weight dtype %s", info.weight_dtype);
-        struct lm_ids *prompts;
-        int np = load_prompts(&prompts);
+        struct ref_case *cases;
+        int np = ref_cases_load(&cases);
         CHECK(np == 10, "%d prompts", np);
         const int vocab = lm_model_config(mb)->vocab_size;
         long pos = 0, agree = 0;
@@ -254,7 +195,7 @@ static void test_tiny_model(void) {
         enum { PIECE = 64 };
         float *a = malloc(sizeof(float) * PIECE * vocab), *b = malloc(sizeof(float) * PIECE * vocab);
         for (int c = 0; c < np; c++) {
-            const struct lm_ids *ids = &prompts[c];
+            const struct lm_ids *ids = &cases[c].prompt;
             struct lm_seq *sa, *sb;
             CHECK(lm_seq_create(mb, (int)ids->n, &sa) == LM_OK && lm_seq_create(mq, (int)ids->n, &sb) == LM_OK,
                   "seq: %s", lm_error_message());
@@ -281,10 +222,9 @@ static void test_tiny_model(void) {
                 CHECK(e <= 1e-4, "q8_0 fast vs scalar kernels: %g", e);
                 free(f), free(sc);
             }
-            lm_ids_free(&prompts[c]);
         }
         free(a), free(b);
-        free(prompts);
+        ref_cases_free(cases, np);
         double top1 = (double)agree / (double)pos, mean_kl = kl_sum / (double)pos;
         fprintf(stderr,
                 "tiny model q8_0 vs bf16 over %ld positions: top-1 agreement %.4f, mean KL %.3g "

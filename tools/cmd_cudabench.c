@@ -8,10 +8,10 @@
  *   own), then --out decode steps of all B together (llama-batched-bench's S_PP, S_TG and S);
  * - --micro: each linear layer's GEMV kernel against the copy bandwidth, the decode attention
  *   (8-warp and v6 kernels) and the argmax;
- * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off, with 1, 2 or 4
- *   weight rows per warp, with the v6 / lean decode attention and the one-pass GEMV option, and
- *   batch 2, 4, 8 on the GEMV vs the cuBLAS path, and the v8 persistent layer kernel;
- * - --fused: every batch-1 step with the v8 persistent layer kernel (option layer_fused).
+ * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off, with 1 or 2
+ *   weight rows per warp, with the v6 decode attention, and batch 2, 4, 8 on the GEMV vs the
+ *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
+ *   were removed after measurement.)
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
  * timings include the host side of each step (input copy, launch, waiting for the ids). */
 #include <getopt.h>
@@ -38,7 +38,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
-            "                       [--in 128] [--out 128] [--micro] [--variants] [--fused]\n"
+            "                       [--in 128] [--out 128] [--micro] [--variants]\n"
             "                       [--device N]\n\n"
             "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
             "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
@@ -53,7 +53,6 @@ static void usage(FILE *f) {
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants\n"
-            "  --fused         batch-1 steps with the persistent layer kernel (v8 option layer_fused)\n"
             "  --device N      CUDA device (default 0)\n"
             "  -h, --help      show this help\n");
 }
@@ -188,13 +187,12 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {"out", required_argument, 0, 'O'},
                                          {"micro", no_argument, 0, 'M'},
                                          {"variants", no_argument, 0, 'V'},
-                                         {"fused", no_argument, 0, 'F'},
                                          {"device", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batches = "1,8,32,64,128,256";
     int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
-    bool micro = false, variants = false, fused = false;
+    bool micro = false, variants = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hr:p:n:", opts, NULL)) != -1) {
         switch (c) {
@@ -207,7 +205,6 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'O': out_len = atoi(optarg); break;
         case 'M': micro = true; break;
         case 'V': variants = true; break;
-        case 'F': fused = true; break;
         case 'd': device = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -256,7 +253,6 @@ int lm_cmd_cudabench(int argc, char **argv) {
     double t0 = now_s();
     if (lm_cuda_qwen3_open_dir(model, &p, &b.m)) return lm_cmd_fail("cudabench", NULL);
     lm_cuda_qwen3_info(b.m, &b.info);
-    if (fused) lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(b.m), true);
     const struct lm_cuda_qwen3_config *cf = &b.info.cfg;
     printf("model: %s: %d layers, hidden %d, %d/%d heads, head_dim %d, intermediate %d, vocab %d; "
            "%.3f GB of bf16 weights on the device (loaded in %.1f s); KV cache bf16, %d blocks of %d\n",
@@ -350,19 +346,17 @@ int lm_cmd_cudabench(int argc, char **argv) {
         for (int w = 0; w < 7 && !st; w++)
             for (int k = 0; k < 3 && !st; k++) {
                 double us, bytes;
-                /* k == 1: x in registers for the layer GEMVs, the v6 kernel for attention */
-                if (k == 1 && (w == 4 || w == 6)) continue;
-                lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), k == 1 && w < 4);
+                /* k == 1: the v6 kernel for attention */
+                if (k == 1 && w != 5) continue;
                 lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !(k == 1 && w == 5));
                 if (w == 5) { /* attention after a decode step of ns[k] sequences at position tg */
                     int32_t next[8] = {1, 2, 3, 4, 5, 6, 7, 8};
                     if ((st = decode(&b, ns[k], 0, tg ? tg : 128, next))) break;
                 }
                 if ((st = lm_cuda_qwen3_bench_linear(b.m, w, ns[k], reps * 4, &us, &bytes))) break;
-                lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), false);
                 lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
                 char nm[40];
-                snprintf(nm, sizeof nm, "%s%s", names[w], k == 1 ? (w == 5 ? " (v6)" : " (x regs)") : "");
+                snprintf(nm, sizeof nm, "%s%s", names[w], k == 1 ? " (v6)" : "");
                 if (bytes > 0)
                     printf("| %-26s | %4d | %9.2f | %9.2f | %9.3f | %8.0f%% |\n", nm, ns[k], bytes / 1e6, us,
                            bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
@@ -377,48 +371,27 @@ int lm_cmd_cudabench(int argc, char **argv) {
         printf("| ---------------------------------- | -----------: | --------: | --------: |\n");
         struct {
             const char *name;
-            bool graphs, pdl, pf, regx;
+            bool graphs, pdl;
             int rows;
-            bool v6attn, onepass, lean, fusedl;
-        } vs[] = {{"graphs + PDL (default)", true, true, false, false, 0, false, false, false, false},
-                  {"v8 persistent layer (layer_fused)", true, true, false, false, 0, false, false, false, true},
-                  {"layer_fused + lean attention", true, true, false, false, 0, false, false, true, true},
-                  {"layer_fused, no PDL", true, false, false, false, 0, false, false, false, true},
-                  {"layer_fused, 1 block/SM", true, true, false, false, 1, false, false, false, true},
-                  {"default, v6 decode attention", true, true, false, false, 0, true, false, false, false},
-                  {"default + lean decode attention", true, true, false, false, 0, false, false, true, false},
-                  {"default + one-pass GEMV", true, true, false, false, 0, false, true, false, false},
-                  {"default + GEMV L2 prefetch", true, true, true, false, 0, false, false, false, false},
-                  {"default + batch-1 x in registers", true, true, false, true, 0, false, false, false, false},
-                  {"graphs, no PDL", true, false, false, false, 0, false, false, false, false},
-                  {"no graphs, PDL", false, true, false, false, 0, false, false, false, false},
-                  {"no graphs, no PDL", false, false, false, false, 0, false, false, false, false},
-                  {"default, 1 row/warp", true, true, false, false, 1, false, false, false, false},
-                  {"default, 2 rows/warp", true, true, false, false, 2, false, false, false, false}};
+            bool v6attn;
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false},
+                  {"default, v6 decode attention", true, true, 0, true},
+                  {"graphs, no PDL", true, false, 0, false},
+                  {"no graphs, PDL", false, true, 0, false},
+                  {"no graphs, no PDL", false, false, 0, false},
+                  {"default, 1 row/warp", true, true, 1, false},
+                  {"default, 2 rows/warp", true, true, 2, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
-            lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), vs[i].pf);
-            lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), vs[i].regx);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
-            lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), vs[i].onepass);
-            lm_cuda_ctx_set_attn_dec_lean(lm_cuda_qwen3_ctx(b.m), vs[i].lean);
-            lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(b.m), vs[i].fusedl);
-            /* for the fused variants, rows = 1 means one block an SM (the GEMVs are not used) */
-            lm_cuda_ctx_set_layer_fused_blocks(lm_cuda_qwen3_ctx(b.m), vs[i].fusedl && vs[i].rows == 1 ? 1 : 2);
-            if (vs[i].fusedl) lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
             fflush(stdout);
         }
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
-        lm_cuda_ctx_set_gemv_prefetch(lm_cuda_qwen3_ctx(b.m), false);
-        lm_cuda_ctx_set_gemv_regx(lm_cuda_qwen3_ctx(b.m), false);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
-        lm_cuda_ctx_set_attn_dec_lean(lm_cuda_qwen3_ctx(b.m), false);
-        lm_cuda_ctx_set_gemv_one_pass(lm_cuda_qwen3_ctx(b.m), false);
-        lm_cuda_ctx_set_layer_fused(lm_cuda_qwen3_ctx(b.m), fused);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 4, 8};
         for (int k = 0; k < 3 && !st; k++)

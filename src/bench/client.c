@@ -83,22 +83,26 @@ static struct curl_slist *add_header(struct curl_slist *l, const char *name, con
     return r;
 }
 
+/* Adds "Authorization: Bearer KEY" when the client has an API key. */
+static struct curl_slist *add_auth(const struct lm_bench_client *c, struct curl_slist *l) {
+    if (!c->api_key) return l;
+    struct lm_buf b = {0};
+    lm_buf_printf(&b, "Bearer %s", c->api_key);
+    l = add_header(l, "Authorization", b.p);
+    lm_buf_free(&b);
+    return l;
+}
+
 static size_t collect_body(char *p, size_t size, size_t n, void *ud) {
     lm_buf_append(ud, p, size * n);
     return size * n;
 }
 
-lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struct lm_buf *body,
-                              long *status) {
-    struct lm_buf url = {0};
-    set_common(c, path, &url);
-    struct curl_slist *hdr = NULL;
-    if (c->api_key) {
-        struct lm_buf b = {0};
-        lm_buf_printf(&b, "Bearer %s", c->api_key);
-        hdr = add_header(hdr, "Authorization", b.p);
-        lm_buf_free(&b);
-    }
+/* GET base_url + path into body; url gets the full URL (for messages), status the HTTP status. */
+static lm_status get(struct lm_bench_client *c, const char *path, struct lm_buf *url,
+                     struct lm_buf *body, long *status) {
+    set_common(c, path, url);
+    struct curl_slist *hdr = add_auth(c, NULL);
     curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, collect_body);
     curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, body);
@@ -106,8 +110,14 @@ lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struc
     *status = 0;
     curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, status);
     curl_slist_free_all(hdr);
-    lm_status st = LM_OK;
-    if (rc != CURLE_OK) st = lm_errorf(LM_ERR_IO, "GET %s: %s", url.p, curl_easy_strerror(rc));
+    return rc == CURLE_OK ? LM_OK
+                          : lm_errorf(LM_ERR_IO, "GET %s: %s", url->p, curl_easy_strerror(rc));
+}
+
+lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struct lm_buf *body,
+                              long *status) {
+    struct lm_buf url = {0};
+    lm_status st = get(c, path, &url, body, status);
     lm_buf_free(&url);
     return st;
 }
@@ -115,27 +125,11 @@ lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struc
 lm_status lm_bench_client_first_model(struct lm_bench_client *c, char **id) {
     *id = NULL;
     struct lm_buf url = {0}, body = {0};
-    set_common(c, "/v1/models", &url);
-    struct curl_slist *hdr = NULL;
-    if (c->api_key) {
-        struct lm_buf b = {0};
-        lm_buf_printf(&b, "Bearer %s", c->api_key);
-        hdr = add_header(hdr, "Authorization", b.p);
-        lm_buf_free(&b);
-    }
-    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, collect_body);
-    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &body);
-    CURLcode rc = curl_easy_perform(c->curl);
     long status = 0;
-    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(hdr);
-    lm_status st = LM_OK;
-    if (rc != CURLE_OK) {
-        st = lm_errorf(LM_ERR_IO, "GET %s: %s", url.p, curl_easy_strerror(rc));
-    } else if (status != 200) {
+    lm_status st = get(c, "/v1/models", &url, &body, &status);
+    if (!st && status != 200) {
         st = lm_errorf(LM_ERR_IO, "GET %s: HTTP %ld: %.200s", url.p, status, body.p ? body.p : "");
-    } else {
+    } else if (!st) {
         json_error_t e;
         json_t *o = json_loadb(body.p ? body.p : "", body.len, 0, &e);
         json_t *data = json_object_get(o, "data");
@@ -244,12 +238,7 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
     char turn[24];
     snprintf(turn, sizeof turn, "%d", rec->turn - 1);
     hdr = add_header(hdr, "X-Lumen-Turn", turn);
-    if (c->api_key) {
-        struct lm_buf b = {0};
-        lm_buf_printf(&b, "Bearer %s", c->api_key);
-        hdr = add_header(hdr, "Authorization", b.p);
-        lm_buf_free(&b);
-    }
+    hdr = add_auth(c, hdr);
     struct chat_ctx x = {.curl = c->curl, .rec = rec};
     lm_bench_stream_init(&x.stream, rec);
     curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);

@@ -609,6 +609,19 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
     return st;
 }
 
+const char *const lm_bench_sweep_metrics[LM_BENCH_SWEEP_METRICS] = {"output_token_throughput",
+                                                                    "request_throughput",
+                                                                    "ttft_p50",
+                                                                    "ttft_p95",
+                                                                    "itl_p50",
+                                                                    "latency_p50",
+                                                                    "latency_p95"};
+
+double lm_bench_sweep_metric(json_t *pt, int k) {
+    json_t *v = json_object_get(pt, lm_bench_sweep_metrics[k]);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
 lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char *what,
                                     const char *title) {
     struct lm_buf b = {0};
@@ -655,22 +668,14 @@ lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char
     const char *cols[] = {what,      "output tokens/s", "requests/s",  "TTFT p50", "TTFT p95",
                           "ITL p50", "latency p50",     "latency p95", "run"};
     th_row(&b, cols, 9);
-    const char *keys[] = {"output_token_throughput",
-                          "request_throughput",
-                          "ttft_p50",
-                          "ttft_p95",
-                          "itl_p50",
-                          "latency_p50",
-                          "latency_p95"};
     for (size_t i = 0; i < n; i++) {
         json_t *pt = json_array_get(points, i);
         lm_buf_puts(&b, "<tr><td>");
         esc(&b, json_string_value(json_object_get(pt, "label")));
         lm_buf_puts(&b, "</td>");
-        for (int k = 0; k < 7; k++) {
+        for (int k = 0; k < LM_BENCH_SWEEP_METRICS; k++) {
             lm_buf_puts(&b, "<td>");
-            json_t *vv = json_object_get(pt, keys[k]);
-            num(&b, json_is_number(vv) ? json_number_value(vv) : NAN);
+            num(&b, lm_bench_sweep_metric(pt, k));
             lm_buf_puts(&b, "</td>");
         }
         const char *dir = json_string_value(json_object_get(pt, "dir"));

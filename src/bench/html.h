@@ -28,4 +28,11 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
 lm_status lm_bench_write_sweep_html(const char *path, json_t *points, const char *what,
                                     const char *title);
 
+/* The metrics of a sweep point, in the column order of the sweep's tables (HTML, CSV, text). */
+enum { LM_BENCH_SWEEP_METRICS = 7 };
+extern const char *const lm_bench_sweep_metrics[LM_BENCH_SWEEP_METRICS];
+
+/* Sweep point pt's metric k (lm_bench_sweep_metrics), NAN when it has none. */
+double lm_bench_sweep_metric(json_t *pt, int k);
+
 #endif

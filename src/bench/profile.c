@@ -439,19 +439,12 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
             json_t *pt;
             json_array_foreach(points, i, pt) {
                 fprintf(f, "%g", json_number_value(json_object_get(pt, "value")));
-                const char *keys[] = {"output_token_throughput",
-                                      "request_throughput",
-                                      "ttft_p50",
-                                      "ttft_p95",
-                                      "itl_p50",
-                                      "latency_p50",
-                                      "latency_p95"};
-                for (int k = 0; k < 7; k++) {
-                    json_t *v = json_object_get(pt, keys[k]);
-                    if (json_is_number(v))
-                        fprintf(f, ",%.6g", json_number_value(v));
-                    else
+                for (int k = 0; k < LM_BENCH_SWEEP_METRICS; k++) {
+                    double v = lm_bench_sweep_metric(pt, k);
+                    if (isnan(v))
                         fprintf(f, ",");
+                    else
+                        fprintf(f, ",%.6g", v);
                 }
                 fprintf(f, ",%lld,%s\n",
                         (long long)json_integer_value(json_object_get(pt, "request_count")),
@@ -477,20 +470,13 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         json_t *pt;
         json_array_foreach(points, i, pt) {
             fprintf(o->out, "%-12s", json_string_value(json_object_get(pt, "label")));
-            const char *keys[] = {"output_token_throughput",
-                                  "request_throughput",
-                                  "ttft_p50",
-                                  "ttft_p95",
-                                  "itl_p50",
-                                  "latency_p50",
-                                  "latency_p95"};
-            const int w[] = {14, 12, 10, 10, 10, 12, 12};
-            for (int k = 0; k < 7; k++) {
-                json_t *v = json_object_get(pt, keys[k]);
-                if (json_is_number(v))
-                    fprintf(o->out, " %*.2f", w[k], json_number_value(v));
-                else
+            const int w[LM_BENCH_SWEEP_METRICS] = {14, 12, 10, 10, 10, 12, 12};
+            for (int k = 0; k < LM_BENCH_SWEEP_METRICS; k++) {
+                double v = lm_bench_sweep_metric(pt, k);
+                if (isnan(v))
                     fprintf(o->out, " %*s", w[k], "n/a");
+                else
+                    fprintf(o->out, " %*.2f", w[k], v);
             }
             fprintf(o->out, "\n");
         }

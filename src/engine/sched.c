@@ -42,8 +42,7 @@ struct lm_sched {
     const struct lm_tokenizer *tok;
     int vocab;
     float *logits;              /* [max_seqs, vocab] */
-    bool dev_sample;                   /* the model can choose tokens on its device */
-    struct lm_device_sampling *dsamp;  /* [max_seqs] the step's rows, when it does */
+    struct lm_device_sampling *dsamp;  /* [max_seqs] the step's rows, when the device samples */
     int32_t *ids;                      /* [max_seqs] the ids it chose */
     struct lm_batch_seq *batch; /* [max_seqs] */
     struct seq **plan;          /* [max_seqs] */
@@ -107,7 +106,6 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
     s->batch = calloc((size_t)p->max_seqs, sizeof *s->batch);
     s->plan = calloc((size_t)p->max_seqs, sizeof *s->plan);
     s->running = calloc((size_t)p->max_seqs, sizeof *s->running);
-    s->dev_sample = lm_model_samples_on_device(m);
     s->dsamp = calloc((size_t)p->max_seqs, sizeof *s->dsamp);
     s->ids = calloc((size_t)p->max_seqs, sizeof *s->ids);
     if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids) {
@@ -528,7 +526,7 @@ int lm_sched_step(struct lm_sched *s) {
      * can for every sequence that needs one (only ids cross to the host), else logits come
      * back and the sampler runs here. */
     int tokens = 0, rows = 0;
-    bool on_device = s->dev_sample;
+    bool on_device = lm_model_samples_on_device(s->m);
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
         bool last = q->n_computed + q->chunk == q->n_tokens && q->r->gen.max_tokens > 0;

@@ -241,6 +241,23 @@ static lm_status load_weights(struct lm_model *m, const struct lm_hf_config *hf,
     return rc;
 }
 
+/* The end of an open (rc its status so far): frees hf; on success closes the weight files when
+ * nothing stays mapped from them (everything was copied) and hands m out, else closes m. */
+static lm_status finish_open(struct lm_model *m, struct lm_hf_config *hf, lm_status rc,
+                             struct lm_model **out) {
+    lm_hf_config_free(hf);
+    if (rc) {
+        lm_model_close(m);
+        return rc;
+    }
+    if (m->ws.bytes_mapped == 0) {
+        lm_st_close(&m->st);
+        lm_gguf_close(&m->gguf);
+    }
+    *out = m;
+    return LM_OK;
+}
+
 /* Opens a GGUF bundle (bundle.h): config, generation defaults and tokenizer from its metadata
  * (or tokenizer.json from tokenizer_dir), weights from its tensors. */
 static lm_status open_gguf(const char *path, const struct lm_model_open_params *p,
@@ -262,7 +279,7 @@ static lm_status open_gguf(const char *path, const struct lm_model_open_params *
     if (!rc) rc = lm_bundle_gguf_config(&m->gguf, &hf);
     if (!rc) rc = lm_model_parse_config(&hf, &m->cfg);
     if (!rc) rc = lm_bundle_gguf_generation(&m->gguf, &m->gen);
-    if (rc) goto fail;
+    if (rc) goto done;
     m->family = lm_family_find(m->cfg.model_type);
     if (p->tokenizer_dir) {
         char *tpath = lm_path_join(p->tokenizer_dir, "tokenizer.json");
@@ -273,17 +290,11 @@ static lm_status open_gguf(const char *path, const struct lm_model_open_params *
         rc = lm_bundle_gguf_tokenizer(&m->gguf, &m->tok);
     }
     if (!rc) rc = check_vocab(m, p->tokenizer_dir ? "tokenizer.json" : "tokenizer.ggml.tokens");
-    if (rc) goto fail;
+    if (rc) goto done;
     m->ws.gguf = &m->gguf;
-    if ((rc = load_weights(m, &hf, p))) goto fail;
-    if (m->ws.bytes_mapped == 0) lm_gguf_close(&m->gguf); /* everything was copied */
-    lm_hf_config_free(&hf);
-    *out = m;
-    return LM_OK;
-fail:
-    lm_hf_config_free(&hf);
-    lm_model_close(m);
-    return rc;
+    rc = load_weights(m, &hf, p);
+done:
+    return finish_open(m, &hf, rc, out);
 }
 
 lm_status lm_model_open(const char *dir, const struct lm_model_open_params *params,
@@ -303,7 +314,7 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
     if (!rc) rc = lm_hf_config_load(&hf, dir, "config.json");
     if (!rc) rc = lm_model_parse_config(&hf, &m->cfg);
     if (!rc) rc = lm_model_parse_generation(dir, &hf, &m->gen);
-    if (rc) goto fail;
+    if (rc) goto done;
     m->family = lm_family_find(m->cfg.model_type);
 
     /* Tokenizer: DIR/tokenizer.json, or tokenizer_dir's. */
@@ -318,26 +329,20 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
                                  "with a folder that holds one",
                                  dir);
             free(tpath);
-            goto fail;
+            goto done;
         }
         rc = lm_tokenizer_load(tpath, &m->tok);
         free(tpath);
         if (!rc) rc = check_vocab(m, "tokenizer.json");
-        if (rc) goto fail;
+        if (rc) goto done;
     }
 
     /* Weights. */
-    if ((rc = lm_st_open_dir(&m->st, dir))) goto fail;
+    if ((rc = lm_st_open_dir(&m->st, dir))) goto done;
     m->ws.st = &m->st;
-    if ((rc = load_weights(m, &hf, &p))) goto fail;
-    if (m->ws.bytes_mapped == 0) lm_st_close(&m->st); /* everything was copied */
-    lm_hf_config_free(&hf);
-    *out = m;
-    return LM_OK;
-fail:
-    lm_hf_config_free(&hf);
-    lm_model_close(m);
-    return rc;
+    rc = load_weights(m, &hf, &p);
+done:
+    return finish_open(m, &hf, rc, out);
 }
 
 const struct lm_model_config *lm_model_config(const struct lm_model *m) { return &m->cfg; }

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <microhttpd.h>
+
 #include "base/buf.h"
 #include "server/openai.h"
 
@@ -42,18 +44,7 @@ struct gate_conn {
 /* ---- the head of a request ---------------------------------------------------------------- */
 
 const char *lm_gate_reason(int status) {
-    switch (status) {
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Content Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
+    return MHD_get_reason_phrase_for((unsigned)status);
 }
 
 /* RFC 9110 5.6.2: the characters of a token (methods, header names). */

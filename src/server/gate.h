@@ -35,7 +35,7 @@
  * of LM_GATE_MAX_HEAD bytes without its end is 431. Pure; tested without sockets. */
 int lm_gate_check_head(const char *buf, size_t len, size_t max_body, char *msg, size_t cap);
 
-/* The HTTP reason phrase of a status lumen answers ("Bad Request"); "Error" for others. */
+/* The HTTP reason phrase of a status ("Bad Request"), libmicrohttpd's; "Unknown" for others. */
 const char *lm_gate_reason(int status);
 
 struct lm_gate_params {

@@ -492,6 +492,13 @@ static void job_error(const struct lm_job *j, struct lm_api_error *e) {
         lm_api_errorf(e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error ? j->error : "");
 }
 
+/* 413 for a body above the server's limit (k->too_large). */
+static enum MHD_Result respond_too_large(struct MHD_Connection *c, struct conn *k) {
+    return respond_errorf(c, k, 413, "invalid_request_error", NULL,
+                          "request body is larger than the server's limit of %zu bytes (%.0f MiB)",
+                          k->srv->max_body, (double)k->srv->max_body / 1048576.0);
+}
+
 /* ---- choices: text to content / reasoning ------------------------------------------------- */
 
 /* Splits `len` bytes of new text of choice `ch` (or, with text NULL, the end of its text) into
@@ -694,8 +701,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *mc, struct conn *k
         k->timeout_off = true;
     }
     if (k->too_large)
-        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than the server's limit of %zu bytes (%.0f MiB)",
-                              srv->max_body, (double)srv->max_body / 1048576.0);
+        return respond_too_large(mc, k);
     struct lm_api_error err;
     if (lm_api_check_task(srv->tasks, lm_api_endpoint_task(ep), srv->model_name, &err))
         return respond_error(mc, k, &err);
@@ -821,8 +827,7 @@ static enum MHD_Result handle_post(struct MHD_Connection *mc, struct conn *k) {
     struct lm_server *srv = k->srv;
     if (k->route == ROUTE_CHAT || k->route == ROUTE_COMPLETIONS) return handle_generate(mc, k);
     if (k->too_large)
-        return respond_errorf(mc, k, 413, "invalid_request_error", NULL, "request body is larger than the server's limit of %zu bytes (%.0f MiB)",
-                              srv->max_body, (double)srv->max_body / 1048576.0);
+        return respond_too_large(mc, k);
     struct lm_api_error err;
     char *json = NULL;
     lm_status st = k->route == ROUTE_TOKENIZE

@@ -84,6 +84,34 @@ __global__ void __launch_bounds__(128) k_qk_norm_rope_store(const lm_cuda_attn a
         a.v_cache[kv_offset(a, blk, i / D, slot, D) + i % D] = f2bf(row[Q + KV + i]);
 }
 
+/* The end of both attention kernels: merges the block's NW warps' softmax states (running max
+ * wm, sum wl, weighted V sums wacc) of each of its G query heads and writes out row t, heads
+ * g * G .. g * G + G - 1 (float32 or bf16). stride: the block's thread count. */
+template <int NW, int GM, int D>
+__device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const float (&wm)[NW][GM],
+                                                 const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
+                                                 int t, int g, int G, int Q, int stride) {
+    for (int i = threadIdx.x; i < G * D; i += stride) {
+        const int h = i / D, d = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w][h]);
+        float num = 0.f, den = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - M);
+            num = fmaf(wacc[w][h][d], f, num);
+            den = fmaf(wl[w][h], f, den);
+        }
+        const float o = num / den;
+        const size_t oi = (size_t)t * Q + (size_t)(g * G + h) * D + d;
+        if (a.out_bf16)
+            static_cast<uint16_t *>(a.out)[oi] = f2bf(o);
+        else
+            static_cast<float *>(a.out)[oi] = o;
+    }
+}
+
 /* One block per (KV head, token). Phase 0 (FUSED): normalise/rotate this token's query heads of
  * the group into shared memory and write its K/V. Then each warp takes chunks of 32 positions:
  * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
@@ -333,25 +361,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int h = i / D, d = i % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w][h]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) {
-            const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - M);
-            num = fmaf(wacc[w][h][d], f, num);
-            den = fmaf(wl[w][h], f, den);
-        }
-        const float o = num / den;
-        const size_t oi = (size_t)t * Q + (size_t)(g * G + h) * D + d;
-        if (a.out_bf16)
-            static_cast<uint16_t *>(a.out)[oi] = f2bf(o);
-        else
-            static_cast<float *>(a.out)[oi] = o;
-    }
+    attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -368,14 +378,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
 
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
 
-/* LEAN: built for 2 blocks a multiprocessor (<= 128 registers; half the passes a round), so that
- * a block fits beside a GEMV block and its early K/V loads overlap that kernel. */
-template <int D, int GM, bool LEAN>
+template <int D, int GM>
 struct DecShape {
     static constexpr int LP = D / 16;                          /* lanes per position */
     static constexpr int PW = 32 / LP;                         /* positions per warp per pass */
     static constexpr int PP = DEC_WARPS * PW;                  /* positions per pass */
-    static constexpr int NP = (GM <= 2 ? 4 : GM == 4 ? 2 : 1) / (LEAN && GM <= 4 ? 2 : 1); /* passes a round */
+    static constexpr int NP = GM <= 2 ? 4 : GM == 4 ? 2 : 1; /* passes a round */
     static constexpr int RP = NP * PP;                         /* positions per round */
 };
 
@@ -441,9 +449,9 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
     }
 }
 
-template <int D, int GM, bool LEAN>
-__global__ void __launch_bounds__(DEC_THREADS, LEAN ? 2 : 1) k_attn_dec(const lm_cuda_attn a) {
-    using S = DecShape<D, GM, LEAN>;
+template <int D, int GM>
+__global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn a) {
+    using S = DecShape<D, GM>;
     constexpr int LP = S::LP, PW = S::PW, PP = S::PP, NP = S::NP, RP = S::RP;
     constexpr int PER = (D / 2 + 31) / 32;
     __shared__ __align__(16) float qs[GM][D];
@@ -639,25 +647,7 @@ __global__ void __launch_bounds__(DEC_THREADS, LEAN ? 2 : 1) k_attn_dec(const lm
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, d = i % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w][h]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
-            const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - M);
-            num = fmaf(wacc[w][h][d], f, num);
-            den = fmaf(wl[w][h], f, den);
-        }
-        const float o = num / den;
-        const size_t oi = (size_t)t * Q + (size_t)(g * G + h) * D + d;
-        if (a.out_bf16)
-            static_cast<uint16_t *>(a.out)[oi] = f2bf(o);
-        else
-            static_cast<float *>(a.out)[oi] = o;
-    }
+    attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
 }
 
 } // namespace
@@ -696,7 +686,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* Decode launches that fit the GPU in one wave: the 8-warp kernel (v7). */
     if constexpr (GM * D <= 1024)
         if (fused && c->attn_dec) {
-            auto fn = c->attn_dec_lean ? k_attn_dec<D, GM, true> : k_attn_dec<D, GM, false>;
+            auto fn = k_attn_dec<D, GM>;
             if ((long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count)
                 return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
         }

@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda.h"
 
@@ -30,15 +32,7 @@ struct lm_cuda_ctx {
     void *blas_ws;       /* cuBLAS workspace (set explicitly so graph capture never allocates) */
     bool pdl;
     int gemv_rows;       /* 0 = automatic */
-    bool gemv_prefetch;  /* GEMV L2-prefetch mode (gemv.cu) */
-    bool gemv_regx;      /* batch-1 GEMV with x in registers (gemv.cu k_gemv1) */
-    bool gemv_one_pass;  /* batch-1 GEMV: rows per warp and register batches so that every weight
-                            row is loaded before the wait, in one pass (gemv.cu, v7) */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
-    bool attn_dec_lean;  /* ... built for 2 blocks a multiprocessor (attention.cu) */
-    bool layer_fused;    /* batch-1 steps use lm_cuda_layer_fused (gemv.cu, v8) */
-    int layer_fused_blocks; /* lm_cuda_layer_fused's blocks a multiprocessor: 1 or 2 (default 2) */
-    unsigned long long *grid_bar; /* lm_cuda_layer_fused's grid-barrier arrival count (gemv.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
@@ -67,6 +61,35 @@ static inline cudaError_t lm_launch(const lm_cuda_ctx *c, dim3 grid, dim3 block,
 /* Blocks of `fn` resident per multiprocessor with `smem` dynamic bytes of shared memory (cached;
  * also raises the kernel's dynamic shared-memory limit to smem). ops.cu. */
 int lm_cuda_occupancy(const void *fn, int threads, size_t smem);
+
+/* The bench functions' timer: reps runs of run() after one untimed warm-up, each between two
+ * events recorded on stream s (0: the legacy default stream); *ms gets the median in milliseconds.
+ * what names a CUDA failure. */
+template <class F>
+static lm_status lm_time_median(cudaStream_t s, int reps, const char *what, F &&run, float *ms) {
+    *ms = 0;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    lm_status rc = e == cudaSuccess ? LM_OK : lm_cuda_fail(e, what);
+    std::vector<float> v;
+    for (int i = -1; i < reps && !rc; i++) {
+        cudaEventRecord(e0, s);
+        run();
+        cudaEventRecord(e1, s);
+        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) rc = lm_cuda_fail(e, what);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 0) v.push_back(t);
+    }
+    if (!rc && !v.empty()) {
+        std::sort(v.begin(), v.end());
+        *ms = v[v.size() / 2];
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
+}
 
 /* ---- device helpers ---- */
 

@@ -14,8 +14,6 @@
  *   loads, 8 warps a block, each warp 1-4 weight rows, warp-shuffle reductions), an optional
  *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
  *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
- * - lm_cuda_layer_fused: a layer's o_proj .. down_proj and the next q/k/v at batch 1 as one
- *   persistent grid with grid-wide barriers between the GEMV phases (v8 option; not faster).
  * - lm_cuda_gemm: cuBLAS bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows.
  * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
  *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
@@ -77,17 +75,6 @@ struct lm_cuda_ctx_params {
     int max_rows;     /* rows lm_cuda_sample may take without allocating (default 256) */
     int gemv_rows;    /* weight rows per warp in lm_cuda_gemv: 0 = automatic, or 1, 2, 4 (for
                          experiments; SwiGLU epilogues always use 2) */
-    bool gemv_prefetch; /* lm_cuda_gemv on matrices up to 24 MiB: one block per SM, each asking L2
-                           to prefetch its rows on entry and letting the next kernel launch at
-                           once (default false: slower in the whole step, docs/perf-notes.md) */
-    bool gemv_regx;   /* batch-1 lm_cuda_gemv keeps x in registers when K <= 1024 (or <= 2048
-                         without a norm): no shared memory, no block barrier (default false:
-                         slower, every warp re-reads x from L2; docs/perf-notes.md v5) */
-    bool gemv_one_pass; /* batch-1 lm_cuda_gemv picks the fewest weight rows per warp (1, 2 or 4)
-                           for which the resident blocks cover every row in one pass, every weight
-                           load issued before waiting on the preceding kernel (in Qwen3-0.6B:
-                           gate/up at 4 rows a warp instead of 2). Default false (docs/perf-notes.md
-                           v7) */
     bool attn_dec;    /* fused decode launches of lm_cuda_attention that fit the GPU in one wave
                          (head_dim x group <= 1024) use the 8-warp kernel that loads earlier
                          positions' K/V before waiting on the preceding kernel (default true; false: the v6 kernel,
@@ -106,22 +93,7 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 /* Turns programmatic dependent launch on or off for later launches. */
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
-void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on);
-void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on);
-void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
-/* The 8-warp decode attention built for 2 blocks a multiprocessor (at most 128 registers, half the
- * positions a round), so that a block fits beside a GEMV block (default false; docs/perf-notes.md
- * v7). */
-void lm_cuda_ctx_set_attn_dec_lean(struct lm_cuda_ctx *c, bool on);
-/* Batch-1 model steps run each layer's o_proj .. down_proj and the next layer's q/k/v as one
- * persistent kernel (lm_cuda_layer_fused) instead of four lm_cuda_gemv launches (default false;
- * docs/perf-notes.md v8). Read by the model (qwen3.h) when it queues a step: decode graphs
- * captured before keep their path until lm_cuda_qwen3_set_options drops them. */
-void lm_cuda_ctx_set_layer_fused(struct lm_cuda_ctx *c, bool on);
-bool lm_cuda_ctx_layer_fused(const struct lm_cuda_ctx *c);
-/* lm_cuda_layer_fused's grid: 1 or 2 blocks of 8 warps a multiprocessor (default 2; A/B). */
-void lm_cuda_ctx_set_layer_fused_blocks(struct lm_cuda_ctx *c, int blocks_per_sm);
 
 /* ---- linear layers ---- */
 
@@ -141,32 +113,6 @@ enum lm_cuda_epilogue {
 lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                        const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
                        enum lm_cuda_epilogue epi);
-
-/* A decoder layer's tail at batch 1 (one token), as one persistent kernel (v8): the four
- * lm_cuda_gemv calls
- *   x += att . wo^T;  h = SwiGLU(RMSNorm(x; post_ln) . wgu^T);  x += h . wd^T;
- *   qkv = RMSNorm(x; in_ln) . wqkv^T   (the next layer's q/k/v; skipped when wqkv is NULL)
- * as phases of one grid (one or two blocks a multiprocessor, all resident) separated by grid-wide
- * barriers, each phase's first weight loads issued before its barrier. Every output has the same
- * bits as those lm_cuda_gemv calls at n = 1 (same per-row summation order). All pointers device,
- * borrowed for the call; weights 16-byte aligned. */
-struct lm_cuda_layer_fused_args {
-    float *x;            /* [H] residual stream, updated in place */
-    const float *att;    /* [Q] attention output */
-    float *h;            /* [I] scratch: the SwiGLU output */
-    float *qkv;          /* [QKV] the next layer's q/k/v (written when wqkv != NULL) */
-    const uint16_t *wo;  /* [H, Q] bf16 */
-    const uint16_t *wgu; /* [2I, H] bf16, gate/up rows interleaved */
-    const uint16_t *wd;  /* [H, I] bf16 */
-    const uint16_t *wqkv; /* [QKV, H] bf16 or NULL */
-    const float *post_ln; /* [H] RMSNorm weights before the MLP */
-    const float *in_ln;   /* [H] the next layer's input RMSNorm weights (with wqkv) */
-    int H, Q, I, QKV;     /* multiples of 8 (QKV even), H, Q, I <= 4096 */
-    float eps;            /* RMSNorm epsilon */
-};
-/* LM_ERR_SHAPE for shapes outside the above; LM_ERR_IO on a launch failure. Uses the context's
- * grid-barrier word: one such kernel at a time per context (the stream serialises them). */
-lm_status lm_cuda_layer_fused(struct lm_cuda_ctx *c, const struct lm_cuda_layer_fused_args *a);
 
 /* y[n, m] (+)= x[n, k] . w[m, k]^T through cuBLAS: x and w bf16, y float32, float32
  * accumulation; accumulate adds into y (the residual). k a multiple of 8. */

@@ -96,9 +96,6 @@ extern "C" struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void) {
     p.pdl = true;
     p.max_rows = 256;
     p.gemv_rows = 0;
-    p.gemv_prefetch = false; /* v4: slower in the whole step (docs/perf-notes.md) */
-    p.gemv_regx = false; /* v5: slower (every warp re-reads x from L2) */
-    p.gemv_one_pass = false; /* v7: slower (docs/perf-notes.md) */
     p.attn_dec = true;      /* v7 */
     return p;
 }
@@ -110,7 +107,6 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->am_part);
     cudaFree(c->am_count);
-    cudaFree(c->grid_bar);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
 }
@@ -134,11 +130,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->sm_count = info.sm_count;
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
-    c->gemv_prefetch = p.gemv_prefetch;
-    c->gemv_regx = p.gemv_regx;
-    c->gemv_one_pass = p.gemv_one_pass;
     c->attn_dec = p.attn_dec;
-    c->layer_fused_blocks = 2;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -146,8 +138,6 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
-    if (e == cudaSuccess) e = cudaMalloc(&c->grid_bar, sizeof(unsigned long long));
-    if (e == cudaSuccess) e = cudaMemset(c->grid_bar, 0, sizeof(unsigned long long));
     if (e != cudaSuccess) {
         rc = lm_cuda_fail(e, "context setup");
         lm_cuda_ctx_destroy(c);
@@ -173,16 +163,7 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
-extern "C" void lm_cuda_ctx_set_gemv_prefetch(struct lm_cuda_ctx *c, bool on) { c->gemv_prefetch = on; }
-extern "C" void lm_cuda_ctx_set_gemv_regx(struct lm_cuda_ctx *c, bool on) { c->gemv_regx = on; }
-extern "C" void lm_cuda_ctx_set_gemv_one_pass(struct lm_cuda_ctx *c, bool on) { c->gemv_one_pass = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
-extern "C" void lm_cuda_ctx_set_attn_dec_lean(struct lm_cuda_ctx *c, bool on) { c->attn_dec_lean = on; }
-extern "C" void lm_cuda_ctx_set_layer_fused(struct lm_cuda_ctx *c, bool on) { c->layer_fused = on; }
-extern "C" bool lm_cuda_ctx_layer_fused(const struct lm_cuda_ctx *c) { return c->layer_fused; }
-extern "C" void lm_cuda_ctx_set_layer_fused_blocks(struct lm_cuda_ctx *c, int blocks_per_sm) {
-    c->layer_fused_blocks = blocks_per_sm == 1 ? 1 : 2;
-}
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }
@@ -316,27 +297,11 @@ extern "C" lm_status lm_cuda_bench_copy(int dev, size_t bytes, int reps, double 
     void *a = NULL, *b = NULL;
     lm_status rc = lm_cuda_malloc(&a, bytes);
     if (!rc) rc = lm_cuda_malloc(&b, bytes);
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    std::vector<float> ms;
-    if (!rc && (cudaMemset(a, 1, bytes) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-                cudaEventCreate(&e1) != cudaSuccess))
-        rc = lm_cuda_fail(cudaGetLastError(), "bench_copy setup");
-    for (int i = -1; i < reps && !rc; i++) {
-        cudaEventRecord(e0);
-        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1);
-        cudaError_t e = cudaEventSynchronize(e1);
-        if (e != cudaSuccess) rc = lm_cuda_fail(e, "bench_copy");
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 0) ms.push_back(t);
-    }
-    if (!rc) {
-        std::sort(ms.begin(), ms.end());
-        *bytes_per_s = 2.0 * (double)bytes / (ms[ms.size() / 2] * 1e-3);
-    }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+    if (!rc && cudaMemset(a, 1, bytes) != cudaSuccess) rc = lm_cuda_fail(cudaGetLastError(), "bench_copy setup");
+    float ms = 0;
+    if (!rc)
+        rc = lm_time_median(0, reps, "bench_copy", [&] { cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); }, &ms);
+    if (!rc) *bytes_per_s = 2.0 * (double)bytes / (ms * 1e-3);
     lm_cuda_free(a);
     lm_cuda_free(b);
     return rc;

@@ -416,15 +416,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     if (rc) return rc;
 
     lm_cuda_attn a = make_attn(m, L, gemv);
-    /* v8 option: at batch 1 a layer is its attention plus one persistent kernel (o_proj .. down,
-     * then the next layer's q/k/v); only layer 0's q/k/v is a GEMV of its own. */
-    const bool fused = gemv && decode && nt == 1 && c->layer_fused;
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
-        if (fused && l > 0) {
-            /* q/k/v came from the previous layer's fused kernel */
-        } else if (gemv) {
+        if (gemv) {
             LM_TRY(lm_cuda_gemv(c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
@@ -436,15 +431,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(lm_cuda_qk_norm_rope_store(c, &a, nt));
             LM_TRY(lm_cuda_attention(c, &a, nt, false));
         }
-        if (fused) {
-            lm_cuda_layer_fused_args fa;
-            fa.x = m->x, fa.att = m->att, fa.h = m->h, fa.qkv = m->qkv;
-            fa.wo = w.wo, fa.wgu = w.wgu, fa.wd = w.wd, fa.post_ln = w.post_ln;
-            fa.wqkv = l + 1 < m->NL ? m->layers[l + 1].wqkv : NULL;
-            fa.in_ln = l + 1 < m->NL ? m->layers[l + 1].in_ln : NULL;
-            fa.H = H, fa.Q = Q, fa.I = I, fa.QKV = QKV, fa.eps = eps;
-            LM_TRY(lm_cuda_layer_fused(c, &fa));
-        } else if (gemv) {
+        if (gemv) {
             LM_TRY(lm_cuda_gemv(c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
             LM_TRY(lm_cuda_gemv(c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
             LM_TRY(lm_cuda_gemv(c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
@@ -655,25 +642,9 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (!rc && e != cudaSuccess) rc = lm_cuda_fail(e, "capture");
     if (!rc && (e = cudaGraphInstantiate(&ge, g, 0)) != cudaSuccess) rc = lm_cuda_fail(e, "instantiate");
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    for (int i = -1; i < reps && !rc; i++) {
-        cudaEventRecord(e0, c->stream);
-        cudaGraphLaunch(ge, c->stream);
-        cudaEventRecord(e1, c->stream);
-        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) rc = lm_cuda_fail(e, "bench replay");
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 0) ms.push_back(t);
-    }
-    if (!rc) {
-        std::sort(ms.begin(), ms.end());
-        *us = ms[ms.size() / 2] * 1e3 / launches;
-    }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
+    float ms = 0;
+    if (!rc) rc = lm_time_median(c->stream, reps, "bench replay", [&] { cudaGraphLaunch(ge, c->stream); }, &ms);
+    if (!rc) *us = ms * 1e3 / launches;
     if (ge) cudaGraphExecDestroy(ge);
     if (g) cudaGraphDestroy(g);
     return rc;
@@ -685,27 +656,11 @@ extern "C" lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, in
     if (!rows || !m->graphs[(size_t)rows * 2].exec)
         return lm_errorf(LM_ERR_INVALID, "bench_step: no decode graph captured for %d sequences", n);
     cudaGraphExec_t ge = m->graphs[(size_t)rows * 2].exec;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    std::vector<float> ms;
-    lm_status rc = LM_OK;
-    for (int i = -1; i < reps && !rc; i++) {
-        cudaEventRecord(e0, c->stream);
+    float ms = 0;
+    const lm_status rc = lm_time_median(c->stream, reps, "bench_step replay", [&] {
         for (int k = 0; k < 10; k++) cudaGraphLaunch(ge, c->stream);
-        cudaEventRecord(e1, c->stream);
-        cudaError_t e = cudaEventSynchronize(e1);
-        if (e != cudaSuccess) rc = lm_cuda_fail(e, "bench_step replay");
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        if (i >= 0) ms.push_back(t / 10);
-    }
-    if (!rc) {
-        std::sort(ms.begin(), ms.end());
-        *us = ms[ms.size() / 2] * 1e3;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    }, &ms);
+    if (!rc) *us = (ms / 10) * 1e3; /* per step: 10 replays a timed run */
     return rc;
 }
 

@@ -93,37 +93,26 @@ struct SmpShared {
     unsigned sel_u;
 };
 
-__device__ double block_sum_d(double v, SmpShared &sh) {
-    v = warp_sum_d(v);
+/* Block-wide reduction of one value a thread: WARP reduces within each warp, then warp 0 reduces
+ * the warps' results (padded with ident) through red[SMP_WARPS + 1]; every thread gets it. */
+template <typename T, T (*WARP)(T)>
+__device__ __forceinline__ T block_reduce(T v, T ident, T *red) {
+    v = WARP(v);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) sh.dred[warp] = v;
+    if (lane == 0) red[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        double x = lane < SMP_WARPS ? sh.dred[lane] : 0.0;
-        x = warp_sum_d(x);
-        if (lane == 0) sh.dred[SMP_WARPS] = x;
+        T x = lane < SMP_WARPS ? red[lane] : ident;
+        x = WARP(x);
+        if (lane == 0) red[SMP_WARPS] = x;
     }
     __syncthreads();
-    const double r = sh.dred[SMP_WARPS];
+    const T r = red[SMP_WARPS];
     __syncthreads();
     return r;
 }
-
-__device__ float block_max(float v, SmpShared &sh) {
-    v = warp_max(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) sh.fred[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float x = lane < SMP_WARPS ? sh.fred[lane] : -INFINITY;
-        x = warp_max(x);
-        if (lane == 0) sh.fred[SMP_WARPS] = x;
-    }
-    __syncthreads();
-    const float r = sh.fred[SMP_WARPS];
-    __syncthreads();
-    return r;
-}
+__device__ double block_sum_d(double v, SmpShared &sh) { return block_reduce<double, warp_sum_d>(v, 0.0, sh.dred); }
+__device__ float block_max(float v, SmpShared &sh) { return block_reduce<float, warp_max>(v, -INFINITY, sh.fred); }
 
 /* Exclusive prefix sum of one unsigned per thread (in thread order); *total gets the sum. */
 __device__ unsigned block_scan_u(unsigned v, unsigned *total, SmpShared &sh) {
