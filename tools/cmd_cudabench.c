@@ -12,6 +12,7 @@
  *   weight rows per warp, with the v6 decode attention, and batch 2, 4, 8 on the GEMV vs the
  *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
  *   were removed after measurement.)
+ * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace).
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
  * timings include the host side of each step (input copy, launch, waiting for the ids). */
 #include <getopt.h>
@@ -38,7 +39,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
-            "                       [--in 128] [--out 128] [--micro] [--variants]\n"
+            "                       [--in 128] [--out 128] [--micro] [--variants] [--trace]\n"
             "                       [--device N]\n\n"
             "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
             "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
@@ -53,6 +54,9 @@ static void usage(FILE *f) {
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants\n"
+            "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
+            "                  matrix, averaged over layers: when blocks start, pass their wait\n"
+            "                  on the preceding kernel, have x staged, finish)\n"
             "  --device N      CUDA device (default 0)\n"
             "  -h, --help      show this help\n");
 }
@@ -177,6 +181,121 @@ static void row(const char *test, int B, double med, double lo, double hi, doubl
     fflush(stdout);
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One launch of the traced step: its blocks' times, in ns from the step's first block start. */
+struct launch {
+    uintptr_t w;
+    int m, k, n;
+    double start_min, start_med, wait_med, wait_max, ready_med, ready_max, end_med, end_max;
+};
+
+static int cmp_launch(const void *a, const void *b) {
+    const struct launch *x = a, *y = b;
+    return x->start_min < y->start_min ? -1 : x->start_min > y->start_min;
+}
+
+/* Runs a few tg steps with the GEMV trace on and prints, per matrix shape, the average over the
+ * step's launches of each phase (us): the block started before its predecessor's last block
+ * ended (lead), waited, then had weights (stall after the wait), ran to its end. */
+static lm_status trace_step(struct bench *b, int tg, const char *name) {
+    struct lm_cuda_ctx *ctx = lm_cuda_qwen3_ctx(b->m);
+    const int cap = 1 << 18;
+    lm_status rc0 = lm_cuda_ctx_trace(ctx, cap);
+    if (rc0) return rc0;
+    lm_cuda_qwen3_set_options(b->m, true, true, 4); /* recapture with the trace pointer */
+    double med, lo, hi;
+    lm_status rc = bench_tg(b, tg, 1, &med, &lo, &hi);
+    struct lm_cuda_trace_entry *e = rc ? NULL : malloc(sizeof *e * cap);
+    int n = 0;
+    if (!rc && !e) rc = lm_errorf(LM_ERR_NOMEM, "trace buffer");
+    if (!rc) rc = lm_cuda_ctx_trace_read(ctx, e, cap, &n);
+    lm_cuda_ctx_trace(ctx, 0);
+    lm_cuda_qwen3_set_options(b->m, true, true, 4);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    /* The last step: walk back from the end until a (matrix, block) pair repeats (steps do not
+     * overlap: the bench waits for each step's ids). */
+    int first = n;
+    struct launch *L = calloc(512, sizeof *L);
+    unsigned char (*seen)[1024] = calloc(512, sizeof *seen);
+    int nl = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        int f = -1;
+        for (int j = 0; j < nl && f < 0; j++)
+            if (L[j].w == e[i].weights) f = j;
+        if (f < 0) {
+            if (nl == 512) break;
+            f = nl++;
+            L[f].w = e[i].weights, L[f].m = e[i].m, L[f].k = e[i].k;
+        }
+        const int blk = e[i].block & 1023;
+        if (seen[f][blk]) break;
+        seen[f][blk] = 1;
+        L[f].n++;
+        first = i;
+    }
+    free(seen);
+    unsigned long long t_base = ~0ull;
+    for (int i = first; i < n; i++)
+        if (e[i].t_start < t_base) t_base = e[i].t_start;
+    unsigned long long *v = malloc(sizeof *v * 4096);
+    for (int j = 0; j < nl; j++) {
+        double *outs[4][2] = {{&L[j].start_min, &L[j].start_med}, {&L[j].wait_med, &L[j].wait_max},
+                              {&L[j].ready_med, &L[j].ready_max}, {&L[j].end_med, &L[j].end_max}};
+        for (int q = 0; q < 4; q++) {
+            int c = 0;
+            for (int i = first; i < n && c < 4096; i++)
+                if (e[i].weights == L[j].w) {
+                    const unsigned long long t = q == 0 ? e[i].t_start : q == 1 ? e[i].t_waited
+                                                                        : q == 2 ? e[i].t_ready : e[i].t_end;
+                    v[c++] = t - t_base;
+                }
+            qsort(v, c, sizeof *v, cmp_u64);
+            if (q == 0) *outs[q][0] = v[0], *outs[q][1] = v[c / 2];
+            else *outs[q][0] = v[c / 2], *outs[q][1] = v[c - 1];
+        }
+    }
+    qsort(L, nl, sizeof *L, cmp_launch);
+    /* Per shape: average over its launches of (start - previous launch's last end), wait -
+     * start, ready - wait, end - ready, and the launch's span (its last end - the previous last end). */
+    printf("\nGEMV timeline, %s (one batch-1 step, %d launches; us, medians over blocks, averaged over "
+           "layers; 'lead' = first block start before the previous GEMV's last block end)\n",
+           name, nl);
+    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead", "start-wait",
+           "wait-ready", "ready-end", "span");
+    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: |\n");
+    for (int j = 1; j < nl; j++) {
+        if (L[j].m < 0) continue;
+        double a[5] = {0}, cnt = 0;
+        int blocks = L[j].n;
+        for (int q = j; q < nl; q++) {
+            if (L[q].m != L[j].m || L[q].k != L[j].k || q == 0) continue;
+            const double prev_end = L[q - 1].end_max;
+            a[0] += (prev_end - L[q].start_min) / 1e3;
+            a[1] += (L[q].wait_med - L[q].start_med) / 1e3;
+            a[2] += (L[q].ready_med - L[q].wait_med) / 1e3;
+            a[3] += (L[q].end_med - L[q].ready_med) / 1e3;
+            a[4] += (L[q].end_max - prev_end) / 1e3;
+            cnt++;
+            if (q != j) L[q].m = -L[q].m - 1; /* counted */
+        }
+        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9.2f | %9.2f |\n", L[j].m, L[j].k, cnt, blocks,
+               a[0] / cnt, a[1] / cnt, a[2] / cnt, a[3] / cnt, a[4] / cnt);
+    }
+    printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
+    fflush(stdout);
+    free(v);
+    free(L);
+    free(e);
+    return LM_OK;
+}
+
 int lm_cmd_cudabench(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"reps", required_argument, 0, 'r'},
@@ -187,12 +306,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {"out", required_argument, 0, 'O'},
                                          {"micro", no_argument, 0, 'M'},
                                          {"variants", no_argument, 0, 'V'},
+                                         {"trace", no_argument, 0, 'T'},
                                          {"device", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batches = "1,8,32,64,128,256";
     int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
-    bool micro = false, variants = false;
+    bool micro = false, variants = false, trace = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hr:p:n:", opts, NULL)) != -1) {
         switch (c) {
@@ -205,6 +325,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'O': out_len = atoi(optarg); break;
         case 'M': micro = true; break;
         case 'V': variants = true; break;
+        case 'T': trace = true; break;
         case 'd': device = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -365,6 +486,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                 fflush(stdout);
             }
     }
+    if (trace && !st && tg) st = trace_step(&b, tg < 16 ? tg : 16, "default");
     if (variants && !st && tg) {
         printf("\nvariants of tg%d (batch 1) and of batch 8\n", tg);
         printf("| %-34s | %12s | %9s | %9s |\n", "variant", "t/s (median)", "us/step", "of floor");

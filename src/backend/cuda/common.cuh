@@ -32,6 +32,7 @@ struct lm_cuda_ctx {
     void *blas_ws;       /* cuBLAS workspace (set explicitly so graph capture never allocates) */
     bool pdl;
     int gemv_rows;       /* 0 = automatic */
+    unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */

@@ -94,6 +94,23 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
+/* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
+ * lm_cuda_gemv block launched afterwards (graphs captured afterwards too) appends one entry, the
+ * buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us resolution on some
+ * parts: average over blocks). */
+enum { LM_CUDA_TRACE_WORDS = 7 };
+struct lm_cuda_trace_entry {
+    uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
+    int m, k, block;            /* rows, columns, blockIdx.x */
+    unsigned long long t_start; /* block began */
+    unsigned long long t_waited; /* its wait on the preceding kernel returned */
+    unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here) */
+    unsigned long long t_end;   /* it finished */
+};
+lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity); /* LM_ERR_NOMEM */
+/* Copies the last min(max, recorded) entries, oldest first; *n gets the count. Waits for the
+ * stream. */
+lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cuda_trace_entry *out, int max, int *n);
 
 /* ---- linear layers ---- */
 

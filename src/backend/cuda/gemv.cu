@@ -53,11 +53,30 @@ __device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, f
     }
 }
 
+/* ---- timeline trace (lm_cuda_ctx_trace): per block, when it started, when its wait on the
+ * predecessor returned, when x was staged, when it finished (%globaltimer, ns) ---- */
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* Appends one entry (thread 0 of a block): trace[0] counts entries, trace[1] is the capacity. */
+__device__ __forceinline__ void trace_put(unsigned long long *trace, const void *w, int K, int M,
+                                          unsigned long long t0, unsigned long long t1, unsigned long long t2) {
+    const unsigned long long t3 = gtime();
+    const unsigned long long i = atomicAdd(trace, 1ull) % trace[1];
+    unsigned long long *e = trace + 2 + i * LM_CUDA_TRACE_WORDS;
+    e[0] = (unsigned long long)(uintptr_t)w;
+    e[1] = ((unsigned long long)(unsigned)M << 32) | (unsigned)K;
+    e[2] = blockIdx.x;
+    e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
+}
+
 /* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
 template <int T, int R, int U, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const uint16_t *__restrict__ w, int K, int M,
-           const float *__restrict__ nw, float eps) {
+           const float *__restrict__ nw, float eps, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
@@ -80,6 +99,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     };
     /* The weights never depend on the previous kernel: start streaming them before waiting. (v7
      * also staged the norm weights into shared memory here: slower, docs/perf-notes.md v7.) */
+    const unsigned long long t0 = trace ? gtime() : 0;
     if (rg < end) load(rg, 0);
 
     /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end).
@@ -90,6 +110,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
      * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
     constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
     pdl_wait();
+    const unsigned long long t1 = trace ? gtime() : 0;
     /* The residual this lane adds to in its first row group, read in the same round trip as x
      * (not after the sums). Lane t * R + r owns output (t, row r of the group). */
     float yold = 0.f;
@@ -138,6 +159,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         __syncthreads();
     }
     pdl_trigger(); /* the next kernel may start streaming its weights */
+    const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
 #pragma unroll
     for (int t = 0; t < T; t++) inv[t] = nw ? inv_s[t] : 1.f;
@@ -202,6 +224,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
         first = false;
     }
+    if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, t0, t1, t2);
 }
 
 /* Chunks of 256 weights a lane loads before using any: enough bytes in flight per SM even when a
@@ -223,7 +246,7 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
     const int grid = need < cap ? need : cap;
-    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps);
+    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps, c->trace);
 }
 
 template <int T, int R, int EPI>
@@ -301,6 +324,40 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
         }
         if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
     }
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {
+    if (c->trace) cudaFree(c->trace), c->trace = NULL;
+    if (capacity <= 0) return LM_OK;
+    const size_t words = 2 + (size_t)capacity * LM_CUDA_TRACE_WORDS;
+    LM_CU(cudaMalloc(&c->trace, words * 8));
+    unsigned long long head[2] = {0, (unsigned long long)capacity};
+    LM_CU(cudaMemset(c->trace, 0, words * 8));
+    LM_CU(cudaMemcpy(c->trace, head, sizeof head, cudaMemcpyHostToDevice));
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cuda_trace_entry *out, int max,
+                                            int *n) {
+    *n = 0;
+    if (!c->trace) return LM_OK;
+    LM_CU(cudaStreamSynchronize(c->stream));
+    unsigned long long head[2];
+    LM_CU(cudaMemcpy(head, c->trace, sizeof head, cudaMemcpyDeviceToHost));
+    const unsigned long long cap = head[1], count = head[0];
+    const unsigned long long have = count < cap ? count : cap;
+    std::vector<unsigned long long> all((size_t)cap * LM_CUDA_TRACE_WORDS);
+    LM_CU(cudaMemcpy(all.data(), c->trace + 2, all.size() * 8, cudaMemcpyDeviceToHost));
+    const unsigned long long take = have < (unsigned long long)max ? have : (unsigned long long)max;
+    for (unsigned long long i = 0; i < take; i++) { /* the last `take` entries, oldest first */
+        const unsigned long long *e = &all[(size_t)((count - take + i) % cap) * LM_CUDA_TRACE_WORDS];
+        lm_cuda_trace_entry &o = out[i];
+        o.weights = (uintptr_t)e[0];
+        o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)e[2];
+        o.t_start = e[3], o.t_waited = e[4], o.t_ready = e[5], o.t_end = e[6];
+    }
+    *n = (int)take;
     return LM_OK;
 }
 

@@ -107,6 +107,7 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->am_part);
     cudaFree(c->am_count);
+    cudaFree(c->trace);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
 }
