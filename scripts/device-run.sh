@@ -4,7 +4,7 @@
 # synthetic Qwen3-0.6B: floor, tg128, pp512, batched 1..256), micro (GEMV kernels), variants
 # (graphs / PDL / rows per warp), ncu (per-kernel times under Nsight Compute), engtest
 # (test_cuda_engine: the serving engine on the GPU), perf (lumen perf --device cuda: pp512, tg128,
-# batched decode), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
+# batched decode), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
@@ -63,6 +63,14 @@ for step in "$@"; do
   engtest)
     timeout ${TEST_TIMEOUT:-300} $TEST_ENG >"$OUT/test_cuda_engine.log" 2>&1; rc=$?
     echo "test_cuda_engine exit $rc"; grep -vE "^$" "$OUT/test_cuda_engine.log" | tail -25 ;;
+  longctx)
+    # decode at depth, split-KV attention on (1) and off (0): lumen perf --device cuda -d D
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    for d in ${LONG_DEPTHS:-0 1000 4000}; do for sk in 1 0; do
+      echo "depth $d, LM_CUDA_SPLIT_KV=$sk"
+      LM_CUDA_SPLIT_KV=$sk timeout 200 $LUMEN perf --device cuda --model /tmp/q06 -p 0 -n 64 -d $d -r 3 \
+        --no-bw --batch ${LONG_BATCH:-1,8} 2>&1 | grep -E " tg[0-9]"
+    done; done 2>&1 | tee "$OUT/longctx.log" ;;
   perf)
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     timeout 300 $LUMEN perf --device cuda --model /tmp/q06 -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \

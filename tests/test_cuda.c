@@ -393,6 +393,18 @@ static void test_attention_case(const struct attn_case *ac) {
             a.seq = dseq, a.pos = dpos;
             a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS;
             a.out = dout, a.out_bf16 = obf;
+            /* Mode 2: split-KV decode, 4 splits of one round of positions each (the last takes
+             * the rest), so the 38- and 301-position contexts merge several splits. */
+            const int G = NH / NKV, NZ = 4;
+            float *dpart = NULL;
+            unsigned *dcnt = NULL;
+            if (g_attn_dec == 2 && phase == 1) {
+                dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
+                dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
+                poison(dpart, sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
+                lm_cuda_memset(dcnt, 0, sizeof(unsigned) * (size_t)n * NKV);
+                a.n_splits = NZ, a.split_len = 1, a.split_part = dpart, a.split_count = dcnt;
+            }
             lm_cuda_upload(dqkv, qkv, sizeof(float) * n * QKV);
             poison(dout, sizeof(float) * n * Q);
             lm_status rc = LM_OK;
@@ -400,6 +412,15 @@ static void test_attention_case(const struct attn_case *ac) {
             if (!rc) rc = lm_cuda_attention(g_ctx, &a, n, phase == 1);
             CHECK(rc == LM_OK, "attention D=%d: %s", D, lm_error_message());
             sync_ok("attention");
+            if (dcnt) {
+                unsigned cnt[64] = {0};
+                const int nc = n * NKV < 64 ? n * NKV : 64;
+                lm_cuda_download(cnt, dcnt, sizeof(unsigned) * (size_t)nc);
+                int nonzero = 0;
+                for (int i = 0; i < nc; i++) nonzero += cnt[i] != 0;
+                CHECK(nonzero == 0, "split attention D=%d: %d split counters not reset", D, nonzero);
+                lm_cuda_free(dpart), lm_cuda_free(dcnt);
+            }
             /* The cache: what the GPU stored against the CPU's bf16-rounded K/V. */
             lm_cuda_download(kp, dk, 2 * pool);
             lm_cuda_download(vp, dv, 2 * pool);
@@ -480,13 +501,13 @@ static void test_attention(void) {
     static const struct attn_case cases[] = {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
-    /* Decode (phase 1) with the 8-warp kernel (v7, default: 1) and the v6 kernel (0); the second
-     * pass replays the first one's random inputs (and the generator is left where the first left
-     * it). */
+    /* Decode (phase 1) with the 8-warp kernel (v7, default: 1), the v6 kernel (0) and the 8-warp
+     * kernel split over positions (2); later passes replay the first one's random inputs (and the
+     * generator is left where the first left it). */
     const uint64_t rng0 = g_rng;
     uint64_t rng1 = 0;
-    static const int modes[] = {1, 0};
-    for (int mi = 0; mi < 2; mi++) {
+    static const int modes[] = {1, 0, 2}; /* 2: the 8-warp kernel with split-KV */
+    for (int mi = 0; mi < 3; mi++) {
         const int dec = modes[mi];
         if (mi == 1) rng1 = g_rng;
         if (mi > 0) g_rng = rng0;

@@ -136,6 +136,45 @@ static void test_forward(void) {
     free(lg);
 }
 
+/* Decode over a long context (split-KV attention: the step's longest context picks the graph's
+ * class, and contexts above 512 positions split over several blocks a KV head): a 1,100-token
+ * prompt of the fixtures' tokens, then 3 decode steps, CUDA against the CPU each step. */
+static void test_long_decode(void) {
+    enum { N = 1100, STEPS = 3 };
+    int32_t *prompt = malloc(sizeof(int32_t) * N);
+    for (int i = 0, k = 0; i < N; k++) {
+        const struct fcase *c = &g_cases[k % g_n_cases];
+        for (int j = 0; j < c->n_prompt && i < N; j++) prompt[i++] = c->prompt[j];
+    }
+    float *lc = malloc(sizeof(float) * (size_t)g_vocab), *lg = malloc(sizeof(float) * (size_t)g_vocab);
+    struct lm_seq *sc = NULL, *sg = NULL;
+    lm_status a = lm_seq_create(g_cpu, N + STEPS + 1, &sc);
+    lm_status b = a ? a : lm_seq_create(g_gpu, N + STEPS + 1, &sg);
+    CHECK(!a && !b, "long decode: lm_seq_create: %s", lm_error_message());
+    double worst = 0;
+    if (!a && !b) {
+        a = lm_seq_forward(sc, prompt, N, lc, false);
+        b = lm_seq_forward(sg, prompt, N, lg, false);
+        CHECK(!a && !b, "long decode: prefill: %s", lm_error_message());
+        for (int t = 0; t < STEPS && !a && !b; t++) {
+            int32_t next = 0;
+            for (int v = 1; v < g_vocab; v++)
+                if (lc[v] > lc[next]) next = v;
+            a = lm_seq_forward(sc, &next, 1, lc, false);
+            b = lm_seq_forward(sg, &next, 1, lg, false);
+            CHECK(!a && !b, "long decode: step %d: %s", t, lm_error_message());
+            double mx, e = rel_err(lg, lc, (size_t)g_vocab, &mx);
+            CHECK(e < 2e-2, "long decode: step %d at position %d: relative error %.3g (max abs %.3g)", t, N + t,
+                  e, mx);
+            if (e > worst) worst = e;
+        }
+    }
+    fprintf(stderr, "long decode: %d steps after %d tokens, worst relative error %.3g\n", STEPS, N, worst);
+    lm_seq_destroy(sc);
+    lm_seq_destroy(sg);
+    free(prompt), free(lc), free(lg);
+}
+
 /* ALL rows of one step larger than the device's 1,024 output rows: split over two calls. */
 static void test_all_rows(void) {
     const int n = 1040, nb = (n + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
@@ -436,6 +475,7 @@ int main(void) {
     load_cases();
     if (g_n_cases >= 8) {
         test_forward();
+        test_long_decode();
         test_all_rows();
         test_kv_copy();
         test_sched_greedy();

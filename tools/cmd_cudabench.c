@@ -515,8 +515,8 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
-        static const int smallb[] = {2, 4, 8};
-        for (int k = 0; k < 3 && !st; k++)
+        static const int smallb[] = {2, 3, 4, 8};
+        for (int k = 0; k < 4 && !st; k++)
             for (int g = 0; g < 2 && !st; g++) {
                 const int B = smallb[k];
                 if (B > maxb) break;

@@ -87,28 +87,44 @@ __global__ void __launch_bounds__(128) k_qk_norm_rope_store(const lm_cuda_attn a
 /* The end of both attention kernels: merges the block's NW warps' softmax states (running max
  * wm, sum wl, weighted V sums wacc) of each of its G query heads and writes out row t, heads
  * g * G .. g * G + G - 1 (float32 or bf16). stride: the block's thread count. */
+/* Output element d of query head qh of token t (float32 or bf16, as a.out_bf16). */
+__device__ __forceinline__ void attn_store(const lm_cuda_attn &a, int t, int qh, int Q, int D, int d, float o) {
+    const size_t oi = (size_t)t * Q + (size_t)qh * D + d;
+    if (a.out_bf16)
+        static_cast<uint16_t *>(a.out)[oi] = f2bf(o);
+    else
+        static_cast<float *>(a.out)[oi] = o;
+}
+
+/* Head h, dim d of a block's NW warp partials merged: *M the max, *num the weighted V sum, *den
+ * the sum of exponentials, both relative to *M (each warp's scaled by exp(its max - M), in warp
+ * order). */
+template <int NW, int GM, int D>
+__device__ __forceinline__ void attn_warp_sums(const float (&wm)[NW][GM], const float (&wl)[NW][GM],
+                                               const float (&wacc)[NW][GM][D], int h, int d, float *M,
+                                               float *num, float *den) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; w++) mx = fmaxf(mx, wm[w][h]);
+    float nu = 0.f, de = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - mx);
+        nu = fmaf(wacc[w][h][d], f, nu);
+        de = fmaf(wl[w][h], f, de);
+    }
+    *M = mx, *num = nu, *den = de;
+}
+
 template <int NW, int GM, int D>
 __device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const float (&wm)[NW][GM],
                                                  const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
                                                  int t, int g, int G, int Q, int stride) {
     for (int i = threadIdx.x; i < G * D; i += stride) {
         const int h = i / D, d = i % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w][h]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; w++) {
-            const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - M);
-            num = fmaf(wacc[w][h][d], f, num);
-            den = fmaf(wl[w][h], f, den);
-        }
-        const float o = num / den;
-        const size_t oi = (size_t)t * Q + (size_t)(g * G + h) * D + d;
-        if (a.out_bf16)
-            static_cast<uint16_t *>(a.out)[oi] = f2bf(o);
-        else
-            static_cast<float *>(a.out)[oi] = o;
+        float M, num, den;
+        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
+        attn_store(a, t, g * G + h, Q, D, d, num / den);
     }
 }
 
@@ -467,6 +483,12 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     /* Before the wait: the step's inputs (copied before its first kernel), the cache rows of
      * positions < pos (written by earlier steps; no kernel of this step writes them), weights. */
     const int seq = a.seq[t], pos = a.pos[t], L = pos + 1;
+    /* Split-KV (flash-decoding): block z of nz takes positions [p0, p1), the last one up to L. */
+    const int nz = gridDim.z, z = blockIdx.z, SL = a.split_len;
+    const int p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
+    if (p0 >= L) return; /* no position of this token here */
+    const int nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
+    const bool own = pos >= p0; /* this block holds the new token: it writes its K/V */
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
     const size_t off_new = kv_offset(a, bt[pos / BS], g, pos % BS, D);
     uint4 kr[NP][2], vr[NP][2];
@@ -491,7 +513,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
             }
         }
     };
-    load_round(0);
+    load_round(p0);
     float rc[PER], rs[PER];
     dec_rope_cs<D>(a.inv_freq, pos, lane, rc, rs);
 
@@ -501,10 +523,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     for (int vi = warp; vi <= G; vi += DEC_WARPS) {
         if (vi < G)
             dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, &qs[vi][0], nullptr, nullptr);
-        else
+        else if (own)
             dec_norm_rope<D>(row + Q + g * D, a.k_norm, rc, rs, a.eps, lane, nullptr, a.k_cache + off_new, kn);
     }
-    if ((int)threadIdx.x >= DEC_THREADS - D) {
+    if (own && (int)threadIdx.x >= DEC_THREADS - D) {
         const int d = threadIdx.x - (DEC_THREADS - D);
         const uint16_t v = f2bf(row[Q + KV + g * D + d]);
         a.v_cache[off_new + d] = v;
@@ -520,8 +542,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
 #pragma unroll
         for (int e = 0; e < 16; e++) acc[h][e] = 0.f;
     }
-    for (int r0 = 0; r0 < L; r0 += RP) {
-        if (r0) load_round(r0);
+    for (int r0 = p0; r0 < p1; r0 += RP) { /* SL is a multiple of RP: rounds end at p1 */
+        if (r0 != p0) load_round(r0);
         /* This token's own position: its K/V from shared memory. */
 #pragma unroll
         for (int p = 0; p < NP; p++) {
@@ -647,7 +669,48 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
         }
     }
     __syncthreads();
-    attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
+    if (nused == 1) {
+        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
+        return;
+    }
+    /* Split: this block's (max, sum, weighted V sum) per head to the scratch; the last block of
+     * the token's KV head to finish merges the splits in order 0 .. nused - 1 (Dao et al. 2023,
+     * flash-decoding), so the result does not depend on which block finishes last. */
+    const int stride = G * (D + 2);
+    float *part = a.split_part + (size_t)(t * a.n_kv_heads + g) * nz * stride;
+    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+        const int h = i / D, d = i % D;
+        float M, num, den;
+        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
+        float *ps = part + (size_t)z * stride;
+        ps[h * D + d] = num;
+        if (d == 0) ps[G * D + h] = M, ps[G * D + G + h] = den;
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        unsigned *cnt = a.split_count + t * a.n_kv_heads + g;
+        last = atomicAdd(cnt, 1u) == (unsigned)nused - 1;
+        if (last) *cnt = 0; /* every other split has arrived: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+        const int h = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int q = 0; q < nused; q++) M = fmaxf(M, __ldcg(part + (size_t)q * stride + G * D + h));
+        float num = 0.f, den = 0.f;
+        for (int q = 0; q < nused; q++) {
+            const float *ps = part + (size_t)q * stride;
+            const float mq = __ldcg(ps + G * D + h);
+            const float f = mq == -INFINITY ? 0.f : expf(mq - M);
+            num = fmaf(__ldcg(ps + h * D + d), f, num);
+            den = fmaf(__ldcg(ps + G * D + G + h), f, den);
+        }
+        attn_store(a, t, g * G + h, Q, D, d, num / den);
+    }
 }
 
 } // namespace
@@ -687,8 +750,14 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     if constexpr (GM * D <= 1024)
         if (fused && c->attn_dec) {
             auto fn = k_attn_dec<D, GM>;
-            if ((long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count)
-                return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
+            if ((long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count) {
+                if (a.n_splits <= 1 || !a.split_part || !a.split_count)
+                    return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
+                constexpr int RP = DecShape<D, GM>::RP;
+                lm_cuda_attn as = a;
+                as.split_len = (a.split_len < 1 ? 1 : a.split_len + RP - 1) / RP * RP;
+                return lm_launch(c, dim3(a.n_kv_heads, n, a.n_splits), dim3(DEC_THREADS), 0, fn, as);
+            }
         }
     /* V prefetch when the launch is too small to fill the GPU (latency-bound: decode at small
      * batch) and the slices fit in registers (D <= 128); otherwise occupancy matters more. */

@@ -48,6 +48,12 @@ struct graph_slot {
     cudaGraphExec_t exec;
 };
 
+/* Split-KV decode: contexts up to SPLIT_MIN_CTX positions run one block per (token, KV head) as
+ * before; longer ones, in class k (up to SPLIT_MIN_CTX << k positions), split into at most
+ * SPLIT_MAX pieces of at least SPLIT_MIN positions while the blocks fit one wave, so that batch-1
+ * decode at 4,096 positions uses 128 blocks instead of 8 (docs/perf-notes.md v10). */
+constexpr int SPLIT_MIN_CTX = 512, SPLIT_MIN = 256, SPLIT_MAX = 16;
+
 } // namespace
 
 struct lm_cuda_qwen3 {
@@ -66,11 +72,15 @@ struct lm_cuda_qwen3 {
     float *x, *qkv, *att, *gu, *h, *xo, *logits;
     uint16_t *xb, *attb, *hb;
     int32_t *ids_dev;
+    /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
+    float *split_part;
+    unsigned *split_count;
+    int n_classes; /* context classes of the decode graphs: <= 512 positions, <= 1024, ... */
     /* staging */
     char *in_dev, *in_host;
     int32_t *ids_host;
     size_t in_cap;
-    std::vector<graph_slot> graphs; /* [bucket * 2 + sampling] */
+    std::vector<graph_slot> graphs; /* [(class * (MO + 16) + bucket) * 2 + sampling] */
     char device_name[128];
 };
 
@@ -322,7 +332,16 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(dev_alloc(m, (void **)&m->in_dev, m->in_cap));
     LM_CU(cudaMallocHost((void **)&m->in_host, m->in_cap));
     LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * MO));
-    m->graphs.assign((size_t)(m->MO + 16) * 2, graph_slot{NULL});
+    const int G = m->cfg.n_heads / m->cfg.n_kv_heads;
+    LM_TRY(dev_alloc_t(m, &m->split_part, MO * m->cfg.n_kv_heads * SPLIT_MAX * G * (m->D + 2)));
+    LM_TRY(dev_alloc_t(m, &m->split_count, MO * m->cfg.n_kv_heads));
+    LM_TRY(lm_cuda_memset(m->split_count, 0, sizeof(unsigned) * MO * m->cfg.n_kv_heads));
+    m->n_classes = 1;
+    /* LM_CUDA_SPLIT_KV=0 in the environment turns split-KV decode off (for A/B measurements). */
+    const char *skv = getenv("LM_CUDA_SPLIT_KV");
+    if (!skv || strcmp(skv, "0") != 0)
+        while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
+    m->graphs.assign((size_t)(m->MO + 16) * 2 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -369,7 +388,7 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
 
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
-static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32) {
+static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n) {
     lm_cuda_attn a;
     memset(&a, 0, sizeof a);
     a.qkv = m->qkv;
@@ -387,7 +406,25 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     a.block_size = m->p.block_size;
     a.out = out_f32 ? (void *)m->att : (void *)m->attb;
     a.out_bf16 = !out_f32;
+    /* Contexts of up to SPLIT_MIN_CTX << cls positions, n tokens: at most one wave of the decode
+     * kernel's blocks (one a multiprocessor): each extra wave would repeat the blocks' fixed
+     * latency (v10: 16 splits at 16 sequences were 16-24% slower than none). */
+    const int waves = m->ctx->sm_count / std::max(1, n * m->cfg.n_kv_heads);
+    if (cls > 0 && waves > 1) {
+        const int cap = SPLIT_MIN_CTX << cls;
+        a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
+        a.split_len = (cap + a.n_splits - 1) / a.n_splits;
+        a.split_part = m->split_part;
+        a.split_count = m->split_count;
+    }
     return a;
+}
+
+/* The context class of a decode step whose longest context is max_len positions. */
+static int ctx_class(const lm_cuda_qwen3 *m, int max_len) {
+    int k = 0;
+    while (k + 1 < m->n_classes && (SPLIT_MIN_CTX << k) < max_len) k++;
+    return k;
 }
 
 static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
@@ -399,7 +436,7 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
-                             bool out_identity, bool sampling) {
+                             bool out_identity, bool sampling, int cls) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -415,7 +452,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     c->pdl = pdl;
     if (rc) return rc;
 
-    lm_cuda_attn a = make_attn(m, L, gemv);
+    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -514,6 +551,9 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         }
     }
 
+    int max_len = 0;
+    for (int i = 0; i < nt; i++) max_len = std::max(max_len, b->pos[i] + 1);
+    const int cls = decode ? ctx_class(m, max_len) : 0;
     lm_cuda_ctx *c = m->ctx;
     const bool use_graph = decode && p.graphs && nt <= m->MO;
     const int rows = use_graph ? bucket_of(m, nt) : nt;
@@ -552,17 +592,17 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
 
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g = m->graphs[(size_t)rows * 2 + (any_sampling ? 1 : 0)];
+        graph_slot &g = m->graphs[((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -584,7 +624,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
@@ -610,7 +650,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 4: return lm_cuda_gemv(c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
-        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows);
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows, 0, rows);
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }

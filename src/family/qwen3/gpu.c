@@ -205,8 +205,10 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
             int take = b->n - done;
             if (b->logits == LM_LOGITS_ALL && take > S - c.no) take = S - c.no;
             int32_t *row = g->bt + (size_t)c.ns * W;
+            /* The row's tail (blocks past this step's positions) keeps what an earlier step left
+             * there (calloc'd: valid ids or 0): the device reads only the blocks of positions up to
+             * each token's own. */
             memcpy(row, b->blocks, sizeof(int32_t) * (size_t)nb);
-            memset(row + nb, 0, sizeof(int32_t) * (size_t)(W - nb)); /* never read */
             for (int i = done; i < done + take; i++) {
                 g->ids[c.nt] = b->ids[i];
                 g->pos[c.nt] = b->pos + i;
