@@ -4,7 +4,9 @@
  * inputs at odd sizes, with 1, 2 and 3 threads; the matmul must give the reference's bits
  * (one fma chain per output, ops.h), on row-major and packed weights. The scalar references are
  * checked against float64 math and known values. The targets that ran are printed, and the run
- * chooses the same one lm_cpu_ops_fast() does.
+ * chooses the same one lm_cpu_ops_fast() does. The int8 path of Q8_0 weights (ops.h,
+ * LM_Q8_0_INT8): the activation quantizer and the matmul give the reference's bits at odd sizes
+ * (k a multiple of 32, odd m and n, every tile shape), row-major and packed.
  * LM_LINK: lm_backend lm_base */
 #include <math.h>
 #include <stdatomic.h>
@@ -13,6 +15,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant.h"
 #include "base/threadpool.h"
 #include "check.h"
 
@@ -121,6 +124,78 @@ static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
                     free(x), free(w), free(wf), free(y1), free(y2), free(wt), free(wp);
                 }
     fprintf(stderr, "matmul (%s, %d threads): max rel err %.3g\n", f->name, lm_pool_size(pool), worst);
+}
+
+/* The int8 Q8_0 path: quantizer and matmul against the scalar references, bit for bit. */
+static void test_q8_0_int8(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
+    const enum lm_q8_0_path saved = lm_cpu_q8_0_path();
+    lm_cpu_set_q8_0_path(LM_Q8_0_INT8);
+    /* Quantizer: known values (ties away from zero at d = 1 and d = 2, a zero block), then
+     * random blocks: the same bits as the reference. */
+    enum { NQ = 32 * 37 };
+    float x[NQ], d1[NQ / 32], d2[NQ / 32];
+    int8_t q1[NQ], q2[NQ];
+    fill(x, NQ, 3.0f);
+    for (int i = 0; i < 64; i++) x[i] = 0;
+    x[0] = 127, x[1] = 2.5f, x[2] = -2.5f, x[3] = 0.5f, x[4] = -0.5f, x[5] = 1.49f, x[6] = -126.5f;
+    x[32] = -254, x[33] = 5, x[34] = -5, x[35] = 3; /* d = 2: 2.5 -> 3, -2.5 -> -3, 1.5 -> 2 */
+    for (int i = 64; i < 96; i++) x[i] = 0;
+    s->quantize_q8_0_act(x, q1, d1, NQ);
+    f->quantize_q8_0_act(x, q2, d2, NQ);
+    CHECK(d1[0] == 1.0f && q1[0] == 127 && q1[1] == 3 && q1[2] == -3 && q1[3] == 1 && q1[4] == -1 &&
+              q1[5] == 1 && q1[6] == -127,
+          "activation quants, d = 1: %g %d %d %d %d %d %d %d", d1[0], q1[0], q1[1], q1[2], q1[3], q1[4], q1[5], q1[6]);
+    CHECK(d1[1] == 2.0f && q1[32] == -127 && q1[33] == 3 && q1[34] == -3 && q1[35] == 2,
+          "activation quants, d = 2: %g %d %d %d %d", d1[1], q1[32], q1[33], q1[34], q1[35]);
+    int nz = 0, big = 0;
+    for (int i = 64; i < 96; i++) nz += q1[i] != 0;
+    for (int i = 0; i < NQ; i++) big += q1[i] < -127;
+    CHECK(d1[2] == 0 && nz == 0 && big == 0, "zero block (d %g, %d nonzero) and |q| <= 127 (%d)", d1[2], nz, big);
+    CHECK(!memcmp(q1, q2, sizeof q1) && !memcmp(d1, d2, sizeof d1), "quantize_q8_0_act %s: not the reference's bits",
+          f->name);
+    /* Matmul at odd sizes over every tile shape (n = 1: groups of 4; n > 1: tiles of up to 4
+     * tokens). */
+    const int ks[] = {32, 96, 160, 1056}, ms[] = {1, 7, 33, 129}, ns[] = {1, 3, 5, 17, 31};
+    for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int k = ks[ki], m = ms[mi], n = ns[ni], nb = k / 32;
+                float *xa = malloc(sizeof(float) * n * k), *wf = malloc(sizeof(float) * m * k);
+                float *y1 = malloc(sizeof(float) * n * m), *y2 = malloc(sizeof(float) * n * m);
+                float *xd = malloc(sizeof(float) * n * nb);
+                int8_t *xq = malloc((size_t)n * k);
+                struct lm_block_q8_0 *w = malloc(sizeof *w * (size_t)m * nb);
+                void *wp = malloc(lm_cpu_packed_bytes(LM_DTYPE_Q8_0, m, k));
+                fill(xa, (long)n * k, 2.0f);
+                fill(wf, (long)m * k, 0.1f);
+                for (int r = 0; r < m; r++) lm_q8_0_quantize_row(wf + (long)r * k, w + (long)r * nb, k);
+                lm_cpu_pack(wp, w, LM_DTYPE_Q8_0, m, k);
+                s->matmul(NULL, y1, xa, w, LM_DTYPE_Q8_0, n, k, m);
+                /* The reference against float64 of the same quantized operands. */
+                s->quantize_q8_0_act(xa, xq, xd, (long)n * k);
+                double e64 = 0, mx = 0;
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < m; j++) {
+                        double acc = 0;
+                        for (int b = 0; b < nb; b++)
+                            for (int l = 0; l < 32; l++)
+                                acc += (double)lm_f16_to_f32(w[j * nb + b].d) * w[j * nb + b].qs[l] *
+                                       xd[i * nb + b] * xq[i * k + b * 32 + l];
+                        e64 = fmax(e64, fabs(acc - y1[i * m + j]));
+                        mx = fmax(mx, fabs(acc));
+                    }
+                CHECK(e64 <= 1e-5 * mx, "int8 scalar matmul vs float64: %g (max %g) k=%d m=%d n=%d", e64, mx, k, m, n);
+                f->matmul(pool, y2, xa, w, LM_DTYPE_Q8_0, n, k, m);
+                CHECK(!memcmp(y1, y2, sizeof(float) * n * m), "int8 matmul %s k=%d m=%d n=%d: not the reference's bits",
+                      f->name, k, m, n);
+                memset(y2, 0xff, sizeof(float) * n * m);
+                f->matmul(pool, y2, xa, wp, LM_DTYPE_Q8_0_P16, n, k, m);
+                CHECK(!memcmp(y1, y2, sizeof(float) * n * m),
+                      "int8 matmul %s packed k=%d m=%d n=%d: not the reference's bits", f->name, k, m, n);
+                free(xa), free(wf), free(y1), free(y2), free(xd), free(xq), free(w), free(wp);
+            }
+    lm_cpu_set_q8_0_path(saved);
 }
 
 static void test_rmsnorm(struct lm_pool *pool, const struct lm_cpu_ops *f) {
@@ -317,6 +392,7 @@ int main(void) {
             struct lm_pool *pool;
             lm_pool_create(nt, &pool);
             test_matmul(pool, f);
+            test_q8_0_int8(pool, f);
             test_rmsnorm(pool, f);
             test_rope(pool, f);
             test_swiglu_softmax(pool, f);

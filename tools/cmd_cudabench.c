@@ -49,7 +49,7 @@ static void usage(FILE *f) {
             "  -p, --prompt P  prefill test over a P-token prompt (0 skips; default 512)\n"
             "  -n, --gen N     batch-1 decode test of N steps (0 skips; default 128)\n"
             "  --batches LIST  batch sizes of the throughput test, comma-separated (default\n"
-            "                  1,8,32,64,128,256; empty skips)\n"
+            "                  1,8,32,64,128,256; --batches= skips it)\n"
             "  --in N          prompt tokens per sequence in the throughput test (default 128)\n"
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/ops.h"
 #include "base/threadpool.h"
 #include "commands.h"
 #include "family/family.h"
@@ -46,13 +47,17 @@ static void usage(FILE *f) {
             "  --no-bw           skip the read-bandwidth measurement\n"
             "  --scalar          use the plain scalar reference kernels\n"
             "                    (the fast CPU kernels are the best vector target of this CPU,\n"
-            "                    chosen at run time: avx512, avx2, generic or neon; the table's\n"
-            "                    header names it; LM_CPU_KERNELS=avx2 in the environment asks for\n"
-            "                    another)\n"
+            "                    chosen at run time: avx512vnni, avx512, avx2, generic or neon;\n"
+            "                    the table's header names it; LM_CPU_KERNELS=avx2 in the\n"
+            "                    environment asks for another; for q8_0 weights the header also\n"
+            "                    names the matmul path: int8 (the default: activations quantized\n"
+            "                    to Q8_0 blocks, int8 dot products, as llama.cpp) or dequant\n"
+            "                    (weights widened to float32, float activations: LM_CPU_Q8_ACT=0\n"
+            "                    in the environment))\n"
             "  --device D        run on cpu (default), cuda or cuda:N (a GPU: weights and KV cache\n"
-            "                    in bf16; pp and tg copy each logits row back to the host as\n"
-            "                    lm_seq does; batched decode (B > 1) has the GPU choose greedy ids,\n"
-            "                    as lumen serve does, so only ids come back)\n"
+            "                    in bf16; pp copies the logits row back to the host as lm_seq does;\n"
+            "                    decode (tg, any B) has the GPU choose greedy ids, as lumen serve\n"
+            "                    does, so only ids come back)\n"
             "  -h, --help        show this help\n");
 }
 
@@ -352,6 +357,10 @@ int lm_cmd_perf(int argc, char **argv) {
                                                   : "mmap'd in place, prefaulted, NOT locked (mlock "
                                                     "refused: pages may be evicted)";
     const char *wshort = !info.weights_mapped ? "ram" : info.weights_locked ? "mmap+mlock" : "mmap";
+    /* Q8_0 weights on the CPU: which matmul path (backend/cpu/ops.h, LM_CPU_Q8_ACT). */
+    const char *q8path = (!params.device || !strcmp(params.device, "cpu")) && !strcmp(info.weight_dtype, "q8_0")
+                             ? lm_q8_0_path_name(lm_cpu_q8_0_path())
+                             : NULL;
 
     /* The read-bandwidth probe: 3 samples now, and one before each decode repetition (paired:
      * the machine is shared, so each decode figure is compared with a read made next to it). */
@@ -386,8 +395,9 @@ int lm_cmd_perf(int argc, char **argv) {
                lm_model_name(m), info.format, cfg->model_type, cfg->num_hidden_layers, cfg->hidden_size,
                cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim, cfg->vocab_size,
                info.n_params / 1e6);
-        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d threads\n", info.weight_dtype,
-               info.weight_bytes / (1024.0 * 1024.0), residency, load_s, info.kernels, info.n_threads);
+        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d threads%s%s\n", info.weight_dtype,
+               info.weight_bytes / (1024.0 * 1024.0), residency, load_s, info.kernels, info.n_threads,
+               q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "");
         fflush(stdout);
     }
     lm_status st = LM_OK;
@@ -412,7 +422,7 @@ int lm_cmd_perf(int argc, char **argv) {
         } else {
             if (!n) continue;
             int B = batches[test - 1];
-            if (B == 1) {
+            if (B == 1 && !lm_model_samples_on_device(m)) {
                 st = run_seq(s, ids, depth, 0, n, reps, logits, x, &probe, rep_bw);
             } else if (lm_model_samples_on_device(m)) {
                 /* A CUDA model holds one KV cache at a time: the sequence's makes way. */
@@ -475,11 +485,12 @@ int lm_cmd_perf(int argc, char **argv) {
     if (!rc && json) {
         printf("{\"model\": \"%s\", \"format\": \"%s\", \"model_type\": \"%s\", \"params\": %ld, "
                "\"weight_dtype\": \"%s\", \"weight_bytes\": %zu, \"weights\": \"%s\", \"weights_mapped\": %s, "
-               "\"weights_locked\": %s, \"kernels\": \"%s\", \"threads\": %d, \"load_s\": %.3f, "
-               "\"reps\": %d, \"depth\": %d,\n \"read_bandwidth_gbps\": ",
+               "\"weights_locked\": %s, \"kernels\": \"%s\", \"q8_0_matmul\": %s%s%s, \"threads\": %d, "
+               "\"load_s\": %.3f, \"reps\": %d, \"depth\": %d,\n \"read_bandwidth_gbps\": ",
                lm_model_name(m), info.format, cfg->model_type, info.n_params, info.weight_dtype,
                info.weight_bytes, wshort, info.weights_mapped ? "true" : "false",
-               info.weights_locked ? "true" : "false", info.kernels, info.n_threads, load_s, reps, depth);
+               info.weights_locked ? "true" : "false", info.kernels, q8path ? "\"" : "",
+               q8path ? q8path : "null", q8path ? "\"" : "", info.n_threads, load_s, reps, depth);
         if (bwst.n)
             json_stats(&bwst);
         else

@@ -16,7 +16,11 @@
  *   panels (n >= LM_MM_PANEL_MIN, or row-major weights mapped from a file): a thread widens one
  *     group into a float32 panel [k][16] (L2-resident; row-major weights are transposed 8 x 8 on
  *     the way under AVX2), then an outer-product tile of 6 tokens x 16 rows (12 accumulators,
- *     the BLIS shape) runs over every token: per column 2 loads, 6 broadcasts, 12 FMAs. */
+ *     the BLIS shape) runs over every token: per column 2 loads, 6 broadcasts, 12 FMAs;
+ *   Q8_0 on the int8 path (ops.h, LM_Q8_0_INT8; any n): the activations are quantized once per
+ *     call (quant_act), then tiles of 4 groups x 1 token or 1 group x QI_T tokens take int8 dot
+ *     products of 4 columns per lane (tile_q8i); row-major Q8_0 goes row by row (one token) or
+ *     packs each group into the thread's buffer first (batches). */
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -54,6 +58,8 @@
 
 /* Work below this many multiply-adds runs on the calling thread: waking the pool costs more. */
 enum { MM_PAR_MIN_WORK = 1 << 15 };
+/* Activations below this many values are quantized on the calling thread (int8 path). */
+enum { MM_QA_PAR_MIN = 1 << 16 };
 
 /* ---- column loads of packed groups: 16 rows of column l as NV vectors in row order ---- */
 
@@ -137,6 +143,26 @@ DEFINE_TILE(f32, float, col_f32)
 DEFINE_TILE(f16, uint16_t, col_f16)
 DEFINE_TILE(bf16, uint16_t, col_bf16)
 
+/* Column c4 (< 4) of a run of 4 packed Q8_0 columns (ops.h: row j's 4 quants at bytes 4j..4j+3
+ * of `p`): the 16 rows' int8 widened to float32 (not scaled), NV vectors in row order. */
+ALWAYS_INLINE void col_q8(vf *o, const unsigned char *p, const int c4) {
+#if defined(SIMD_AVX2)
+    _Pragma("GCC unroll 2") for (int v = 0; v < 2; v++) {
+        __m256i r = _mm256_loadu_si256((const __m256i *)(p + 32 * v));
+        o[v] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(r, 24 - 8 * c4), 24));
+    }
+#elif defined(SIMD_AVX512)
+    __m512i r = _mm512_loadu_si512((const void *)p);
+    o[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(r, 24 - 8 * c4), 24));
+#else
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
+        const int8_t *q = (const int8_t *)p + 16 * v + c4;
+        vf t = {(float)q[0], (float)q[4], (float)q[8], (float)q[12]};
+        o[v] = t;
+    }
+#endif
+}
+
 /* Q8_0: per block of 32 columns the groups' 16 scales are widened once; column l's weights are
  * then q * d (exact) before the same fma. */
 ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, const float *x,
@@ -150,12 +176,12 @@ ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, cons
         _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
                 d[i][v] = V_LOAD_F16((const uint16_t *)(w + i * gs + (long)b * QGB) + v * VL);
-        for (int q = 0; q < LM_Q8_0_BLOCK; q++) {
-            const long l = (long)b * LM_Q8_0_BLOCK + q;
+        for (int q4 = 0; q4 < LM_Q8_0_BLOCK; q4 += 4) _Pragma("GCC unroll 4") for (int c4 = 0; c4 < 4; c4++) {
+            const long l = (long)b * LM_Q8_0_BLOCK + q4 + c4;
             if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */
-                const int8_t *qs = (const int8_t *)(w + (long)b * QGB + 2 * G + q * G);
                 vf c[NV];
-                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) c[v] = V_MUL(V_LOAD_I8(qs + v * VL), d[0][v]);
+                col_q8(c, w + (long)b * QGB + 2 * G + q4 * G, c4);
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) c[v] = V_MUL(c[v], d[0][v]);
                 _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
                     vf xb = V_SET1(x[t * ldx + l]);
                     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][t][v] = V_FMA(c[v], xb, acc[0][t][v]);
@@ -165,11 +191,12 @@ ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, cons
             vf xb[3];
             _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xb[t] = V_SET1(x[t * ldx + l]);
             _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
-                const int8_t *qs = (const int8_t *)(w + i * gs + (long)b * QGB + 2 * G + q * G);
+                vf c[NV];
+                col_q8(c, w + i * gs + (long)b * QGB + 2 * G + q4 * G, c4);
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
-                    vf c = V_MUL(V_LOAD_I8(qs + v * VL), d[i][v]);
+                    c[v] = V_MUL(c[v], d[i][v]);
                     _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) acc[i][t][v] =
-                        V_FMA(c, xb[t], acc[i][t][v]);
+                        V_FMA(c[v], xb[t], acc[i][t][v]);
                 }
             }
         }
@@ -200,6 +227,222 @@ DEFINE_TILE_SWITCH(f32, float)
 DEFINE_TILE_SWITCH(f16, uint16_t)
 DEFINE_TILE_SWITCH(bf16, uint16_t)
 DEFINE_TILE_SWITCH(q8_0, unsigned char)
+
+/* ---- Q8_0 weights x Q8_0 activations: the int8 path (ops.h, LM_Q8_0_INT8) ----
+ *
+ * Per block of 32 columns each (row, token) gets an exact int32 dot product; the kernels
+ * vectorize it across rows (a run of 4 packed columns of 16 rows is 64 bytes, row j's 4 quants
+ * at 4j: one 4-wide dot per row and lane), and then fold it into the float32 chain
+ * acc = fma((float)isum, dw * dx, acc) in block order, as the scalar reference does. */
+
+#if defined(SIMD_AVX2) || defined(SIMD_AVX512)
+typedef __m256i vi; /* 8 rows' int32 sums */
+#define NVI 2       /* vi per 16 rows */
+#ifndef QI_T
+#define QI_T 4 /* tokens per tile of a batch */
+#endif
+/* 4 activation quants broadcast to every lane. */
+ALWAYS_INLINE vi qi_x4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+/* 8 rows x 4 quants of weights, and their magnitudes (maddubs wants one unsigned operand). */
+struct qi_w {
+    __m256i w, aw;
+};
+ALWAYS_INLINE struct qi_w qi_load(const unsigned char *p) {
+    struct qi_w r;
+    r.w = _mm256_loadu_si256((const __m256i *)p);
+    r.aw = _mm256_abs_epi8(r.w);
+    return r;
+}
+/* acc + each row's 4-wide dot: |w| * (x with w's sign) in pairs (maddubs: at most
+ * 2 * 128 * 127 < 2^15, |x| <= 127, so never saturated), pairs of pairs (madd with ones). As
+ * ggml's mul_sum_i8_pairs; with VNNI one vpdpbusd (ggml's AVX512VNNI path). */
+ALWAYS_INLINE vi qi_dot(vi acc, struct qi_w w, vi x4) {
+#ifdef LM_SIMD_VNNI /* the 4 products and the sum in one instruction (no int16 stage) */
+    acc = _mm256_dpbusd_epi32(acc, w.aw, _mm256_sign_epi8(x4, w.w));
+#else
+    __m256i p = _mm256_maddubs_epi16(w.aw, _mm256_sign_epi8(x4, w.w));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+    /* Keep the block's sums one chain in a register: GCC reassociates them into a tree whose
+     * partial sums spill (measured: 28 -> 36 GMAC/s one token, 31 -> 44 four tokens). */
+    __asm__("" : "+x"(acc));
+    return acc;
+}
+ALWAYS_INLINE vi qi_zero(void) { return _mm256_setzero_si256(); }
+/* The 16 rows' sums as NV float32 vectors (exact: |isum| <= 32 * 128 * 127 < 2^24). */
+ALWAYS_INLINE void qi_float(vf *o, const vi *s) {
+#if defined(SIMD_AVX2)
+    o[0] = _mm256_cvtepi32_ps(s[0]), o[1] = _mm256_cvtepi32_ps(s[1]);
+#else
+    o[0] = _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(s[0]), s[1], 1));
+#endif
+}
+ALWAYS_INLINE float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* lm_q8_0_quantize_act (quant.h), 32 values a block: the same operations in the same IEEE
+ * rounding (max, d = amax / 127, id = 1 / d, x * id), and roundf's halves away from zero as
+ * trunc(v) + (|v - trunc(v)| >= 0.5 ? copysign(1, v) : 0) (v - trunc(v) is exact), so the
+ * same bits. */
+static void quant_act(const float *x, int8_t *q, float *d, long n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (long b = 0; b < n / LM_Q8_0_BLOCK; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + b * LM_Q8_0_BLOCK + 8 * i);
+        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                  _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        const float amax = hmax8(mx), db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
+        d[b] = db;
+        __m256i r[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 s = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+            __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(s, t)), half, _CMP_GE_OQ);
+            __m256 adj = _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(sign, s), one));
+            r[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, adj));
+        }
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * LM_Q8_0_BLOCK), p);
+    }
+}
+#else
+typedef int32_t vi __attribute__((vector_size(16))); /* 4 rows' int32 sums */
+#define NVI 4
+#define QI_T 2
+ALWAYS_INLINE vi qi_x4(const int8_t *x) {
+    vi v = {x[0], x[1], x[2], x[3]};
+    return v;
+}
+/* 4 rows x 4 quants as 4 columns of 4 rows. */
+struct qi_w {
+    vi c[4];
+};
+ALWAYS_INLINE struct qi_w qi_load(const unsigned char *p) {
+    const int8_t *q = (const int8_t *)p;
+    struct qi_w r;
+    for (int c = 0; c < 4; c++) {
+        vi v = {q[c], q[4 + c], q[8 + c], q[12 + c]};
+        r.c[c] = v;
+    }
+    return r;
+}
+ALWAYS_INLINE vi qi_dot(vi acc, struct qi_w w, vi x4) {
+    for (int c = 0; c < 4; c++) {
+        vi xb = {x4[c], x4[c], x4[c], x4[c]};
+        acc += w.c[c] * xb;
+    }
+    return acc;
+}
+ALWAYS_INLINE vi qi_zero(void) {
+    vi z = {0, 0, 0, 0};
+    return z;
+}
+ALWAYS_INLINE void qi_float(vf *o, const vi *s) {
+    for (int v = 0; v < NVI; v++) o[v] = __builtin_convertvector(s[v], vf);
+}
+static void quant_act(const float *x, int8_t *q, float *d, long n) { lm_q8_0_quantize_act(x, q, d, n); }
+#endif
+
+/* NG groups (stride gs bytes) x T tokens of packed Q8_0 weights against quantized activations:
+ * token t's quants at xq + t * ldx, its block scales at xd + t * (ldx / 32); y as tile_*. */
+ALWAYS_INLINE void tile_q8i(const int NG, const int T, float *y, long ldy, const int8_t *xq,
+                            const float *xd, long ldx, int k, const unsigned char *w, long gs,
+                            int valid) {
+    vf acc[4][QI_T][NV];
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();
+    const long ldd = ldx / LM_Q8_0_BLOCK;
+    for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
+        vi s[4][QI_T][NVI];
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+                _Pragma("GCC unroll 4") for (int v = 0; v < NVI; v++) s[i][t][v] = qi_zero();
+        _Pragma("GCC unroll 8") for (int q4 = 0; q4 < LM_Q8_0_BLOCK; q4 += 4) {
+            vi x4[QI_T];
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) x4[t] = qi_x4(xq + t * ldx + (long)b * LM_Q8_0_BLOCK + q4);
+            _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+                _Pragma("GCC unroll 4") for (int v = 0; v < NVI; v++) {
+                    struct qi_w wv = qi_load(w + i * gs + (long)b * QGB + 2 * G + q4 * G + v * (4 * G / NVI));
+                    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) s[i][t][v] = qi_dot(s[i][t][v], wv, x4[t]);
+                }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
+            vf dw[NV];
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+                dw[v] = V_LOAD_F16((const uint16_t *)(w + i * gs + (long)b * QGB) + v * VL);
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+                vf f[NV], dx = V_SET1(xd[t * ldd + b]);
+                qi_float(f, s[i][t]);
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] =
+                    V_FMA(f[v], V_MUL(dw[v], dx), acc[i][t][v]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);
+}
+
+#define TILE_Q8I_CASE(NG, T)                                                                     \
+    case NG * 8 + T: tile_q8i(NG, T, y, ldy, xq, xd, ldx, k, w, gs, valid); break;
+static void tiles_q8i(int NG, int T, float *y, long ldy, const int8_t *xq, const float *xd, long ldx,
+                      int k, const unsigned char *w, long gs, int valid) {
+    switch (NG * 8 + T) {
+        TILE_Q8I_CASE(1, 1) TILE_Q8I_CASE(2, 1) TILE_Q8I_CASE(3, 1) TILE_Q8I_CASE(4, 1)
+        TILE_Q8I_CASE(1, 2)
+#if QI_T > 2
+        TILE_Q8I_CASE(1, 3)
+#endif
+#if QI_T > 3
+        TILE_Q8I_CASE(1, 4)
+#endif
+#if QI_T > 4
+        TILE_Q8I_CASE(1, 5) TILE_Q8I_CASE(1, 6)
+#endif
+    default: assert(0 && "tile shape");
+    }
+}
+
+/* The int32 dot product of 32 int8 weights and 32 int8 activations (exact in any order). */
+ALWAYS_INLINE int32_t dot32_i8(const int8_t *w, const int8_t *x) {
+#if defined(SIMD_AVX2) || defined(SIMD_AVX512)
+    struct qi_w wv = qi_load((const unsigned char *)w);
+    __m256i s = qi_dot(qi_zero(), wv, _mm256_loadu_si256((const __m256i *)x));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+#else
+    int32_t isum = 0;
+    for (int l = 0; l < LM_Q8_0_BLOCK; l++) isum += (int32_t)w[l] * (int32_t)x[l];
+    return isum;
+#endif
+}
+
+/* Rows [r0, r1) of row-major Q8_0 weights (a mapped file) on the int8 path, every token: one
+ * row and token at a time, the blocks in the reference's order. */
+static void rows_q8i(float *y, int m, const int8_t *xq, const float *xd, int n, int k,
+                     const struct lm_block_q8_0 *w, long r0, long r1) {
+    const int nb = k / LM_Q8_0_BLOCK;
+    for (long r = r0; r < r1; r++)
+        for (int t = 0; t < n; t++) {
+            const struct lm_block_q8_0 *wb = w + r * nb;
+            const int8_t *xt = xq + (long)t * k;
+            float acc = 0;
+            for (int b = 0; b < nb; b++)
+                acc = fmaf((float)dot32_i8(wb[b].qs, xt + b * LM_Q8_0_BLOCK), S_F16(wb[b].d) * xd[(long)t * nb + b], acc);
+            y[(long)t * m + r] = acc;
+        }
+}
 
 /* Groups [g, g + NG) of packed weights for tokens [t, t + T). */
 static void tiles_packed(enum lm_dtype wt, int NG, int T, float *y, int m, const float *x, int k,
@@ -281,10 +524,14 @@ static void widen_group(float *pan, const void *w, enum lm_dtype wt, long g, int
                 const unsigned char *bp = gp + (size_t)b * QGB;
                 vf d[NV];
                 for (int v = 0; v < NV; v++) d[v] = V_LOAD_F16((const uint16_t *)bp + v * VL);
-                for (int q = 0; q < LM_Q8_0_BLOCK; q++)
-                    for (int v = 0; v < NV; v++) {
-                        vf e = V_MUL(V_LOAD_I8((const int8_t *)bp + 2 * G + q * G + v * VL), d[v]);
-                        V_STORE(pan + ((long)b * LM_Q8_0_BLOCK + q) * G + v * VL, e);
+                for (int q4 = 0; q4 < LM_Q8_0_BLOCK; q4 += 4)
+                    _Pragma("GCC unroll 4") for (int c4 = 0; c4 < 4; c4++) {
+                        vf e[NV];
+                        col_q8(e, bp + 2 * G + q4 * G, c4);
+                        for (int v = 0; v < NV; v++) {
+                            e[v] = V_MUL(e[v], d[v]);
+                            V_STORE(pan + ((long)b * LM_Q8_0_BLOCK + q4 + c4) * G + v * VL, e[v]);
+                        }
                     }
             }
             break;
@@ -399,7 +646,9 @@ struct mm_args {
     enum lm_dtype wt;
     int n, k, m;
     bool panels;    /* the panel path */
-    float *scratch; /* panels: one [k][16] panel per thread */
+    float *scratch; /* panels: one [k][16] panel per thread (int8 path: one packed group) */
+    const int8_t *xq; /* the int8 path (Q8_0 weights): x quantized, [n][k] */
+    const float *xd;  /* and its block scales, [n][k / 32] */
     long chunk;     /* groups a thread takes at a time */
     atomic_long next; /* the first group nobody has taken */
 };
@@ -407,6 +656,29 @@ struct mm_args {
 /* Groups [g0, g1) on thread ith. */
 static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
     const int n = a->n, k = a->k, m = a->m;
+    if (a->xq) { /* Q8_0 weights, int8 path */
+        const long gs = G * (long)lm_dtype_row_bytes(LM_DTYPE_Q8_0, k);
+        const bool packed = lm_dtype_is_packed(a->wt);
+        if (!packed && n == 1) { /* decode from a mapped file: row by row */
+            rows_q8i(a->y, m, a->xq, a->xd, n, k, a->w, g0 * G, g1 * G < m ? g1 * G : m);
+            return;
+        }
+        const int ng = n == 1 ? 4 : 1, tt = n == 1 ? 1 : QI_T;
+        for (long g = g0; g < g1; g += ng) {
+            const int NG = g1 - g < ng ? (int)(g1 - g) : ng;
+            const int valid = m - (int)(g + NG - 1) * G < G ? m - (int)(g + NG - 1) * G : G;
+            const unsigned char *wg = (const unsigned char *)a->w + g * gs;
+            if (!packed) { /* a batch from a mapped file: this group packed into the thread's panel */
+                unsigned char *pan = (unsigned char *)a->scratch + (size_t)ith * (size_t)gs;
+                lm_cpu_pack(pan, wg, LM_DTYPE_Q8_0, valid, k);
+                wg = pan;
+            }
+            for (int t = 0; t < n; t += tt)
+                tiles_q8i(NG, n - t < tt ? n - t : tt, a->y + (long)t * m + g * G, m, a->xq + (long)t * k,
+                          a->xd + (long)t * (k / LM_Q8_0_BLOCK), k, k, wg, gs, valid);
+        }
+        return;
+    }
 #ifdef SIMD_AVX2
     if (n == 1 && !lm_dtype_is_packed(a->wt)) {
         /* Whole groups only: rows past m would be read from outside the matrix. */
@@ -476,12 +748,57 @@ static void mm_task(void *p, int ith, int nth) {
     }
 }
 
+/* Rows of x quantized for the int8 path, split over the pool. */
+struct qa_args {
+    const float *x;
+    int8_t *xq;
+    float *xd;
+    int n, k;
+};
+static void qa_task(void *p, int ith, int nth) {
+    const struct qa_args *a = p;
+    long i0, i1;
+    lm_pool_split(a->n, ith, nth, 1, &i0, &i1);
+    for (long i = i0; i < i1; i++)
+        quant_act(a->x + i * a->k, a->xq + i * a->k, a->xd + i * (a->k / LM_Q8_0_BLOCK), a->k);
+}
+
 static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                         enum lm_dtype wt, int n, int k, int m) {
     assert(lm_dtype_unpacked(wt) != LM_DTYPE_Q8_0 || k % LM_Q8_0_BLOCK == 0);
-    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL, 0, 0};
+    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL, NULL, NULL, 0, 0};
     bool par = (long)n * k * m >= MM_PAR_MIN_WORK && m > G;
     int nth = par ? lm_pool_size(pool) : 1;
+    if (lm_dtype_unpacked(wt) == LM_DTYPE_Q8_0 && lm_cpu_q8_0_path() == LM_Q8_0_INT8) {
+        /* The int8 path: quantize x once ([n][k] int8, then [n][k/32] float scales in the
+         * calling thread's scratch), then every thread's tiles read it. */
+        const size_t qbytes = ((size_t)n * k + 63) / 64 * 64;
+        const size_t dbytes = ((size_t)n * (k / LM_Q8_0_BLOCK) * 4 + 63) / 64 * 64;
+        /* Row-major weights in a batch: one packed group per thread after the activations. */
+        const size_t pbytes = lm_dtype_is_packed(wt) || n == 1 ? 0 : (size_t)nth * G * lm_dtype_row_bytes(wt, k);
+        char *buf = (char *)lm_cpu_scratch((qbytes + dbytes + pbytes + 3) / 4);
+        if (!buf) {
+            lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
+            return;
+        }
+        struct qa_args q = {x, (int8_t *)buf, (float *)(buf + qbytes), n, k};
+        a.scratch = (float *)(buf + qbytes + dbytes);
+        if (par && (long)n * k >= MM_QA_PAR_MIN) /* prefill; a small batch is quicker here */
+            lm_pool_run(pool, qa_task, &q);
+        else
+            qa_task(&q, 0, 1);
+        a.xq = q.xq, a.xd = q.xd;
+        const long groups = (m + G - 1) / G;
+        long chunk = (groups + (long)nth * MM_CHUNKS - 1) / ((long)nth * MM_CHUNKS);
+        if (n == 1) chunk = (chunk + 3) / 4 * 4; /* whole 4-group tiles */
+        a.chunk = chunk < 1 ? 1 : chunk;
+        atomic_init(&a.next, 0);
+        if (par)
+            lm_pool_run(pool, mm_task, &a);
+        else
+            mm_task(&a, 0, 1);
+        return;
+    }
     a.panels = n >= LM_MM_PANEL_MIN || !lm_dtype_is_packed(wt);
     /* About MM_CHUNKS chunks a thread; streaming tiles want whole 4-group tiles (12 groups:
      * also whole 3-group Q8_0 tiles and 2-group pairs). */

@@ -338,6 +338,7 @@ static const struct lm_cpu_ops k_fast = {
     .attention = f_attention,
     .attention_paged = f_attention_paged,
     .convert_row = f_convert_row,
+    .quantize_q8_0_act = quant_act,
 };
 
 const struct lm_cpu_ops *LM_KERN_TABLE(void) { return &k_fast; }

@@ -1,13 +1,13 @@
 /* ops.h: the CPU kernels behind one ops table: matmul, RMSNorm, RoPE, SwiGLU, softmax,
- * attention, row conversion.
+ * attention, row conversion, and the Q8_0 activation quantizer of the int8 matmul path.
  *
  * Two tables implement the same contract: lm_cpu_ops_scalar() holds plain single-threaded loops
  * that read like the math (the reference the tests compare against), lm_cpu_ops_fast() the SIMD
  * versions, threaded over rows with a base/threadpool.h pool and returning only when every thread
  * is done (the barrier between ops). The fast kernels are compiled for several vector targets in
- * one binary (AVX-512F; AVX2+FMA+F16C; GCC vector extensions: NEON on AArch64, SSE2 on older
- * x86-64) and the best one the CPU runs is chosen at run time (cpuid); lm_cpu_ops_fast()->name
- * says which. Every target's matmul gives the scalar reference's bits.
+ * one binary (AVX-512F, also with VNNI; AVX2+FMA+F16C; GCC vector extensions: NEON on AArch64,
+ * SSE2 on older x86-64) and the best one the CPU runs is chosen at run time (cpuid);
+ * lm_cpu_ops_fast()->name says which. Every target's matmul gives the scalar reference's bits.
  *
  * Activations are float32, row-major. Weights may be float32, float16 or bfloat16 and are
  * widened to float32 on the fly, or Q8_0 blocks (see the matmul's contract). All pointers are borrowed for the duration of the call; output
@@ -53,9 +53,11 @@ int lm_dtype_is_packed(enum lm_dtype t);
 /* Packed weights. A matrix [m, k] of element type t (not packed) becomes ceil(m/16) groups of
  * 16 rows (the last zero-padded), each group stored column by column: for each l < k the 16
  * rows' elements (Q8_0: for each block of 32 columns, the 16 rows' float16 scales, then for each
- * of the 32 columns the 16 rows' int8 quants). Within a column the row order is the fast
- * kernels' (backend/cpu/kern_matmul.h). lm_cpu_packed_bytes: the size; lm_cpu_pack writes it from
- * row-major `src` (dst and src do not overlap); the result has dtype lm_dtype_packed(t). */
+ * of the block's 8 runs of 4 columns, the 16 rows' 4 int8 quants, row j's at bytes 4j..4j+3: the
+ * operand layout of 4-wide int8 dot products, maddubs+madd or VNNI dpbusd). Within a column
+ * the row order is the fast kernels' (backend/cpu/kern_matmul.h). lm_cpu_packed_bytes: the
+ * size; lm_cpu_pack writes it from row-major `src` (dst and src do not overlap); the result has
+ * dtype lm_dtype_packed(t). */
 size_t lm_cpu_packed_bytes(enum lm_dtype t, int m, int k);
 void lm_cpu_pack(void *dst, const void *src, enum lm_dtype t, int m, int k);
 enum lm_dtype lm_dtype_packed(enum lm_dtype t);
@@ -87,7 +89,7 @@ struct lm_attn_seq {
 };
 
 struct lm_cpu_ops {
-    const char *name; /* "scalar", "avx512", "avx2", "generic", "neon" */
+    const char *name; /* "scalar", "avx512vnni", "avx512", "avx2", "generic", "neon" */
 
     /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
      * x: float32 rows of k; w: m rows of k elements of dtype wt (row-major or packed); y:
@@ -146,13 +148,48 @@ struct lm_cpu_ops {
 
     /* y[0..n) = float32(w[0..n)) of dtype wt (an embedding row). */
     void (*convert_row)(float *y, const void *w, enum lm_dtype wt, int n);
+
+    /* The activation quantizer of the int8 Q8_0 path (lm_q8_0_path): x[0..n) float32 (n a
+     * multiple of 32) to q[0..n) int8 and d[0 .. n/32) float32 block scales, the bits of
+     * lm_q8_0_quantize_act (quant.h; ggml's quantize_row_q8_0 rounding, float32 scales). The
+     * matmul calls it itself; exposed for the tests. */
+    void (*quantize_q8_0_act)(const float *x, int8_t *q, float *d, long n);
 };
+
+/* How every matmul of this process (scalar reference and fast kernels alike) multiplies Q8_0
+ * weights (LM_DTYPE_Q8_0 and its packed variant; other dtypes are unaffected):
+ *   LM_Q8_0_DEQUANT: weights dequantized exactly (d * q) and the float32 chain of
+ *     lm_cpu_ops.matmul; the activations stay float32;
+ *   LM_Q8_0_INT8: the activations are quantized too, per row and per block of 32 like the
+ *     weights (lm_q8_0_quantize_act, quant.h: ggml's quantize_row_q8_0 rounding with a float32
+ *     scale), and each block is an exact int32 dot product of int8s (llama.cpp's
+ *     ggml_vec_dot_q8_0_q8_0: maddubs/madd on AVX2). Then y[t, r] is the chain
+ *     acc = fma((float)isum(r, t, b), dw(r, b) * dx(t, b), acc) over the blocks b = 0..k/32-1 in
+ *     order from 0 (dw: the weight block's float16 scale widened; dx: the activation block's
+ *     float32 scale; the product rounded to float32 first), the same bits on every target and in
+ *     the scalar reference, and batch invariant as before (each activation row is quantized on
+ *     its own). The accuracy cost is the 8-bit rounding of the activations (docs/perf-notes-cpu.md,
+ *     "Q8_0").
+ * The default is LM_Q8_0_INT8 (faster: docs/perf-notes-cpu.md); LM_CPU_Q8_ACT=0 in the
+ * environment at the first call asks for LM_Q8_0_DEQUANT (1: LM_Q8_0_INT8). */
+enum lm_q8_0_path {
+    LM_Q8_0_DEQUANT = 0,
+    LM_Q8_0_INT8 = 1,
+};
+/* The current path (the environment's choice until lm_cpu_set_q8_0_path). */
+enum lm_q8_0_path lm_cpu_q8_0_path(void);
+/* Sets the path for every later matmul call of the process. For tests and benchmarks that
+ * compare the two; a sequence whose steps ran under different paths is not batch invariant. */
+void lm_cpu_set_q8_0_path(enum lm_q8_0_path p);
+/* "dequant" or "int8". */
+const char *lm_q8_0_path_name(enum lm_q8_0_path p);
 
 /* The plain reference kernels (single-threaded; the pool argument is ignored). */
 const struct lm_cpu_ops *lm_cpu_ops_scalar(void);
 /* The fast kernels of the best vector target this CPU runs, chosen at the first call (cpuid)
- * and the same for the life of the process: "avx512", "avx2", "generic" (x86-64 without AVX2)
- * or "neon" (AArch64). The environment variable LM_CPU_KERNELS names a target to prefer (one
+ * and the same for the life of the process: "avx512vnni" (AVX-512 with VNNI: only the int8
+ * Q8_0 dot product differs), "avx512", "avx2", "generic" (x86-64 without AVX2) or "neon"
+ * (AArch64). The environment variable LM_CPU_KERNELS names a target to prefer (one
  * this build lacks or this CPU cannot run is passed over: check ->name). Never NULL. */
 const struct lm_cpu_ops *lm_cpu_ops_fast(void);
 /* The fast kernels of one target by name (as ->name), or NULL when this build lacks it or this

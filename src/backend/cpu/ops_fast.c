@@ -1,12 +1,16 @@
 /* ops_fast.c: run-time choice of the fast kernels (ops.h, lm_cpu_ops_fast).
  *
- * The kernels are compiled once per vector target (kern_avx512.c, kern_avx2.c, kern_generic.c,
- * each with its own target flags), so one binary carries them all; the first call asks the CPU
- * (cpuid through __builtin_cpu_supports, which also checks that the OS saves the AVX / AVX-512
- * registers) and keeps the best target it can run: avx512 > avx2 > generic (neon on AArch64).
- * LM_CPU_KERNELS=avx512|avx2|generic|neon in the environment asks for one; a target this build
- * lacks or this CPU cannot run is passed over for the best one, and ->name says which ran. */
+ * The kernels are compiled once per vector target (kern_avx512vnni.c, kern_avx512.c,
+ * kern_avx2.c, kern_generic.c, each with its own target flags), so one binary carries them all;
+ * the first call asks the CPU (cpuid through __builtin_cpu_supports, which also checks that the
+ * OS saves the AVX / AVX-512 registers) and keeps the best target it can run:
+ * avx512vnni > avx512 > avx2 > generic (neon on AArch64).
+ * LM_CPU_KERNELS=avx512vnni|avx512|avx2|generic|neon in the environment asks for one; a target
+ * this build lacks or this CPU cannot run is passed over for the best one, and ->name says
+ * which ran.
+ * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT=0|1). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +22,7 @@ static pthread_once_t g_fast_once = PTHREAD_ONCE_INIT;
 
 const char *const *lm_cpu_ops_targets(void) {
 #if defined(__x86_64__)
-    static const char *const names[] = {"avx512", "avx2", "generic", NULL};
+    static const char *const names[] = {"avx512vnni", "avx512", "avx2", "generic", NULL};
 #elif defined(__aarch64__) && defined(__ARM_NEON)
     static const char *const names[] = {"neon", NULL};
 #else
@@ -30,6 +34,12 @@ const char *const *lm_cpu_ops_targets(void) {
 const struct lm_cpu_ops *lm_cpu_ops_target(const char *name) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
+    if (!strcmp(name, "avx512vnni"))
+        return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f") &&
+                       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                   ? lm_cpu_ops_avx512vnni()
+                   : NULL;
     if (!strcmp(name, "avx512"))
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
                        __builtin_cpu_supports("fma")
@@ -49,6 +59,25 @@ static void choose(void) {
     if (want && *want) g_fast = lm_cpu_ops_target(want);
     for (const char *const *t = lm_cpu_ops_targets(); !g_fast && *t; t++) g_fast = lm_cpu_ops_target(*t);
 }
+
+/* The Q8_0 path (ops.h): -1 until the first call reads LM_CPU_Q8_ACT. */
+static atomic_int g_q8_0_path = -1;
+
+enum lm_q8_0_path lm_cpu_q8_0_path(void) {
+    int p = atomic_load_explicit(&g_q8_0_path, memory_order_relaxed);
+    if (p < 0) {
+        const char *e = getenv("LM_CPU_Q8_ACT");
+        int want = e && *e ? (strcmp(e, "0") ? LM_Q8_0_INT8 : LM_Q8_0_DEQUANT) : LM_Q8_0_INT8;
+        int expected = -1;
+        atomic_compare_exchange_strong(&g_q8_0_path, &expected, want);
+        p = atomic_load(&g_q8_0_path);
+    }
+    return (enum lm_q8_0_path)p;
+}
+
+void lm_cpu_set_q8_0_path(enum lm_q8_0_path p) { atomic_store(&g_q8_0_path, (int)p); }
+
+const char *lm_q8_0_path_name(enum lm_q8_0_path p) { return p == LM_Q8_0_INT8 ? "int8" : "dequant"; }
 
 const struct lm_cpu_ops *lm_cpu_ops_fast(void) {
     pthread_once(&g_fast_once, choose);

@@ -76,9 +76,34 @@ uint16_t lm_f32_to_f16(float f) {
     return (uint16_t)(sign | r >> 13);
 }
 
+/* Q8_0 weights on the int8 path (ops.h, LM_Q8_0_INT8): per block an exact integer dot product
+ * of the weight's and the quantized activation's int8s, then
+ * acc = fma((float)isum, dw * dx, acc) over the blocks in order. */
+static void s_matmul_q8_0_int8(float *y, const float *x, const void *w, enum lm_dtype wt, int n,
+                               int k, int m) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            float acc = 0;
+            for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
+                int8_t wq[LM_Q8_0_BLOCK], xq[LM_Q8_0_BLOCK];
+                float dx;
+                lm_q8_0_quantize_act(x + (size_t)i * k + (size_t)b * LM_Q8_0_BLOCK, xq, &dx, LM_Q8_0_BLOCK);
+                const float dw = lm_cpu_q8_0_block(w, wt, k, j, b, wq);
+                int32_t isum = 0;
+                for (int l = 0; l < LM_Q8_0_BLOCK; l++) isum += (int32_t)wq[l] * (int32_t)xq[l];
+                acc = fmaf((float)isum, dw * dx, acc);
+            }
+            y[(size_t)i * m + j] = acc;
+        }
+}
+
 /* The reference chain of ops.h: acc = fma(w[j, l], x[i, l], acc) for l in order. */
 static void s_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                      enum lm_dtype wt, int n, int k, int m) {
+    if (lm_dtype_unpacked(wt) == LM_DTYPE_Q8_0 && lm_cpu_q8_0_path() == LM_Q8_0_INT8) {
+        s_matmul_q8_0_int8(y, x, w, wt, n, k, m);
+        return;
+    }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < m; j++) {
             float acc = 0;
@@ -206,6 +231,7 @@ static const struct lm_cpu_ops k_scalar = {
     .attention = s_attention,
     .attention_paged = s_attention_paged,
     .convert_row = s_convert_row,
+    .quantize_q8_0_act = lm_q8_0_quantize_act,
 };
 
 const struct lm_cpu_ops *lm_cpu_ops_scalar(void) { return &k_scalar; }

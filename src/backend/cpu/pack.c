@@ -75,7 +75,8 @@ void lm_cpu_pack(void *dst, const void *src, enum lm_dtype t, int m, int k) {
                 for (int q = 0; q < k / LM_Q8_0_BLOCK; q++) {
                     unsigned char *bd = gd + (size_t)q * Q8_GROUP_BLOCK_BYTES;
                     memcpy(bd + 2 * j, &b[q].d, 2);
-                    for (int i = 0; i < LM_Q8_0_BLOCK; i++) bd[2 * GROUP + i * GROUP + j] = (unsigned char)b[q].qs[i];
+                    for (int i = 0; i < LM_Q8_0_BLOCK; i++)
+                        bd[2 * GROUP + lm_cpu_q8_0_slot(j, i)] = (unsigned char)b[q].qs[i];
                 }
                 break;
             }
@@ -119,10 +120,27 @@ float lm_cpu_weight(const void *w, enum lm_dtype t, int k, long r, long l) {
         const unsigned char *b = g + (size_t)(l / LM_Q8_0_BLOCK) * Q8_GROUP_BLOCK_BYTES;
         uint16_t d;
         memcpy(&d, b + 2 * j, 2);
-        return lm_f16_to_f32(d) * (float)(int8_t)b[2 * GROUP + (l % LM_Q8_0_BLOCK) * GROUP + j];
+        return lm_f16_to_f32(d) * (float)(int8_t)b[2 * GROUP + lm_cpu_q8_0_slot(j, (int)(l % LM_Q8_0_BLOCK))];
     }
     default: assert(0); return 0;
     }
+}
+
+float lm_cpu_q8_0_block(const void *w, enum lm_dtype t, int k, long r, long b, int8_t *q) {
+    assert(lm_dtype_unpacked(t) == LM_DTYPE_Q8_0);
+    uint16_t d;
+    if (!lm_dtype_is_packed(t)) {
+        const struct lm_block_q8_0 *blk = (const struct lm_block_q8_0 *)w + r * (k / LM_Q8_0_BLOCK) + b;
+        memcpy(&d, &blk->d, 2);
+        memcpy(q, blk->qs, LM_Q8_0_BLOCK);
+        return lm_f16_to_f32(d);
+    }
+    const unsigned char *g = (const unsigned char *)w + (size_t)(r / GROUP) * group_bytes(LM_DTYPE_Q8_0, k);
+    const unsigned char *bp = g + (size_t)b * Q8_GROUP_BLOCK_BYTES;
+    const int j = (int)(r % GROUP);
+    memcpy(&d, bp + 2 * j, 2);
+    for (int c = 0; c < LM_Q8_0_BLOCK; c++) q[c] = (int8_t)bp[2 * GROUP + lm_cpu_q8_0_slot(j, c)];
+    return lm_f16_to_f32(d);
 }
 
 void lm_cpu_matrix_row(float *y, const void *w, enum lm_dtype t, int k, long row) {

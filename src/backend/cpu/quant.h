@@ -25,4 +25,13 @@ void lm_q8_0_quantize_row(const float *x, struct lm_block_q8_0 *y, long n);
 /* y[0..n) = d * q of the n/32 blocks at x (exact). */
 void lm_q8_0_dequantize_row(const struct lm_block_q8_0 *x, float *y, long n);
 
+/* Activations for the int8 matmul (ops.h, LM_Q8_0_INT8): x[0..n) (n a multiple of 32, assert;
+ * finite values) to q[0..n) int8 and d[0 .. n/32) float32 scales, x[i] ~ d[i/32] * q[i]. Per
+ * block the rounding of ggml's quantize_row_q8_0 (ggml/src/ggml-quants.c,
+ * quantize_row_q8_0_ref): amax = max |x|, d = amax / 127, id = d ? 1/d : 0,
+ * q = roundf(x * id) (halves away from zero, so |q| <= 127), except that d stays float32 (ggml
+ * rounds it to float16 for storage; these blocks never leave memory). The reference; the fast
+ * kernels' vector version gives the same bits (tests/test_quant.c). */
+void lm_q8_0_quantize_act(const float *x, int8_t *q, float *d, long n);
+
 #endif

@@ -3,7 +3,8 @@
  * VL lanes of float32 for one vector target, chosen by LM_SIMD_LEVEL, which the including file
  * defines before including it (kern_avx512.c, kern_avx2.c, kern_generic.c: one object file per
  * target, the best one picked at run time by ops_fast.c):
- *   LM_SIMD_AVX512  AVX-512F (16 lanes; the file is compiled with #pragma GCC target);
+ *   LM_SIMD_AVX512  AVX-512F (16 lanes; the file is compiled with #pragma GCC target; with
+ *                   LM_SIMD_VNNI also defined, the int8 dot products use AVX512-VNNI);
  *   LM_SIMD_AVX2    AVX2 + FMA + F16C (8 lanes; likewise);
  *   LM_SIMD_GENERIC GCC vector extensions of 4 lanes: NEON on AArch64 (vfmaq_f32), SSE2 on any
  *                   x86-64, scalars elsewhere.
@@ -32,7 +33,11 @@
 #if LM_SIMD_LEVEL == LM_SIMD_AVX512
 #include <immintrin.h>
 #define VL 16
+#ifdef LM_SIMD_VNNI
+#define SIMD_NAME "avx512vnni" /* kern_avx512vnni.c: the same, with vpdpbusd int8 dot products */
+#else
 #define SIMD_NAME "avx512"
+#endif
 #define SIMD_AVX512 1
 typedef __m512 vf;
 #define V_ZERO() _mm512_setzero_ps()
