@@ -80,6 +80,8 @@ static void test_parse(void) {
               "assistant null content + reasoning_content");
         CHECK(r.messages[0].reasoning_content == NULL, "no reasoning on system");
         CHECK(r.max_tokens == 7, "max_completion_tokens wins: %d", r.max_tokens);
+        CHECK(r.max_tokens_field && !strcmp(r.max_tokens_field, "max_completion_tokens"),
+              "errors about the limit name the field given: %s", r.max_tokens_field ? r.max_tokens_field : "(null)");
         CHECK(r.temperature == 0.5 && r.top_p > 0.89 && r.top_p < 0.91, "temperature/top_p");
         CHECK(r.has_top_k && r.top_k == 0, "top_k -1 means off");
         CHECK(r.has_seed && r.seed == UINT64_MAX, "seed -1 cast");

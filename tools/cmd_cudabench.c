@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "commands.h"
 
@@ -57,7 +58,7 @@ static void usage(FILE *f) {
             "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
             "                  matrix, averaged over layers: when blocks start, pass their wait\n"
             "                  on the preceding kernel, have x staged, finish)\n"
-            "  --device N      CUDA device (default 0)\n"
+            "  --device N      CUDA device index, N or cuda:N (default 0)\n"
             "  -h, --help      show this help\n");
 }
 
@@ -326,13 +327,28 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'M': micro = true; break;
         case 'V': variants = true; break;
         case 'T': trace = true; break;
-        case 'd': device = atoi(optarg); break;
+        case 'd': {
+            const char *dv = strncmp(optarg, "cuda:", 5) == 0 ? optarg + 5 : optarg;
+            char *end = NULL;
+            long v = strtol(dv, &end, 10);
+            if (!*dv || *end || v < 0 || v > 1024) {
+                fprintf(stderr, "lumen cudabench: --device: expected a GPU index N (or cuda:N), not '%s'\n", optarg);
+                return 2;
+            }
+            device = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind < argc || !model || reps < 1 || pp < 0 || tg < 0 || in_len < 1 || out_len < 1) {
-        fprintf(stderr, "lumen cudabench: %s\n", !model ? "--model DIR is required" : "bad arguments");
+        fprintf(stderr, "lumen cudabench: %s\n",
+                !model           ? "--model DIR is required"
+                : optind < argc  ? "unexpected argument"
+                : reps < 1       ? "--reps must be an integer >= 1"
+                : pp < 0 || tg < 0 ? "-p and -n must be >= 0"
+                                 : "--in and --out must be >= 1");
         usage(stderr);
         return 2;
     }
@@ -350,6 +366,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
         s = comma + 1;
     }
 
+    char cfg_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
+    if (access(cfg_path, R_OK) != 0) {
+        fprintf(stderr, "lumen cudabench: --model %s: no config.json there (a Hugging Face Qwen3 folder is needed)\n",
+                model);
+        return 1;
+    }
     struct lm_cuda_device_info di;
     if (lm_cuda_device_info(device, &di)) return lm_cmd_fail("cudabench", NULL);
     printf("device: %s, compute capability %d.%d, %d SMs, %.1f GiB, L2 %d MiB, driver %d, runtime %d\n",

@@ -12,12 +12,13 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen logits --model DIR [--tokenizer DIR] --top-k K [--threads N] [--scalar]\n\n"
+            "usage: lumen logits --model DIR|FILE.gguf [--tokenizer DIR] --top-k K [--threads N] [--scalar]\n\n"
             "Reads a JSON array of prompt token ids on stdin, runs the model over them once, and\n"
             "prints one JSON line per position: {\"ids\":[...],\"logits\":[...]}, the K highest\n"
             "next-token logits at that position sorted highest first (ties: lower id first),\n"
             "floats with 9 significant digits.\n\n"
-            "  --model DIR      Hugging Face model folder (config.json, model.safetensors, ...)\n"
+            "  --model PATH     Hugging Face model folder (config.json, model.safetensors, ...) or a\n"
+            "                   GGUF file\n"
             "  --tokenizer DIR  folder with tokenizer.json when the model folder has none\n"
             "  --top-k K        logits per position (1 .. vocab_size)\n"
             "  --threads N      CPU threads (default 0: all online cores)\n"

@@ -23,7 +23,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
-            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--scalar]\n"
+            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
             "                  [--device cpu|cuda|cuda:N]\n\n"
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
             "prints a table of tokens per second (mean ± std over the repetitions, and the\n"

@@ -21,7 +21,7 @@ int lm_cmd_parse_bool(const char *s); /* cmd_template.c */
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen run --model DIR [--tokenizer DIR] [--ids] [-n N] [--greedy]\n"
+            "usage: lumen run --model DIR|FILE.gguf [--tokenizer DIR] [--ids] [-n N] [--greedy]\n"
             "                 [--temperature T] [--top-p P] [--top-k K] [--seed S] [--threads N]\n"
             "                 [--device cpu|cuda|cuda:N]\n"
             "                 [--enable-thinking=true|false] [--ignore-eos] [--verbose] [MESSAGE...]\n\n"
@@ -33,7 +33,8 @@ static void usage(FILE *f) {
             "With --ids: stdin holds the prompt as a JSON array of token ids, and the generated ids\n"
             "are printed as a JSON array (EOS not included).\n"
             "Generation stops at an EOS id of the model (generation_config.json), or after N tokens.\n\n"
-            "  --model DIR            model directory (config.json, model.safetensors, ...)\n"
+            "  --model PATH           model directory (config.json, model.safetensors, ...) or a\n"
+            "                         GGUF file (lumen build, or llama.cpp's converter)\n"
             "  --tokenizer DIR        take tokenizer.json and tokenizer_config.json from DIR\n"
             "  --ids                  prompt and output as JSON arrays of token ids\n"
             "  -n, --max-tokens N     generate at most N tokens (default 256)\n"

@@ -2,7 +2,7 @@
 //
 // Uses the prebuilt llama.cpp libraries that the npm package node-llama-cpp (3.22.1) ships in
 // @node-llama-cpp/linux-x64 (ggml CPU variants chosen at load time by the CPU's features:
-// haswell, zen4, ...). No CUDA, nothing built from source. Install: `npm ci --omit=optional
+// haswell, zen4, ...). No CUDA, nothing built from source. Install: `npm install --omit=optional
 // --ignore-scripts` in this folder (package-lock.json pins the versions).
 //
 // Tests, as llama-bench defines them:

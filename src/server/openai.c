@@ -310,7 +310,11 @@ static lm_status parse_common(struct lm_chat_request *r, struct lm_api_error *e)
     long long mt = -1;
     bool given = false;
     if ((st = get_int(root, "max_tokens", 1, &mt, &given, e))) return st;
-    if ((st = get_int(root, "max_completion_tokens", 1, &mt, &given, e))) return st;
+    r->max_tokens_field = "max_tokens";
+    bool given_mct = false;
+    if ((st = get_int(root, "max_completion_tokens", 1, &mt, &given_mct, e))) return st;
+    if (given_mct) r->max_tokens_field = "max_completion_tokens";
+    given = given || given_mct;
     if (mt > 1 << 30) mt = 1 << 30;
     r->max_tokens = given ? (int)mt : -1;
 
@@ -543,12 +547,13 @@ lm_status lm_chat_request_prompt(const struct lm_model *m, const struct lm_chat_
     if (st) return st;
     const char *param = req->endpoint == LM_API_CHAT ? "messages" : "prompt";
     long long n = (long long)(prompt->n - before);
+    const char *mtf = req->max_tokens_field ? req->max_tokens_field : "max_tokens";
     if (req->max_tokens > 0) {
         if (n + req->max_tokens > ctx)
             return lm_api_errorf(
-                err, 400, INVALID, "context_length_exceeded", n < ctx ? "max_tokens" : param,
-                "prompt has %lld tokens and max_tokens is %d; the context holds %d", n,
-                req->max_tokens, ctx);
+                err, 400, INVALID, "context_length_exceeded", n < ctx ? mtf : param,
+                "prompt has %lld tokens and %s is %d; the context holds %d", n, mtf, req->max_tokens,
+                ctx);
         *max_tokens = req->max_tokens;
     } else {
         if (n >= ctx)

@@ -77,6 +77,7 @@ struct lm_chat_request {
     const char *model;  /* "" when absent; the server checks it (lm_api_check_model) */
     int n;              /* choices: 1..LM_OPENAI_MAX_N */
     int max_tokens;     /* max_completion_tokens, else max_tokens; -1 not given */
+    const char *max_tokens_field; /* the field it came from (static), for error messages */
     double temperature; /* [0, 2]; -1 not given */
     double top_p;       /* (0, 1]; -1 not given */
     int top_k;          /* >= 0 (0 = off; -1 from the client means off); valid when has_top_k */

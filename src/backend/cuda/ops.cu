@@ -34,7 +34,8 @@ extern "C" int lm_cuda_device_count(void) {
 extern "C" lm_status lm_cuda_device_info(int dev, struct lm_cuda_device_info *out) {
     memset(out, 0, sizeof *out);
     if (dev < 0 || dev >= lm_cuda_device_count())
-        return lm_errorf(LM_ERR_UNSUPPORTED, "CUDA: no device %d (%d found)", dev, lm_cuda_device_count());
+        return lm_errorf(LM_ERR_UNSUPPORTED, "CUDA: no device %d (%d found: no GPU, no driver, or CUDA_VISIBLE_DEVICES "
+                                                   "hides it)", dev, lm_cuda_device_count());
     cudaDeviceProp p;
     LM_CU(cudaGetDeviceProperties(&p, dev));
     snprintf(out->name, sizeof out->name, "%.127s", p.name);
