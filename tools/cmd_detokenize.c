@@ -12,11 +12,12 @@ int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *to
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen detokenize --model DIR [--tokenizer DIR] [--skip-special]\n\n"
+            "usage: lumen detokenize --model DIR|FILE.gguf [--tokenizer DIR] [--skip-special]\n\n"
             "Reads a JSON array of token ids from stdin and prints the decoded text exactly, with\n"
             "no newline added. Incomplete or invalid UTF-8 becomes U+FFFD, as in Hugging Face\n"
             "tokenizers' decode.\n\n"
-            "  --model DIR      model directory; its tokenizer.json is used\n"
+            "  --model PATH     model directory (its tokenizer.json is used) or GGUF file (the\n"
+            "                   tokenizer in its metadata)\n"
             "  --tokenizer DIR  take tokenizer.json from DIR instead of the model directory\n"
             "  --skip-special   drop special tokens (<|im_end|>) from the output\n"
             "  -h, --help       show this help\n");

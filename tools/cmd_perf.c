@@ -304,6 +304,11 @@ int lm_cmd_perf(int argc, char **argv) {
             break;
         case 'b': {
             n_batches = 0; /* at most 16 (rows: pp + 16) */
+            const size_t bl = strlen(optarg);
+            if (bl && (optarg[0] == ',' || optarg[bl - 1] == ',' || strstr(optarg, ",,"))) {
+                fprintf(stderr, "lumen perf: --batch: an empty item in '%s' (expected a list like 1,4,16)\n", optarg);
+                return 2;
+            }
             char *save = NULL, *copy = strdup(optarg);
             for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 if (n_batches == 16 || !parse_int(tok, "--batch", 1, &batches[n_batches])) {

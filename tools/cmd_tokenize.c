@@ -8,14 +8,25 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "commands.h"
+#include "family/bundle.h"
+#include "format/gguf.h"
 #include "text/tokenizer.h"
 
-/* Loads DIR/tokenizer.json (DIR = --tokenizer if given, else --model). */
+/* Loads DIR/tokenizer.json (DIR = --tokenizer if given, else --model), or, when --model is a
+ * GGUF file and no --tokenizer is given, the tokenizer in its tokenizer.ggml.* metadata. */
 int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
                           struct lm_tokenizer **out);
 
 int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
                           struct lm_tokenizer **out) {
+    if (!tok_dir && lm_gguf_is_gguf(model_dir)) {
+        struct lm_gguf g;
+        lm_status st = lm_gguf_open(&g, model_dir);
+        if (!st) st = lm_bundle_gguf_tokenizer(&g, out);
+        lm_gguf_close(&g);
+        if (st) return lm_cmd_fail(cmd, "cannot load the tokenizer from the GGUF file");
+        return 0;
+    }
     char *path = lm_path_join(tok_dir ? tok_dir : model_dir, "tokenizer.json");
     lm_status st = lm_tokenizer_load(path, out);
     free(path);
@@ -25,10 +36,11 @@ int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *to
 
 static void usage(FILE *f) {
     fprintf(
-        f, "usage: lumen tokenize --model DIR [--tokenizer DIR] [--special-as-text]\n\n"
+        f, "usage: lumen tokenize --model DIR|FILE.gguf [--tokenizer DIR] [--special-as-text]\n\n"
            "Reads text from stdin (all bytes, nothing trimmed) and prints its token ids as a JSON\n"
            "array followed by a newline, as Hugging Face tokenizers' encode does.\n\n"
-           "  --model DIR        model directory; its tokenizer.json is used\n"
+           "  --model PATH       model directory (its tokenizer.json is used) or GGUF file (the\n"
+           "                     tokenizer in its metadata)\n"
            "  --tokenizer DIR    take tokenizer.json from DIR instead of the model directory\n"
            "  --special-as-text  encode special-token strings (<|im_start|>) in the text as plain\n"
            "                     text instead of as their special ids\n"
