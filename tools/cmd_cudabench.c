@@ -271,12 +271,13 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
     printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead", "start-wait",
            "wait-ready", "ready-end", "span");
     printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: |\n");
+    bool *counted = calloc((size_t)nl, sizeof *counted); /* launches already in a shape's row */
     for (int j = 1; j < nl; j++) {
-        if (L[j].m < 0) continue;
+        if (counted[j]) continue;
         double a[5] = {0}, cnt = 0;
-        int blocks = L[j].n;
-        for (int q = j; q < nl; q++) {
-            if (L[q].m != L[j].m || L[q].k != L[j].k || q == 0) continue;
+        const int blocks = L[j].n;
+        for (int q = j; q < nl; q++) { /* launch 0 has no predecessor in the step: not counted */
+            if (L[q].m != L[j].m || L[q].k != L[j].k) continue;
             const double prev_end = L[q - 1].end_max;
             a[0] += (prev_end - L[q].start_min) / 1e3;
             a[1] += (L[q].wait_med - L[q].start_med) / 1e3;
@@ -284,13 +285,14 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
             a[3] += (L[q].end_med - L[q].ready_med) / 1e3;
             a[4] += (L[q].end_max - prev_end) / 1e3;
             cnt++;
-            if (q != j) L[q].m = -L[q].m - 1; /* counted */
+            counted[q] = true;
         }
         printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9.2f | %9.2f |\n", L[j].m, L[j].k, cnt, blocks,
                a[0] / cnt, a[1] / cnt, a[2] / cnt, a[3] / cnt, a[4] / cnt);
     }
     printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
     fflush(stdout);
+    free(counted);
     free(v);
     free(L);
     free(e);

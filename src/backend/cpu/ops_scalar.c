@@ -2,6 +2,7 @@
  * like the formula it implements; the fast kernels (kern_ops.h, kern_matmul.h) are tested against these. */
 #include <assert.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/matmul.h"
@@ -81,20 +82,26 @@ uint16_t lm_f32_to_f16(float f) {
  * acc = fma((float)isum, dw * dx, acc) over the blocks in order. */
 static void s_matmul_q8_0_int8(float *y, const float *x, const void *w, enum lm_dtype wt, int n,
                                int k, int m) {
-    for (int i = 0; i < n; i++)
+    const int nb = k / LM_Q8_0_BLOCK;
+    int8_t *xq = malloc((size_t)k);
+    float *dx = malloc(sizeof(float) * (size_t)nb);
+    assert(xq && dx);
+    for (int i = 0; i < n; i++) {
+        lm_q8_0_quantize_act(x + (size_t)i * k, xq, dx, k); /* row i, once */
         for (int j = 0; j < m; j++) {
             float acc = 0;
-            for (int b = 0; b < k / LM_Q8_0_BLOCK; b++) {
-                int8_t wq[LM_Q8_0_BLOCK], xq[LM_Q8_0_BLOCK];
-                float dx;
-                lm_q8_0_quantize_act(x + (size_t)i * k + (size_t)b * LM_Q8_0_BLOCK, xq, &dx, LM_Q8_0_BLOCK);
+            for (int b = 0; b < nb; b++) {
+                int8_t wq[LM_Q8_0_BLOCK];
                 const float dw = lm_cpu_q8_0_block(w, wt, k, j, b, wq);
                 int32_t isum = 0;
-                for (int l = 0; l < LM_Q8_0_BLOCK; l++) isum += (int32_t)wq[l] * (int32_t)xq[l];
-                acc = fmaf((float)isum, dw * dx, acc);
+                for (int l = 0; l < LM_Q8_0_BLOCK; l++) isum += (int32_t)wq[l] * (int32_t)xq[b * LM_Q8_0_BLOCK + l];
+                acc = fmaf((float)isum, dw * dx[b], acc);
             }
             y[(size_t)i * m + j] = acc;
         }
+    }
+    free(xq);
+    free(dx);
 }
 
 /* The reference chain of ops.h: acc = fma(w[j, l], x[i, l], acc) for l in order. */

@@ -514,6 +514,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                          no, nt, m->MO);
     /* Validate ids, positions, sequences, outputs and the blocks each sequence uses. */
     std::vector<int> max_pos(ns, -1);
+    int max_len = 0; /* the longest context of the step: its decode graphs' class */
     for (int i = 0; i < nt; i++) {
         if (b->ids[i] < 0 || b->ids[i] >= m->V)
             return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: id %d is outside [0, %d)", i,
@@ -525,6 +526,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: sequence %d is outside [0, %d)", i,
                              b->seq[i], ns);
         if (b->pos[i] > max_pos[b->seq[i]]) max_pos[b->seq[i]] = b->pos[i];
+        max_len = std::max(max_len, b->pos[i] + 1);
     }
     for (int s = 0; s < ns; s++)
         for (int j = 0; j <= max_pos[s] / BS && max_pos[s] >= 0; j++) {
@@ -551,8 +553,6 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         }
     }
 
-    int max_len = 0;
-    for (int i = 0; i < nt; i++) max_len = std::max(max_len, b->pos[i] + 1);
     const int cls = decode ? ctx_class(m, max_len) : 0;
     lm_cuda_ctx *c = m->ctx;
     const bool use_graph = decode && p.graphs && nt <= m->MO;
