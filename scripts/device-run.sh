@@ -4,7 +4,8 @@
 # synthetic Qwen3-0.6B: floor, tg128, pp512, batched 1..256), micro (GEMV kernels), variants
 # (graphs / PDL / rows per warp), ncu (per-kernel times under Nsight Compute), engtest
 # (test_cuda_engine: the serving engine on the GPU), perf (lumen perf --device cuda: pp512, tg128,
-# batched decode), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
+# batched decode), q8 (the same on a Q8_0 GGUF, quants on and off), q8big (bf16 against Q8_0 on
+# a larger shape), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
@@ -19,6 +20,12 @@ CARRY=${LM_CARRY:-build-carry}
 [ -f $CARRY/bins.tar.xz ] && [ ! -d $CARRY/bin ] && tar -C $CARRY -xJf $CARRY/bins.tar.xz
 SRC=$(cat $CARRY/bin/srcdir.txt 2>/dev/null)
 if [ -n "$SRC" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$LM_ROOT" "$SRC"; fi
+# Shared test data carried beside the binaries (e.g. llama.cpp's tiny Q8_0 GGUF, which
+# test_cuda_engine reads from ../shared/models/tiny-qwen3-gguf when present).
+if [ -n "$SRC" ] && ls $CARRY/*.gguf >/dev/null 2>&1; then
+  G="$(dirname "$SRC")/shared/models/tiny-qwen3-gguf"
+  mkdir -p "$G" && for f in $CARRY/*.gguf; do [ -e "$G/$(basename $f)" ] || ln -s "$PWD/$f" "$G/"; done
+fi
 LUMEN=$CARRY/bin/lumen TEST=$CARRY/bin/test_cuda TEST_ENG=$CARRY/bin/test_cuda_engine
 if ! $LUMEN version >"$OUT/carried.log" 2>&1; then
   echo "carried binaries do not run here ($(head -c 300 "$OUT/carried.log")): building"
@@ -71,6 +78,30 @@ for step in "$@"; do
       LM_CUDA_SPLIT_KV=$sk timeout 200 $LUMEN perf --device cuda --model /tmp/q06 -p 0 -n 64 -d $d -r 3 \
         --no-bw --batch ${LONG_BATCH:-1,8} 2>&1 | grep -E " tg[0-9]"
     done; done 2>&1 | tee "$OUT/longctx.log" ;;
+  q8)
+    # The synthetic 0.6B as a Q8_0 GGUF (lumen build): lumen perf --device cuda with the GEMV
+    # reading the quants, then reading the bf16 copy (LM_CUDA_Q8=0), for A/B.
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    [ -f /tmp/q06-q8.gguf ] || $LUMEN build --model /tmp/q06 --out /tmp/q06-q8.gguf --dtype q8_0 \
+      >"$OUT/build-q8.log" 2>&1 || tail -5 "$OUT/build-q8.log"
+    timeout 300 $LUMEN perf --device cuda --model /tmp/q06-q8.gguf -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \
+      --batch ${PERF_BATCH:-1,8,32,64,128,256} 2>&1 | tee "$OUT/perf-q8.log"
+    echo "LM_CUDA_Q8=0 (bf16 copy):"
+    LM_CUDA_Q8=0 timeout 300 $LUMEN perf --device cuda --model /tmp/q06-q8.gguf -p 0 -n 128 -r ${PERF_REPS:-5} \
+      --no-bw --batch ${Q8_OFF_BATCH:-1,4} 2>&1 | grep -E " tg[0-9]|weights" | tee "$OUT/perf-q8-off.log" ;;
+  q8big)
+    # A larger shape ($Q8_SHAPE, default qwen3-1.7b), where a step's DRAM time outweighs its
+    # latency chain: lumen perf --device cuda on the bf16 folder, then on its Q8_0 GGUF with the
+    # GEMV reading the quants and (LM_CUDA_Q8=0) the bf16 copy.
+    SH=${Q8_SHAPE:-qwen3-1.7b}; D=/tmp/$SH
+    [ -d $D ] || $LUMEN synth --shape $SH --out $D >"$OUT/synth-$SH.log" 2>&1 || tail -5 "$OUT/synth-$SH.log"
+    [ -f $D-q8.gguf ] || $LUMEN build --model $D --out $D-q8.gguf --dtype q8_0 >"$OUT/build-$SH.log" 2>&1 \
+      || tail -5 "$OUT/build-$SH.log"
+    for run in "bf16 $D" "q8_0 $D-q8.gguf" "q8_0-bf16copy $D-q8.gguf"; do
+      set -- $run; echo "== $SH $1"
+      env $( [ $1 = q8_0-bf16copy ] && echo LM_CUDA_Q8=0 ) timeout 300 $LUMEN perf --device cuda --model $2 -p 512 -n 128 \
+        -r ${PERF_REPS:-3} --no-bw --batch ${Q8_BATCH:-1,4,64} 2>&1 | grep -E " (pp|tg)[0-9]|^weights"
+    done 2>&1 | tee "$OUT/q8big.log" ;;
   perf)
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     timeout 300 $LUMEN perf --device cuda --model /tmp/q06 -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \

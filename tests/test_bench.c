@@ -178,6 +178,19 @@ static void test_stream_errors(void) {
           r.error_message ? r.error_message : "(none)");
     lm_bench_record_free(&r);
 
+    /* a stream the server cut (shutdown): vLLM's wire word "abort" is recorded in lumen's */
+    feed_all(&r,
+             "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"abort\"}]}\n\n"
+             "data: [DONE]\n\n");
+    CHECK(!r.error && r.finish_reason && !strcmp(r.finish_reason, "cancelled"),
+          "abort read as cancelled: %s", r.finish_reason ? r.finish_reason : "(none)");
+    lm_bench_record_free(&r);
+    CHECK(!strcmp(lm_bench_finish_word("abort"), "cancelled") &&
+              !strcmp(lm_bench_finish_word("cancelled"), "cancelled") &&
+              !strcmp(lm_bench_finish_word("stop"), "stop") &&
+              !strcmp(lm_bench_finish_word("length"), "length") && !lm_bench_finish_word(NULL),
+          "lm_bench_finish_word");
+
     /* a role-only stream has no TTFT */
     feed_all(&r,
              "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":\"stop\"}]}"
@@ -775,6 +788,7 @@ static void make_verify_run(struct lm_bench_run *run, struct lm_bench_dataset *d
         char sid[32];
         snprintf(sid, sizeof sid, "chatcmpl-%d", i);
         r->server_id = strdup(sid);
+        r->finish_reason = strdup("length");
         lm_buf_puts(&r->content, spec[i].answer);
     }
     run->t_begin = 2.0;
@@ -957,6 +971,31 @@ static void test_verify(void) {
     lm_bench_verify(&run, &ds, path, &g_prompt, &v);
     CHECK(!v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 1, "phase mix-up caught");
     lm_bench_verification_free(&v);
+
+    /* finish_reason: a request the server cut is "cancelled" on both sides (the client recorded
+     * the wire's "abort" as "cancelled"); an older server's "abort" is read the same; a
+     * different end is an identity failure */
+    free(run.records[3].finish_reason);
+    run.records[3].finish_reason = strdup("cancelled");
+    static const char *const k_server_fr[] = {"cancelled", "abort", "stop"};
+    for (int i = 0; i < 3; i++) {
+        t = json_deep_copy(recs);
+        json_object_set_new(json_array_get(t, 3), "finish_reason", json_string(k_server_fr[i]));
+        write_records(path, t);
+        json_decref(t);
+        lm_bench_verify(&run, &ds, path, &g_prompt, &v);
+        if (i < 2)
+            CHECK(v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 0 &&
+                      v.passed[LM_BENCH_CHECK_IDENTITY] == 5,
+                  "server finish_reason '%s' against the client's cancelled: accepted",
+                  k_server_fr[i]);
+        else
+            CHECK(!v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 1 && run.records[3].issues,
+                  "server finish_reason 'stop' against the client's cancelled: caught");
+        lm_bench_verification_free(&v);
+    }
+    free(run.records[3].finish_reason);
+    run.records[3].finish_reason = strdup("length");
 
     /* the summary shows server-side time beside (not mixed with) the client's */
     write_records(path, recs);

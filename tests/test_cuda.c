@@ -82,14 +82,14 @@ static void sync_ok(const char *what) {
 /* ---- linear layers ---- */
 
 /* CPU reference of lm_cuda_gemv for one configuration. */
-static void ref_gemv(float *y, int ldy, const float *x, const uint16_t *w, int n, int k, int m,
-                     const float *nw, float eps, enum lm_cuda_epilogue epi) {
+static void ref_gemv(float *y, int ldy, const float *x, const void *w, enum lm_dtype dt, int n,
+                        int k, int m, const float *nw, float eps, enum lm_cuda_epilogue epi) {
     float *xn = malloc(sizeof(float) * (size_t)n * k), *acc = malloc(sizeof(float) * (size_t)n * m);
     if (nw)
         g_ref->rmsnorm(NULL, xn, x, nw, n, k, eps);
     else
         memcpy(xn, x, sizeof(float) * (size_t)n * k);
-    g_ref->matmul(NULL, acc, xn, w, LM_DTYPE_BF16, n, k, m);
+    g_ref->matmul(NULL, acc, xn, w, dt, n, k, m);
     for (int t = 0; t < n; t++)
         for (int j = 0; j < m; j++) {
             float a = acc[(size_t)t * m + j];
@@ -104,10 +104,92 @@ static void ref_gemv(float *y, int ldy, const float *x, const uint16_t *w, int n
     free(acc);
 }
 
+/* The weights of one GEMV case on the device: bf16 rows (q NULL), or Q8_0 quants and scales. */
+struct dgemv {
+    const uint16_t *bf;
+    const int8_t *q;
+    const uint16_t *s;
+};
+
+static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float *x, int n, int k, int m,
+                          const float *nw, enum lm_cuda_epilogue epi) {
+    return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi)
+                : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi);
+}
+
+/* Every row count, epilogue and norm setting of one [m, k] weight set against the scalar
+ * reference over wref (dtype dt: the same values), then batch invariance: row 2 of a 5-row call
+ * equals a 1-row call bit for bit, for every rows-per-warp setting and with PDL on or off, for the
+ * store and SwiGLU epilogues. x: [11, k] on the host (dx on the device), nw / dnw: [k]. Returns
+ * the worst relative error. */
+static double check_gemv(const char *what, const struct dgemv *w, const void *wref, enum lm_dtype dt,
+                         const float *x, const float *dx, const float *nw, const float *dnw, int k, int m) {
+    static const int rows[] = {1, 2, 3, 4, 5, 8, 11};
+    const int nmax = 11, ldy = m + 3;
+    double worst = 0;
+    float *dy = dev(sizeof(float) * (size_t)nmax * ldy);
+    float *y = malloc(sizeof(float) * (size_t)nmax * ldy), *ref = malloc(sizeof(float) * (size_t)nmax * ldy);
+    float *base = malloc(sizeof(float) * (size_t)nmax * ldy);
+    fill(base, (long)nmax * ldy, 1.0f);
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+        const int n = rows[ri];
+        for (int epi = 0; epi < 3; epi++) {
+            if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
+            for (int norm = 0; norm < 2; norm++) {
+                const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
+                memcpy(ref, base, sizeof(float) * (size_t)n * ldy);
+                ref_gemv(ref, ldy, x, wref, dt, n, k, m, norm ? nw : NULL, 1e-6f, epi);
+                if (epi == LM_CUDA_EPI_ADD)
+                    lm_cuda_upload(dy, base, sizeof(float) * (size_t)n * ldy);
+                else
+                    poison(dy, sizeof(float) * (size_t)n * ldy);
+                lm_status rc = run_gemv(w, dy, ldy, dx, n, k, m, norm ? dnw : NULL, epi);
+                CHECK(rc == LM_OK, "%s: %s", what, lm_error_message());
+                sync_ok(what);
+                lm_cuda_download(y, dy, sizeof(float) * (size_t)n * ldy);
+                double e = 0;
+                for (int t = 0; t < n; t++) {
+                    double et = rel_l2(y + (size_t)t * ldy, ref + (size_t)t * ldy, mo);
+                    if (et > e) e = et;
+                }
+                if (e > worst) worst = e;
+                CHECK(e <= 1e-5, "%s n=%d k=%d m=%d epi=%d norm=%d: rel err %.3g", what, n, k, m, epi,
+                      norm, e);
+            }
+        }
+    }
+    float *one = malloc(sizeof(float) * (size_t)m), *five = malloc(sizeof(float) * (size_t)5 * ldy);
+    for (int epi = 0; epi < 3; epi += 2) {
+        if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
+        const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
+        poison(dy, sizeof(float) * (size_t)5 * ldy);
+        run_gemv(w, dy, ldy, dx, 5, k, m, dnw, epi);
+        sync_ok("gemv five");
+        lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
+        static const int rsets[] = {1, 2, 4, 0};
+        for (int pdl = 0; pdl < 2; pdl++)
+            for (int r = 0; r < 4; r++) {
+                lm_cuda_ctx_set_pdl(g_ctx, pdl > 0);
+                lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[r]);
+                poison(dy, sizeof(float) * (size_t)m);
+                run_gemv(w, dy, ldy, dx + 2 * k, 1, k, m, dnw, epi);
+                sync_ok("gemv one");
+                lm_cuda_download(one, dy, sizeof(float) * (size_t)mo);
+                CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)mo),
+                      "%s k=%d m=%d epi=%d: row 2 alone (rows/warp %d, pdl %d) differs from the same "
+                      "row in a batch of 5", what, k, m, epi, rsets[r], pdl);
+            }
+        lm_cuda_ctx_set_pdl(g_ctx, true);
+        lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
+    }
+    free(one), free(five), free(y), free(ref), free(base);
+    lm_cuda_free(dy);
+    return worst;
+}
+
 static void test_gemv(void) {
     static const int shapes[][2] = {{1024, 1001}, {328, 517}, {24, 38}, {3072, 260}, {2048, 4097},
                                     {1024, 6144}}; /* the last: gate/up-sized SwiGLU (added in v7) */
-    static const int rows[] = {1, 2, 3, 4, 5, 8, 11};
     double worst = 0;
     uint64_t rng_before_last = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -124,86 +206,64 @@ static void test_gemv(void) {
         fill(wf, (long)m * k, 0.05f);
         for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
         float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
-        uint16_t *dw = dev_from(w, 2 * (size_t)m * k);
-        const int ldy = m + 3;
-        float *dy = dev(sizeof(float) * (size_t)nmax * ldy);
-        float *y = malloc(sizeof(float) * (size_t)nmax * ldy), *ref = malloc(sizeof(float) * (size_t)nmax * ldy);
-        float *base = malloc(sizeof(float) * (size_t)nmax * ldy);
-        fill(base, (long)nmax * ldy, 1.0f);
-        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
-            const int n = rows[ri];
-            for (int epi = 0; epi < 3; epi++) {
-                if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
-                for (int norm = 0; norm < 2; norm++) {
-                    const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
-                    memcpy(ref, base, sizeof(float) * (size_t)n * ldy);
-                    ref_gemv(ref, ldy, x, w, n, k, m, norm ? nw : NULL, 1e-6f, epi);
-                    if (epi == LM_CUDA_EPI_ADD)
-                        lm_cuda_upload(dy, base, sizeof(float) * (size_t)n * ldy);
-                    else
-                        poison(dy, sizeof(float) * (size_t)n * ldy);
-                    lm_status rc = lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, n, k, m, norm ? dnw : NULL,
-                                                1e-6f, epi);
-                    CHECK(rc == LM_OK, "gemv: %s", lm_error_message());
-                    sync_ok("gemv");
-                    lm_cuda_download(y, dy, sizeof(float) * (size_t)n * ldy);
-                    double e = 0;
-                    for (int t = 0; t < n; t++) {
-                        double et = rel_l2(y + (size_t)t * ldy, ref + (size_t)t * ldy, mo);
-                        if (et > e) e = et;
-                    }
-                    if (e > worst) worst = e;
-                    CHECK(e <= 1e-5, "gemv n=%d k=%d m=%d epi=%d norm=%d: rel err %.3g", n, k, m, epi,
-                          norm, e);
-                }
-            }
-        }
-        /* Batch invariance: row 2 of a 5-row call equals a 1-row call bit for bit, for every
-         * rows-per-warp setting and with PDL on or off. */
-        float *one = malloc(sizeof(float) * (size_t)m), *five = malloc(sizeof(float) * (size_t)5 * ldy);
-        poison(dy, sizeof(float) * (size_t)5 * ldy);
-        lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
-        sync_ok("gemv five");
-        lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
-        static const int rsets[] = {1, 2, 4, 0};
-        for (int pdl = 0; pdl < 2; pdl++)
-            for (int ri = 0; ri < 4; ri++) {
-                lm_cuda_ctx_set_pdl(g_ctx, pdl > 0);
-                lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[ri]);
-                poison(dy, sizeof(float) * (size_t)m);
-                lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE);
-                sync_ok("gemv one");
-                lm_cuda_download(one, dy, sizeof(float) * (size_t)m);
-                CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)m),
-                      "gemv k=%d m=%d: row 2 alone (rows/warp %d, pdl %d) differs from the same row "
-                      "in a batch of 5",
-                      k, m, rsets[ri], pdl);
-            }
-        lm_cuda_ctx_set_pdl(g_ctx, true);
-        lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
-        /* The same for the SwiGLU epilogue. */
-        if (m % 2 == 0) {
-            poison(dy, sizeof(float) * (size_t)5 * ldy);
-            lm_cuda_gemv(g_ctx, dy, ldy, dx, k, dw, 5, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
-            sync_ok("gemv five swiglu");
-            lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
-            poison(dy, sizeof(float) * (size_t)m);
-            lm_cuda_gemv(g_ctx, dy, ldy, dx + 2 * k, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU);
-            sync_ok("gemv one swiglu");
-            lm_cuda_download(one, dy, sizeof(float) * (size_t)(m / 2));
-            CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)(m / 2)),
-                  "gemv k=%d m=%d SwiGLU: row 2 alone differs from the same row in a batch of 5", k,
-                  m);
-        }
-        free(one);
-        free(five);
-        free(x), free(nw), free(wf), free(w), free(y), free(ref), free(base);
-        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dw), lm_cuda_free(dy);
+        struct dgemv dw = {dev_from(w, 2 * (size_t)m * k), NULL, NULL};
+        const double e = check_gemv("gemv", &dw, w, LM_DTYPE_BF16, x, dx, nw, dnw, k, m);
+        if (e > worst) worst = e;
+        free(x), free(nw), free(wf), free(w);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free((void *)dw.bf);
     }
     g_rng = rng_before_last;
     CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 12, NULL, 1, 12, 4, NULL, 0, LM_CUDA_EPI_STORE) == LM_ERR_SHAPE,
           "gemv with k = 12 must be refused");
     fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
+}
+
+/* lm_cuda_gemv_q8 against the scalar float32 matmul over the exactly dequantized weights
+ * (scale * quant is exact in float32), as test_gemv; lm_cuda_embed_q8 exactly. Draws from its
+ * own random state, so that the later tests' inputs stay as they were. */
+static void test_gemv_q8(void) {
+    static const int shapes[][2] = {{1024, 1000}, {2048, 517}, {96, 38}, {3072, 260}, {1024, 6144}, {32, 7}};
+    const uint64_t saved = g_rng;
+    g_rng = 0x9e3779b97f4a7c15ull;
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int k = shapes[si][0], m = shapes[si][1], nb = k / 32, nmax = 11;
+        float *x = malloc(sizeof(float) * nmax * k), *nw = malloc(sizeof(float) * k);
+        float *wf = malloc(sizeof(float) * (size_t)m * k);
+        int8_t *q = malloc((size_t)m * k);
+        uint16_t *sc = malloc(2 * (size_t)m * nb);
+        fill(x, (long)nmax * k, 1.0f);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+        for (long b = 0; b < (long)m * nb; b++) sc[b] = lm_f32_to_f16(0.0005f + 0.0004f * frand());
+        for (long i = 0; i < (long)m * k; i++) {
+            q[i] = (int8_t)((int)urand(255) - 127);
+            wf[i] = lm_f16_to_f32(sc[i / 32]) * (float)q[i]; /* row i / k, block i % k / 32 */
+        }
+        float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
+        struct dgemv dw = {NULL, dev_from(q, (size_t)m * k), dev_from(sc, 2 * (size_t)m * nb)};
+        const double e = check_gemv("gemv_q8", &dw, wf, LM_DTYPE_F32, x, dx, nw, dnw, k, m);
+        if (e > worst) worst = e;
+        /* The embedding rows of the same table. */
+        if (m >= 7) {
+            const int32_t ids[3] = {m - 1, 0, m / 2};
+            int32_t *dids = dev_from(ids, sizeof ids);
+            float *de = dev(sizeof(float) * 3 * (size_t)k), *emb = malloc(sizeof(float) * 3 * (size_t)k);
+            poison(de, sizeof(float) * 3 * (size_t)k);
+            CHECK(lm_cuda_embed_q8(g_ctx, de, dw.q, dw.s, dids, 3, k) == LM_OK, "embed_q8: %s", lm_error_message());
+            sync_ok("embed_q8");
+            lm_cuda_download(emb, de, sizeof(float) * 3 * (size_t)k);
+            for (int t = 0; t < 3; t++)
+                CHECK(!memcmp(emb + (size_t)t * k, wf + (size_t)ids[t] * k, sizeof(float) * (size_t)k),
+                      "embed_q8 k=%d: row %d differs from scale * quant", k, ids[t]);
+            lm_cuda_free(dids), lm_cuda_free(de), free(emb);
+        }
+        free(x), free(nw), free(wf), free(q), free(sc);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free((void *)dw.q), lm_cuda_free((void *)dw.s);
+    }
+    CHECK(lm_cuda_gemv_q8(g_ctx, NULL, 1, NULL, 48, NULL, NULL, 1, 48, 4, NULL, 0, LM_CUDA_EPI_STORE) ==
+              LM_ERR_SHAPE, "gemv_q8 with k = 48 (not whole blocks) must be refused");
+    fprintf(stderr, "gemv_q8: worst rel err %.3g\n", worst);
+    g_rng = saved;
 }
 
 static void test_gemm(void) {
@@ -976,6 +1036,7 @@ int main(void) {
     }
     g_ref = lm_cpu_ops_scalar();
     test_gemv();
+    test_gemv_q8();
     test_gemm();
     test_rows();
     test_attention();

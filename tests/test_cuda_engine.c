@@ -4,6 +4,8 @@
  *   matches the CPU model's last logits to bf16 tolerance (K/V and large-batch activations are
  *   bf16 there: ||cuda - cpu|| / ||cpu|| < 2e-2), and ALL rows of a 1,040-token step, which
  *   the family splits over two device calls (more rows than the device's 1,024), match too;
+ * - a Q8_0 GGUF (llama.cpp's conversion) on CUDA, whose GEMV reads the quants, matches the
+ *   CPU's dequantize path to the same tolerance;
  * - lm_kv_cache_copy copies device blocks: a decode over a copied partial block gives the same
  *   bits as over the original; a second live cache on the model is refused;
  * - greedy ids through the scheduler for 8 concurrent requests equal each one run alone, and
@@ -134,6 +136,73 @@ static void test_forward(void) {
             g_n_cases, worst, g_max_abs_err);
     free(lc);
     free(lg);
+}
+
+/* ---- 1b. a Q8_0 checkpoint: the GEMV reads its quants (lm_cuda_gemv_q8) ----
+ * llama.cpp's own Q8_0 conversion of the tiny model, on CUDA against the CPU's dequantize path
+ * (LM_CPU_Q8_ACT=0, set in main: float32 activations times scale * quant, as the device computes):
+ * the prompt's last logits (batched: cuBLAS over the bf16 copy for prompts over the GEMV's rows)
+ * and 3 decode steps (the batch-1 GEMV over the quants) within the same 2e-2 as bf16 (K/V are
+ * bf16 on the device). Skipped when the shared file is absent. */
+#define Q8_GGUF LM_SOURCE_DIR "/../shared/models/tiny-qwen3-gguf/tiny-qwen3-q8_0.gguf"
+static void test_q8_model(void) {
+    FILE *f = fopen(Q8_GGUF, "rb");
+    if (!f) {
+        fprintf(stderr, "q8_0: %s is absent: skipped\n", Q8_GGUF);
+        return;
+    }
+    fclose(f);
+    struct lm_model_open_params p = lm_model_default_open_params();
+    p.device = "cuda";
+    struct lm_model *gq = NULL, *cq = NULL;
+    lm_status rc = lm_model_open(Q8_GGUF, &p, &gq);
+    CHECK(!rc, "open the Q8_0 GGUF on cuda: %s", lm_error_message());
+    rc = rc ? rc : lm_model_open(Q8_GGUF, NULL, &cq);
+    CHECK(!rc, "open the Q8_0 GGUF on the cpu: %s", lm_error_message());
+    if (rc) {
+        lm_model_close(gq);
+        return;
+    }
+    struct lm_model_info info;
+    lm_model_info(gq, &info);
+    CHECK(!strcmp(info.weight_dtype, "q8_0"), "a Q8_0 checkpoint on CUDA reports weights %s, not q8_0",
+          info.weight_dtype);
+    float *lc = malloc(sizeof(float) * (size_t)g_vocab), *lg = malloc(sizeof(float) * (size_t)g_vocab);
+    double worst = 0, mx;
+    for (int i = 0; i < 4 && i < g_n_cases; i++) {
+        const struct fcase *c = &g_cases[i];
+        struct lm_seq *sc = NULL, *sg = NULL;
+        lm_status a = lm_seq_create(cq, c->n_prompt + 8, &sc);
+        lm_status b = a ? a : lm_seq_create(gq, c->n_prompt + 8, &sg);
+        CHECK(!a && !b, "q8_0 %s: lm_seq_create: %s", c->name, lm_error_message());
+        if (!a && !b) {
+            a = lm_seq_forward(sc, c->prompt, c->n_prompt, lc, false);
+            b = lm_seq_forward(sg, c->prompt, c->n_prompt, lg, false);
+            CHECK(!a && !b, "q8_0 %s: forward: %s", c->name, lm_error_message());
+            double e = rel_err(lg, lc, (size_t)g_vocab, &mx);
+            CHECK(e < 2e-2, "q8_0 %s (%d tokens): CUDA logits vs CPU: relative error %.3g (max abs %.3g)",
+                  c->name, c->n_prompt, e, mx);
+            if (e > worst) worst = e;
+            for (int t = 0; t < 3 && t < c->n_greedy && !a && !b; t++) {
+                int32_t next = c->greedy[t];
+                a = lm_seq_forward(sc, &next, 1, lc, false);
+                b = lm_seq_forward(sg, &next, 1, lg, false);
+                CHECK(!a && !b, "q8_0 %s: decode: %s", c->name, lm_error_message());
+                e = rel_err(lg, lc, (size_t)g_vocab, &mx);
+                CHECK(e < 2e-2, "q8_0 %s: decode step %d: relative error %.3g (max abs %.3g)", c->name, t,
+                      e, mx);
+                if (e > worst) worst = e;
+            }
+        }
+        lm_seq_destroy(sc);
+        lm_seq_destroy(sg);
+    }
+    fprintf(stderr, "q8_0: 4 prompts + 3 decode steps each, worst relative error against the CPU %.3g\n",
+            worst);
+    free(lc);
+    free(lg);
+    lm_model_close(gq);
+    lm_model_close(cq);
 }
 
 /* Decode over a long context (split-KV attention: the step's longest context picks the graph's
@@ -454,6 +523,7 @@ static void test_seeded(void) {
 }
 
 int main(void) {
+    setenv("LM_CPU_Q8_ACT", "0", 1); /* test_q8_model's reference: the CPU's dequantize path */
     struct lm_model_open_params p = lm_model_default_open_params();
     p.device = "cuda";
     lm_status rc = lm_model_open(TINY_MODEL, &p, &g_gpu);
@@ -475,6 +545,7 @@ int main(void) {
     load_cases();
     if (g_n_cases >= 8) {
         test_forward();
+        test_q8_model();
         test_long_decode();
         test_all_rows();
         test_kv_copy();

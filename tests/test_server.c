@@ -22,8 +22,9 @@
  * third server (--timeout-keep-alive 1, --max-connections 3, --max-seqs 1) closes idle
  * connections, logs its connection limit and recovers, keeps a queued stream open past the idle
  * timeout, logs a cancelled request's tokens and a shutdown summary without a percentage above
- * 100, and ends a stream cut by SIGTERM with finish_reason "abort", [DONE] and its terminator;
- * SIGTERM while the model loads exits at once. */
+ * 100, and ends a stream cut by SIGTERM with finish_reason "abort", [DONE] and its terminator
+ * (both cancelled requests are "cancelled" in its records); SIGTERM while the model loads exits
+ * at once. */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -949,12 +950,15 @@ static bool log_has(const char *path, const char *re, double secs) {
  * --max-seqs 1, its log
  * in a file: idle connections close, the connection limit logs and does not lock the server
  * out, long requests are not idle, the log lines (threads, a cancelled request, the shutdown
- * summary), a SIGTERM that ends a stream with finish_reason "abort" and [DONE]. */
+ * summary), a SIGTERM that ends a stream with finish_reason "abort" and [DONE], while its record
+ * and a client-cancelled request's say "cancelled". */
 static void test_connections(void) {
-    char log[64], base[64];
+    char log[64], base[64], recs[64];
     snprintf(log, sizeof log, "/tmp/lm_test_server3_%d.log", (int)getpid());
+    snprintf(recs, sizeof recs, "/tmp/lm_test_server3_%d.records.jsonl", (int)getpid());
+    unlink(recs);
     const char *extra[] = {"--timeout-keep-alive", "1", "--max-connections", "3", "--shutdown-timeout-s", "0",
-                           "--max-seqs", "1", NULL};
+                           "--max-seqs", "1", "--records", recs, NULL};
     g_spawn_log = log;
     bool up = start_server(1, extra, base, sizeof base);
     g_spawn_log = NULL;
@@ -1054,6 +1058,8 @@ static void test_connections(void) {
     resp_free(&r);
     CHECK(log_has(log, "id=cancel-me status=499 prompt=[0-9]+ completion=[0-9]+ finish=cancelled", 5),
           "the cancelled request's log line counts what was generated");
+    CHECK(log_has(recs, "\"x_request_id\":\"cancel-me\",[^\n]*\"finish_reason\":\"cancelled\"", 5),
+          "the cancelled request's record says cancelled, as its log line does (docs/RECORDS.md)");
 
     /* a later turn sent twice: the second finds its whole prompt cached, more than its history */
     const char *later = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
@@ -1067,6 +1073,7 @@ static void test_connections(void) {
      * chunked terminator (curl's result is OK, not 18) */
     CURLM *m = curl_multi_init();
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, "X-Request-Id: sigterm-cut");
     struct resp a = {0};
     snprintf(b1, sizeof b1, long_body, 3000, ",\"stream\":true");
     CURL *ca = start_stream(m, base, b1, h, &a, 200);
@@ -1089,6 +1096,11 @@ static void test_connections(void) {
     for (t0 = now_s(); now_s() - t0 < 20 && !exited; usleep(20 * 1000)) exited = waitpid(g_child[1], &status, WNOHANG) == g_child[1];
     if (exited) g_child[1] = -1;
     CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "third server exits 0");
+    /* the wire's "abort" is "cancelled" in the server's own record, the word of its log */
+    CHECK(log_has(recs, "\"x_request_id\":\"sigterm-cut\",[^\n]*\"finish_reason\":\"cancelled\"", 1),
+          "the stream cut by SIGTERM is recorded as cancelled");
+    CHECK(!log_has(recs, "\"finish_reason\":\"abort\"", 0), "no record says abort");
+    unlink(recs);
 
     /* the shutdown summary: no percentage above 100 */
     char *text = read_file_str(log);

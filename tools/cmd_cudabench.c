@@ -41,7 +41,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
             "                       [--in 128] [--out 128] [--micro] [--variants] [--trace]\n"
-            "                       [--device N]\n\n"
+            "                       [--q8] [--device N]\n\n"
             "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
             "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
             "repetitions, next to the bandwidth floor.\n\n"
@@ -54,10 +54,14 @@ static void usage(FILE *f) {
             "  --in N          prompt tokens per sequence in the throughput test (default 128)\n"
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
-            "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants\n"
+            "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants (with\n"
+            "                  --q8 also the GEMV over the bf16 copy)\n"
             "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
             "                  matrix, averaged over layers: when blocks start, pass their wait\n"
             "                  on the preceding kernel, have x staged, finish)\n"
+            "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
+            "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales, about\n"
+            "                  half the bytes; batches over 4 keep cuBLAS on a bf16 copy\n"
             "  --device N      CUDA device index, N or cuda:N (default 0)\n"
             "  -h, --help      show this help\n");
 }
@@ -310,12 +314,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {"micro", no_argument, 0, 'M'},
                                          {"variants", no_argument, 0, 'V'},
                                          {"trace", no_argument, 0, 'T'},
+                                         {"q8", no_argument, 0, 'Q'},
                                          {"device", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batches = "1,8,32,64,128,256";
     int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
-    bool micro = false, variants = false, trace = false;
+    bool micro = false, variants = false, trace = false, q8 = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hr:p:n:", opts, NULL)) != -1) {
         switch (c) {
@@ -329,6 +334,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'M': micro = true; break;
         case 'V': variants = true; break;
         case 'T': trace = true; break;
+        case 'Q': q8 = true; break;
         case 'd': {
             const char *dv = strncmp(optarg, "cuda:", 5) == 0 ? optarg + 5 : optarg;
             char *end = NULL;
@@ -395,15 +401,18 @@ int lm_cmd_cudabench(int argc, char **argv) {
     p.max_tokens = pp > 2048 ? pp : 2048;
     const int bs = p.block_size, per = (p.max_context + bs - 1) / bs;
     p.n_blocks = per * p.max_seqs;
+    p.quantize_q8 = q8;
     struct bench b = {0};
     double t0 = now_s();
     if (lm_cuda_qwen3_open_dir(model, &p, &b.m)) return lm_cmd_fail("cudabench", NULL);
     lm_cuda_qwen3_info(b.m, &b.info);
     const struct lm_cuda_qwen3_config *cf = &b.info.cfg;
     printf("model: %s: %d layers, hidden %d, %d/%d heads, head_dim %d, intermediate %d, vocab %d; "
-           "%.3f GB of bf16 weights on the device (loaded in %.1f s); KV cache bf16, %d blocks of %d\n",
+           "%.3f GB of weights on the device%s (loaded in %.1f s); KV cache bf16, %d blocks of %d\n",
            model, cf->n_layers, cf->hidden, cf->n_heads, cf->n_kv_heads, cf->head_dim, cf->intermediate,
-           cf->vocab, b.info.weight_bytes / 1e9, now_s() - t0, b.info.n_blocks, b.info.block_size);
+           cf->vocab, b.info.weight_bytes / 1e9,
+           q8 ? " (bf16, plus Q8_0 quants and scales the GEMV reads)" : " (bf16)", now_s() - t0,
+           b.info.n_blocks, b.info.block_size);
     const double floor_us = b.info.step_bytes / bw * 1e6, floor_tps = 1e6 / floor_us;
     printf("floor: a decode step reads %.3f GB of weights -> %.1f us at %.3f TB/s = %.0f tok/s at batch 1\n\n",
            b.info.step_bytes / 1e9, floor_us, bw / 1e12, floor_tps);
@@ -520,18 +529,23 @@ int lm_cmd_cudabench(int argc, char **argv) {
             const char *name;
             bool graphs, pdl;
             int rows;
-            bool v6attn;
-        } vs[] = {{"graphs + PDL (default)", true, true, 0, false},
-                  {"default, v6 decode attention", true, true, 0, true},
-                  {"graphs, no PDL", true, false, 0, false},
-                  {"no graphs, PDL", false, true, 0, false},
-                  {"no graphs, no PDL", false, false, 0, false},
-                  {"default, 1 row/warp", true, true, 1, false},
-                  {"default, 2 rows/warp", true, true, 2, false}};
+            bool v6attn, bf16; /* bf16: the GEMV ignores --q8's quants */
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false},
+                  {"default, v6 decode attention", true, true, 0, true, false},
+                  {"graphs, no PDL", true, false, 0, false, false},
+                  {"no graphs, PDL", false, true, 0, false, false},
+                  {"no graphs, no PDL", false, false, 0, false, false},
+                  {"default, 1 row/warp", true, true, 1, false, false},
+                  {"default, 2 rows/warp", true, true, 2, false, false},
+                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true},
+                  {"graphs + PDL (default, again)", true, true, 0, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
+            if (vs[i].bf16 && !q8) continue;
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
+            lm_cuda_qwen3_set_q8(b.m, !vs[i].bf16);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
+
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
@@ -539,6 +553,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         }
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
+        lm_cuda_qwen3_set_q8(b.m, true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 3, 4, 8};
         for (int k = 0; k < 4 && !st; k++)

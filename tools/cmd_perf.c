@@ -6,13 +6,17 @@
  * prints the weight bandwidth achieved (the bytes of weights one step reads, times steps per
  * second) and that as a share of a read bandwidth measured in the same run: the same number of
  * threads summing a 512 MiB array (huge pages), each thread as 4 streams, sampled just before
- * each decode repetition. */
+ * each decode repetition. When the weights are smaller than the CPU's last-level cache they
+ * stay in cache between steps, and a footnote says why that share can exceed 100%.
+ * It feeds token ids only, so a model folder without tokenizer.json is measured with ids drawn
+ * below config.json's vocab_size. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/ops.h"
 #include "base/threadpool.h"
@@ -28,9 +32,11 @@ static void usage(FILE *f) {
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
             "prints a table of tokens per second (mean ± std over the repetitions, and the\n"
             "min - max), the weight bandwidth each decode test achieves, and a read bandwidth\n"
-            "measured in the same run.\n\n"
+            "measured in the same run (\"%% of read\": above 100%% when the weights fit in the CPU's\n"
+            "last-level cache; a footnote then says so).\n\n"
             "  --model PATH      Hugging Face model folder or GGUF file\n"
-            "  --tokenizer DIR   folder with tokenizer.json when the model has none\n"
+            "  --tokenizer DIR   folder with tokenizer.json (optional: without one, prompt ids\n"
+            "                    are drawn below config.json's vocab_size)\n"
             "  -t, --threads N   CPU threads (default 0: all online cores)\n"
             "  -p, --prompt P    prefill test: one forward over P tokens (0 skips; default 512)\n"
             "  -n, --gen N       decode test: N forward steps of one token (0 skips; default 128)\n"
@@ -53,7 +59,7 @@ static void usage(FILE *f) {
             "                    names the matmul path: int8 (the default: activations quantized\n"
             "                    to Q8_0 blocks, int8 dot products, as llama.cpp) or dequant\n"
             "                    (weights widened to float32, float activations: LM_CPU_Q8_ACT=0\n"
-            "                    in the environment))\n"
+            "                    in the environment; it takes 0/1, off/on, false/true, no/yes))\n"
             "  --device D        run on cpu (default), cuda or cuda:N (a GPU: weights and KV cache\n"
             "                    in bf16; pp copies the logits row back to the host as lm_seq does;\n"
             "                    decode (tg, any B) has the GPU choose greedy ids, as lumen serve\n"
@@ -255,6 +261,96 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     return st;
 }
 
+/* ---- the markdown table ---- */
+
+/* Columns wide enough for every figure up to 9,999,999.99 tokens/s (GPU batches reach ~100,000):
+ * the rows print as each test ends, before the later figures are known. */
+#define WIDEST_MEAN_STD "9999999.99 ± 999999.99"
+#define WIDEST_RANGE "9999999.99 - 9999999.99"
+
+enum { N_COLS = 9 };
+static const char *const k_headers[N_COLS] = {"model", "dtype", "weights", "threads", "test",
+                                              "t/s (mean ± std)", "t/s (min - max)", "weights GB/s",
+                                              "% of read"};
+static const bool k_right[N_COLS] = {false, false, false, true, false, true, true, true, true};
+
+/* Columns on screen of a UTF-8 string (one per code point: the table holds no wide characters;
+ * printf's widths count bytes, and "±" is two). */
+static int text_width(const char *s) {
+    int w = 0;
+    for (; *s; s++) w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+/* Widens width[i] to fit `cells[i]`. */
+static void fit(int *width, const char *const *cells) {
+    for (int i = 0; i < N_COLS; i++)
+        if (text_width(cells[i]) > width[i]) width[i] = text_width(cells[i]);
+}
+
+/* One row, each cell padded to its column's width (a wider cell widens its row only: the
+ * markdown stays valid). */
+static void md_row(const char *const *cells, const int *width) {
+    for (int i = 0; i < N_COLS; i++) {
+        int pad = width[i] - text_width(cells[i]);
+        pad = pad > 0 ? pad : 0;
+        if (k_right[i])
+            printf("| %*s%s ", pad, "", cells[i]);
+        else
+            printf("| %s%*s ", cells[i], pad, "");
+    }
+    printf("|\n");
+}
+
+static void md_rule(const int *width) {
+    for (int i = 0; i < N_COLS; i++) {
+        printf("| ");
+        for (int k = 0; k < width[i] - (k_right[i] ? 1 : 0); k++) putchar('-');
+        printf(k_right[i] ? ": " : " ");
+    }
+    printf("|\n");
+}
+
+/* The name of test `B` (0: the prefill test). */
+static void test_name(char *out, size_t size, int p, int n, int B, int depth) {
+    char d[24] = "";
+    if (depth) snprintf(d, sizeof d, " @ d%d", depth);
+    if (!B)
+        snprintf(out, size, "pp%d%s", p, d);
+    else if (B == 1)
+        snprintf(out, size, "tg%d%s", n, d);
+    else
+        snprintf(out, size, "tg%d x B=%d%s", n, B, d);
+}
+
+/* The CPU's last-level cache in bytes: the highest level of cpu0's caches in /sys, else glibc's
+ * sysconf(_SC_LEVEL3_CACHE_SIZE); 0 when neither knows. */
+static size_t llc_bytes(void) {
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], unit = 0;
+        int level = 0;
+        size_t size = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        if (fscanf(f, "%d", &level) != 1) level = 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!(f = fopen(path, "r"))) continue;
+        if (fscanf(f, "%zu%c", &size, &unit) < 1) size = 0;
+        fclose(f);
+        size <<= unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+        if (size && level >= best_level) best = size, best_level = level;
+    }
+    if (!best) {
+        long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        best = v > 0 ? (size_t)v : 0;
+    }
+    return best;
+}
+
 static void json_stats(const struct stats *s) {
     printf("{\"mean\": %.4f, \"std\": %.4f, \"min\": %.4f, \"max\": %.4f, \"samples\": [", s->mean, s->std,
            s->lo, s->hi);
@@ -279,6 +375,7 @@ int lm_cmd_perf(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
+    params.tokenizer_optional = true; /* ids only: vocab_size bounds them when there is none */
     const char *model_dir = NULL;
     int p = 512, n = 128, reps = 3, depth = 0, c, batches[16] = {1}, n_batches = 1;
     bool json = false, bw = true;
@@ -390,7 +487,8 @@ int lm_cmd_perf(int argc, char **argv) {
         return rc;
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
-    size_t tv = lm_tokenizer_vocab_size(lm_model_tokenizer(m));
+    const struct lm_tokenizer *tok = lm_model_tokenizer(m);
+    size_t tv = tok ? lm_tokenizer_vocab_size(tok) : 0;
     fill_ids(ids, cap, tv && tv < (size_t)cfg->vocab_size ? (int)tv : cfg->vocab_size, 42);
     float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
 
@@ -403,6 +501,7 @@ int lm_cmd_perf(int argc, char **argv) {
         printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d threads%s%s\n", info.weight_dtype,
                info.weight_bytes / (1024.0 * 1024.0), residency, load_s, info.kernels, info.n_threads,
                q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "");
+        if (!tok) printf("tokenizer: none (no tokenizer.json): prompt ids drawn from 1 to vocab_size - 1\n");
         fflush(stdout);
     }
     lm_status st = LM_OK;
@@ -412,17 +511,25 @@ int lm_cmd_perf(int argc, char **argv) {
     }
     struct row rows[MAX_ROWS];
     int n_rows = 0;
+    /* Column widths: the headers, the strings known now, the widest figures printed later. */
+    int width[N_COLS] = {0};
+    char threads_s[16];
+    snprintf(threads_s, sizeof threads_s, "%d", info.n_threads);
+    fit(width, k_headers);
+    for (int t = 0; t < 1 + n_batches; t++) {
+        char name[64];
+        test_name(name, sizeof name, p, n, t ? batches[t - 1] : 0, depth);
+        fit(width, (const char *const[N_COLS]){lm_model_name(m), info.weight_dtype, wshort, threads_s, name,
+                                               WIDEST_MEAN_STD, WIDEST_RANGE, "", ""});
+    }
     double *samples = calloc((size_t)reps * MAX_ROWS, sizeof *samples);
     double *rep_bw = calloc((size_t)reps, sizeof *rep_bw);
     for (int test = 0; test < 1 + n_batches && !st; test++) {
         struct row *r = &rows[n_rows];
         double *x = samples + (size_t)n_rows * reps;
-        char d[24] = "";
-        if (depth) snprintf(d, sizeof d, " @ d%d", depth);
         if (test == 0) {
             if (!p) continue;
             st = run_seq(s, ids, depth, p, 0, reps, logits, x, &probe, rep_bw);
-            snprintf(r->test, sizeof r->test, "pp%d%s", p, d);
             r->batch = 0;
         } else {
             if (!n) continue;
@@ -439,13 +546,10 @@ int lm_cmd_perf(int argc, char **argv) {
             } else {
                 st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
             }
-            if (B == 1)
-                snprintf(r->test, sizeof r->test, "tg%d%s", n, d);
-            else
-                snprintf(r->test, sizeof r->test, "tg%d x B=%d%s", n, B, d);
             r->batch = B;
         }
         if (st) break;
+        test_name(r->test, sizeof r->test, p, n, r->batch, depth);
         summarize(x, reps, &r->tps);
         r->gbps = r->batch ? (double)info.weight_bytes * r->tps.mean / r->batch / 1e9 : 0;
         r->pct = 0;
@@ -458,25 +562,30 @@ int lm_cmd_perf(int argc, char **argv) {
         n_rows++;
         if (!json) {
             if (n_rows == 1) {
-                printf("\n| %-14s | %-5s | %-10s | %7s | %-16s | %16s | %17s | %10s | %9s |\n", "model", "dtype",
-                       "weights", "threads", "test", "t/s (mean ± std)", "t/s (min - max)", "weights GB/s",
-                       "% of read");
-                printf("| -------------- | ----- | ---------- | ------: | ---------------- | ---------------: "
-                       "| ----------------: | -----------: | --------: |\n");
+                printf("\n");
+                md_row(k_headers, width);
+                md_rule(width);
             }
-            char ms[40], range[40], gb[16] = "", pct[16] = "";
+            char ms[64], range[64], gb[32] = "", pct[32] = "";
             snprintf(ms, sizeof ms, "%.2f ± %.2f", r->tps.mean, r->tps.std);
             snprintf(range, sizeof range, "%.2f - %.2f", r->tps.lo, r->tps.hi);
             if (r->batch) snprintf(gb, sizeof gb, "%.1f", r->gbps);
             if (r->batch && probe.p) snprintf(pct, sizeof pct, "%.0f%%", r->pct);
-            printf("| %-14.14s | %-5s | %-10s | %7d | %-16s | %16s | %17s | %12s | %9s |\n", lm_model_name(m),
-                   info.weight_dtype, wshort, info.n_threads, r->test, ms, range, gb, pct);
+            md_row((const char *const[N_COLS]){lm_model_name(m), info.weight_dtype, wshort, threads_s, r->test, ms,
+                                               range, gb, pct},
+                   width);
             fflush(stdout);
         }
     }
     struct stats bwst = {0};
     if (n_bw) summarize(all_bw, n_bw, &bwst);
     int rc = st ? lm_cmd_fail("perf", NULL) : 0;
+    /* Weights smaller than the last-level cache stay there between decode steps, so "% of read"
+     * compares cache reads with the probe's memory reads (CPU runs only). */
+    const bool on_cpu = !strcmp(info.device, "cpu");
+    const size_t llc = on_cpu ? llc_bytes() : 0;
+    double max_pct = 0;
+    for (int i = 0; i < n_rows; i++) max_pct = fmax(max_pct, rows[i].pct);
     if (!rc && !json) {
         if (bwst.n)
             printf("\nread bandwidth (%d threads summing 512 MiB, %d samples through the run): %.1f ± %.1f "
@@ -486,16 +595,28 @@ int lm_cmd_perf(int argc, char **argv) {
                "%.1f MiB of weights one decode step reads, times steps per second; %% of read: that over\n"
                "the read bandwidth sampled just before each repetition (mean of the ratios).\n",
                bwst.n ? "" : "\n", reps, info.weight_bytes / (1024.0 * 1024.0));
+        if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
+            printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"
+                   "cache, so decode steps read them from cache while the probe reads 512 MiB from memory.\n",
+                   info.weight_bytes / (1024.0 * 1024.0), llc / (1024.0 * 1024.0));
+        else if (on_cpu && !llc && max_pct > 100)
+            printf("note: %% of read above 100%% means the weights were read from cache, not memory; the\n"
+                   "last-level cache size is unknown here (neither sysconf nor /sys gives it).\n");
     }
     if (!rc && json) {
         printf("{\"model\": \"%s\", \"format\": \"%s\", \"model_type\": \"%s\", \"params\": %ld, "
                "\"weight_dtype\": \"%s\", \"weight_bytes\": %zu, \"weights\": \"%s\", \"weights_mapped\": %s, "
                "\"weights_locked\": %s, \"kernels\": \"%s\", \"q8_0_matmul\": %s%s%s, \"threads\": %d, "
-               "\"load_s\": %.3f, \"reps\": %d, \"depth\": %d,\n \"read_bandwidth_gbps\": ",
+               "\"load_s\": %.3f, \"reps\": %d, \"depth\": %d, \"last_level_cache_bytes\": ",
                lm_model_name(m), info.format, cfg->model_type, info.n_params, info.weight_dtype,
                info.weight_bytes, wshort, info.weights_mapped ? "true" : "false",
                info.weights_locked ? "true" : "false", info.kernels, q8path ? "\"" : "",
                q8path ? q8path : "null", q8path ? "\"" : "", info.n_threads, load_s, reps, depth);
+        if (llc)
+            printf("%zu", llc);
+        else
+            printf("null");
+        printf(",\n \"read_bandwidth_gbps\": ");
         if (bwst.n)
             json_stats(&bwst);
         else

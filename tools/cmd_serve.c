@@ -69,6 +69,7 @@ static void help(FILE *f) {
             "  --shutdown-timeout-s S  on SIGTERM/SIGINT, how long in-flight requests may run on\n"
             "                   before they are cancelled (default 10; 0 cancels at once); a\n"
             "                   cancelled stream ends with finish_reason \"abort\" and [DONE]\n"
+            "                   (vLLM's word; records and the log say \"cancelled\")\n"
             "  --timeout-keep-alive S  close a connection idle for S seconds: between requests, or\n"
             "                   a client that stops sending its request (default 5, as uvicorn;\n"
             "                   0: never). A request being answered is never idle\n"

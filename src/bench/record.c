@@ -285,8 +285,13 @@ static void take_id(struct lm_bench_record *r, json_t *o) {
     }
 }
 
+const char *lm_bench_finish_word(const char *fr) {
+    return fr && !strcmp(fr, "abort") ? "cancelled" : fr;
+}
+
 static void take_finish_reason(struct lm_bench_record *r, json_t *choice) {
-    const char *fr = json_string_value(json_object_get(choice, "finish_reason"));
+    const char *fr =
+        lm_bench_finish_word(json_string_value(json_object_get(choice, "finish_reason")));
     if (fr) {
         free(r->finish_reason);
         r->finish_reason = strdup(fr);

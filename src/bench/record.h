@@ -116,7 +116,8 @@ struct lm_bench_record {
     long http_status;      /* 0 when no response came */
     enum lm_bench_error error;
     char *error_message;     /* owned; NULL when ok */
-    char *finish_reason;     /* owned; NULL when none came */
+    char *finish_reason;     /* owned; NULL when none came; in lumen's words
+                                (lm_bench_finish_word): "abort" arrives as "cancelled" */
     char *server_id;         /* the chunks' "id" (the server's completion id); owned; NULL */
     char *echoed_request_id; /* the response's X-Request-Id header; owned; NULL when absent */
     bool done;               /* "data: [DONE]" arrived */
@@ -198,6 +199,14 @@ void lm_bench_stream_feed(struct lm_bench_stream *s, const char *bytes, size_t n
 /* End of the body at t_ms: delivers a pending event, computes TTFT and request latency, and
  * records LM_BENCH_ERR_PARSE when the stream ended with neither a finish_reason nor [DONE]. */
 void lm_bench_stream_finish(struct lm_bench_stream *s, double t_ms);
+
+/* How a request ended, in the words of lumen's records (the server's --records, the profiler's
+ * requests.jsonl, the server's log): "stop", "length", or "cancelled" for a request the server
+ * cut before its end (a client gone, a shutdown). A stream the server cuts ends on the wire with
+ * finish_reason "abort" (vLLM's value, which lumen serve sends too): that, and "abort" in server
+ * records written by older versions, is read as "cancelled". Any other value is returned as it
+ * is (`fr` itself; NULL for NULL). */
+const char *lm_bench_finish_word(const char *fr);
 void lm_bench_stream_free(struct lm_bench_stream *s);
 
 #endif

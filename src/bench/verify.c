@@ -119,6 +119,12 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     if ((s = sget(sr, "id")) && r->server_id && strcmp(s, r->server_id))
         ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY,
                        "id '%s', the stream's chunks carried '%s'", s, r->server_id);
+    /* Both sides in lumen's words: "cancelled" on the server, "abort" on the wire (or in an
+     * older server's records) are the same end. */
+    if ((s = lm_bench_finish_word(sget(sr, "finish_reason"))) && r->finish_reason &&
+        strcmp(s, r->finish_reason))
+        ok = -1, issue(v, r, rid, LM_BENCH_CHECK_IDENTITY,
+                       "finish_reason '%s', the client got '%s'", s, r->finish_reason);
     if (!sget(sr, "conversation_id") && !sget(sr, "phase") && !json_is_integer(turn)) ok = 0;
     tally(v, LM_BENCH_CHECK_IDENTITY, ok);
 

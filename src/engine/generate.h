@@ -18,7 +18,9 @@
 #include "family/model.h"
 
 enum lm_finish { LM_FINISH_NONE, LM_FINISH_STOP, LM_FINISH_LENGTH, LM_FINISH_CANCELLED };
-const char *lm_finish_name(enum lm_finish f); /* "stop", "length", "cancelled", "" */
+/* "stop", "length", "cancelled", "" (NONE): the words of lumen's records and logs (the server's
+ * --records and log line, the profiler's requests.jsonl: docs/RECORDS.md). */
+const char *lm_finish_name(enum lm_finish f);
 
 struct lm_gen_request {
     const int32_t *prompt; /* borrowed prompt ids */

@@ -63,8 +63,8 @@ struct lm_seq {
 
 struct lm_model_open_params lm_model_default_open_params(void) {
     return (struct lm_model_open_params){
-        .tokenizer_dir = NULL, .n_threads = 0, .map_weights = false, .scalar_kernels = false,
-        .device = NULL};
+        .tokenizer_dir = NULL, .tokenizer_optional = false, .n_threads = 0, .map_weights = false,
+        .scalar_kernels = false, .device = NULL};
 }
 
 /* Parses params->device ("cpu", "cuda", "cuda:N") into m and checks that the device exists. */
@@ -317,11 +317,13 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
     if (rc) goto done;
     m->family = lm_family_find(m->cfg.model_type);
 
-    /* Tokenizer: DIR/tokenizer.json, or tokenizer_dir's. */
+    /* Tokenizer: DIR/tokenizer.json, or tokenizer_dir's (none when optional and absent). */
     {
         const char *tdir = p.tokenizer_dir ? p.tokenizer_dir : dir;
         char *tpath = lm_path_join(tdir, "tokenizer.json");
-        if (!lm_file_exists(tpath)) {
+        if (!lm_file_exists(tpath) && p.tokenizer_optional && !p.tokenizer_dir) {
+            free(tpath);
+        } else if (!lm_file_exists(tpath)) {
             rc = p.tokenizer_dir
                      ? lm_errorf(LM_ERR_MISSING, "%s: file not found", tpath)
                      : lm_errorf(LM_ERR_MISSING,
@@ -330,11 +332,12 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
                                  dir);
             free(tpath);
             goto done;
+        } else {
+            rc = lm_tokenizer_load(tpath, &m->tok);
+            free(tpath);
+            if (!rc) rc = check_vocab(m, "tokenizer.json");
+            if (rc) goto done;
         }
-        rc = lm_tokenizer_load(tpath, &m->tok);
-        free(tpath);
-        if (!rc) rc = check_vocab(m, "tokenizer.json");
-        if (rc) goto done;
     }
 
     /* Weights. */
@@ -367,6 +370,13 @@ void lm_model_info(const struct lm_model *m, struct lm_model_info *out) {
     if (m->cuda) {
         out->kernels = "cuda";
         out->weight_dtype = "bf16";
+#ifdef LM_HAVE_CUDA
+        /* A Q8_0 checkpoint keeps its quants beside the bf16 copy (backend/cuda/qwen3.cu). */
+        if (!m->ws.mixed_dtypes && m->ws.matrix_dtype == LM_DTYPE_Q8_0 && lm_cuda_q8_enabled()) {
+            out->weight_dtype = "q8_0";
+            out->device_weight_bytes += (size_t)m->ws.n_params * 17 / 16;
+        }
+#endif
     }
 }
 

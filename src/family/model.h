@@ -56,6 +56,10 @@ struct lm_seq;
 
 struct lm_model_open_params {
     const char *tokenizer_dir; /* NULL: the model folder holds tokenizer.json */
+    bool tokenizer_optional;   /* a model folder without tokenizer.json (and no tokenizer_dir)
+                                  opens with no tokenizer: lm_model_tokenizer returns NULL. For
+                                  callers that feed token ids only (`lumen perf`); default false:
+                                  the missing file is an LM_ERR_MISSING naming it */
     int n_threads;             /* CPU threads for the forward pass; 0 = all online cores */
     bool map_weights;          /* false (default): weights are read into anonymous memory;
                                   true: matrices are used in place from the file map */
@@ -81,13 +85,15 @@ void lm_model_close(struct lm_model *m);
 /* Borrowed views, valid until lm_model_close. */
 const struct lm_model_config *lm_model_config(const struct lm_model *m);
 const struct lm_gen_defaults *lm_model_gen_defaults(const struct lm_model *m);
+/* NULL only for a folder opened with tokenizer_optional that holds no tokenizer.json. */
 const struct lm_tokenizer *lm_model_tokenizer(const struct lm_model *m);
 unsigned lm_model_tasks(const struct lm_model *m);  /* enum lm_task bits */
 const char *lm_model_name(const struct lm_model *m); /* the folder's base name, for /v1/models */
 
 /* How the model runs, for `lumen perf` and logs. Strings are static or borrowed until close. */
 struct lm_model_info {
-    const char *weight_dtype; /* dtype of the weight matrices: "bf16", "f16", "f32" or "mixed" */
+    const char *weight_dtype; /* dtype of the weight matrices: "bf16", "f16", "f32", "q8_0" or
+                                 "mixed"; on CUDA what the decode GEMV reads: "q8_0" or "bf16" */
     const char *kernels;      /* the CPU kernels in use: "avx512", "avx2", "generic", "scalar" */
     bool weights_mapped;      /* true: used in place from the file map; false: read into memory */
     bool weights_locked;      /* mapped weights were prefaulted and locked resident (mlock) */
@@ -100,7 +106,8 @@ struct lm_model_info {
     size_t device_memory_free;  /* CUDA: bytes of device memory free when the model was opened
                                    (before its weights were uploaded); 0 on the CPU */
     size_t device_weight_bytes; /* CUDA: bytes the weights take on the device (2 per parameter,
-                                   bf16); 0 on the CPU */
+                                   bf16, plus 17/16 for a Q8_0 checkpoint's quants and
+                                   scales); 0 on the CPU */
 };
 void lm_model_info(const struct lm_model *m, struct lm_model_info *out);
 

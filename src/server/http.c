@@ -355,7 +355,7 @@ static void call_finish(struct call *c) {
         rec.completion_text = text.p ? text.p : "";
         rec.completion_text_len = text.len;
     } else if (j0 && j0->state == LM_JOB_DONE && j0->status == LM_ERR_CANCELLED) {
-        rec.finish_reason = "cancelled";
+        rec.finish_reason = lm_finish_name(LM_FINISH_CANCELLED); /* docs/RECORDS.md */
     }
     if (srv->records && (lm_records_write(srv->records, &rec)) && srv->log)
         fprintf(stderr, "lumen serve: %s\n", lm_error_message());
@@ -423,7 +423,7 @@ static void log_line(struct conn *k) {
             cancelled |= j->status == LM_ERR_CANCELLED;
         }
         const char *finish = ok          ? lm_openai_finish_reason(j0->result.finish)
-                             : cancelled || stopping ? "cancelled"
+                             : cancelled || stopping ? lm_finish_name(LM_FINISH_CANCELLED)
                                                      : "error";
         int l = snprintf(tokens, sizeof tokens, " prompt=%d completion=%s%d finish=%s", (int)j0->prompt.n,
                          stopping ? ">=" : "", completion, finish);

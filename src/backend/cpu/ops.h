@@ -170,8 +170,9 @@ struct lm_cpu_ops {
  *     the scalar reference, and batch invariant as before (each activation row is quantized on
  *     its own). The accuracy cost is the 8-bit rounding of the activations (docs/perf-notes-cpu.md,
  *     "Q8_0").
- * The default is LM_Q8_0_INT8 (faster: docs/perf-notes-cpu.md); LM_CPU_Q8_ACT=0 in the
- * environment at the first call asks for LM_Q8_0_DEQUANT (1: LM_Q8_0_INT8). */
+ * The default is LM_Q8_0_INT8 (faster: docs/perf-notes-cpu.md); LM_CPU_Q8_ACT=0 (or off,
+ * false, no) in the environment at the first call asks for LM_Q8_0_DEQUANT (1, on, true, yes:
+ * LM_Q8_0_INT8); another value keeps the default after a warning on stderr (base/env.h). */
 enum lm_q8_0_path {
     LM_Q8_0_DEQUANT = 0,
     LM_Q8_0_INT8 = 1,
@@ -190,7 +191,8 @@ const struct lm_cpu_ops *lm_cpu_ops_scalar(void);
  * and the same for the life of the process: "avx512vnni" (AVX-512 with VNNI: only the int8
  * Q8_0 dot product differs), "avx512", "avx2", "generic" (x86-64 without AVX2) or "neon"
  * (AArch64). The environment variable LM_CPU_KERNELS names a target to prefer (one
- * this build lacks or this CPU cannot run is passed over: check ->name). Never NULL. */
+ * this CPU cannot run is passed over: check ->name; a name that is no target of this build is
+ * passed over after a warning on stderr). Never NULL. */
 const struct lm_cpu_ops *lm_cpu_ops_fast(void);
 /* The fast kernels of one target by name (as ->name), or NULL when this build lacks it or this
  * CPU cannot run it. For tests and benchmarks that compare targets. */

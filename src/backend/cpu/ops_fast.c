@@ -7,15 +7,18 @@
  * avx512vnni > avx512 > avx2 > generic (neon on AArch64).
  * LM_CPU_KERNELS=avx512vnni|avx512|avx2|generic|neon in the environment asks for one; a target
  * this build lacks or this CPU cannot run is passed over for the best one, and ->name says
- * which ran.
- * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT=0|1). */
+ * which ran; a name that is no target of this build (a typo) is reported once on stderr.
+ * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT, an on/off switch read
+ * through base/env.h: 0/off/false/no asks for the dequantize path). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "base/env.h"
 
 static const struct lm_cpu_ops *g_fast;
 static pthread_once_t g_fast_once = PTHREAD_ONCE_INIT;
@@ -56,20 +59,35 @@ const struct lm_cpu_ops *lm_cpu_ops_target(const char *name) {
 
 static void choose(void) {
     const char *want = getenv("LM_CPU_KERNELS");
-    if (want && *want) g_fast = lm_cpu_ops_target(want);
+    if (want && *want) {
+        bool known = false;
+        for (const char *const *t = lm_cpu_ops_targets(); *t; t++) known |= !strcmp(want, *t);
+        if (!known) {
+            fprintf(stderr, "lumen: LM_CPU_KERNELS=%s is not a kernel target of this build (", want);
+            for (const char *const *t = lm_cpu_ops_targets(); *t; t++)
+                fprintf(stderr, "%s%s", t == lm_cpu_ops_targets() ? "" : ", ", *t);
+            fprintf(stderr, "); using the best one this CPU runs\n");
+        }
+        g_fast = lm_cpu_ops_target(want);
+    }
     for (const char *const *t = lm_cpu_ops_targets(); !g_fast && *t; t++) g_fast = lm_cpu_ops_target(*t);
 }
 
-/* The Q8_0 path (ops.h): -1 until the first call reads LM_CPU_Q8_ACT. */
+/* The Q8_0 path (ops.h): -1 until the first call reads LM_CPU_Q8_ACT (once, though the first
+ * calls may come from every pool thread at once: one warning for a bad value). */
 static atomic_int g_q8_0_path = -1;
+static pthread_once_t g_q8_0_once = PTHREAD_ONCE_INIT;
+
+static void read_q8_0_env(void) {
+    int want = lm_env_flag("LM_CPU_Q8_ACT", true) ? LM_Q8_0_INT8 : LM_Q8_0_DEQUANT;
+    int expected = -1; /* lm_cpu_set_q8_0_path may have chosen already */
+    atomic_compare_exchange_strong(&g_q8_0_path, &expected, want);
+}
 
 enum lm_q8_0_path lm_cpu_q8_0_path(void) {
     int p = atomic_load_explicit(&g_q8_0_path, memory_order_relaxed);
     if (p < 0) {
-        const char *e = getenv("LM_CPU_Q8_ACT");
-        int want = e && *e ? (strcmp(e, "0") ? LM_Q8_0_INT8 : LM_Q8_0_DEQUANT) : LM_Q8_0_INT8;
-        int expected = -1;
-        atomic_compare_exchange_strong(&g_q8_0_path, &expected, want);
+        pthread_once(&g_q8_0_once, read_q8_0_env);
         p = atomic_load(&g_q8_0_path);
     }
     return (enum lm_q8_0_path)p;

@@ -18,7 +18,11 @@ struct lm_block_q8_0 {
     uint16_t d;                /* float16 scale */
     int8_t qs[LM_Q8_0_BLOCK];  /* quants */
 };
+#ifdef __cplusplus
+static_assert(sizeof(struct lm_block_q8_0) == 34, "Q8_0 blocks are 34 bytes");
+#else
 _Static_assert(sizeof(struct lm_block_q8_0) == 34, "Q8_0 blocks are 34 bytes");
+#endif
 
 /* y[0 .. n/32) = Q8_0 of x[0..n); n a multiple of 32 (assert). ggml quantize_row_q8_0_ref. */
 void lm_q8_0_quantize_row(const float *x, struct lm_block_q8_0 *y, long n);

@@ -131,6 +131,21 @@ lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x,
                        const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
                        enum lm_cuda_epilogue epi);
 
+/* lm_cuda_gemv with Q8_0 weights (GGUF's block format, split for 16-byte loads): wq [m, k] int8
+ * quants (16-byte aligned), wd [m, k / 32] float16 scales, weight (j, i) = wd[j, i / 32] *
+ * wq[j, i]; k a multiple of 32 (LM_ERR_SHAPE otherwise). Each 16-weight half block's products
+ * are summed in order, then scaled into the row's float32 sum: a fixed order per output,
+ * independent of n (so one row alone and in a batch give the same bits). Reads 1.0625 bytes a
+ * weight against bf16's 2: batch-1 decode of a Q8_0 model (docs/perf-notes.md v11). */
+lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                          const int8_t *wq, const uint16_t *wd, int n, int k, int m,
+                          const float *norm_w, float eps, enum lm_cuda_epilogue epi);
+
+/* Whether a Q8_0 checkpoint keeps its quants on the device for lm_cuda_gemv_q8: true unless the
+ * environment sets LM_CUDA_Q8=0 (or off: base/env.h; then the GEMV reads the bf16 copy, for A/B
+ * measurements). Read once per process. */
+bool lm_cuda_q8_enabled(void);
+
 /* y[n, m] (+)= x[n, k] . w[m, k]^T through cuBLAS: x and w bf16, y float32, float32
  * accumulation; accumulate adds into y (the residual). k a multiple of 8. */
 lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
@@ -149,6 +164,11 @@ lm_status lm_cuda_swiglu_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *g
  * (the caller checked them). */
 lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16_t *table, const int32_t *ids,
                         int n, int d);
+
+/* The same from a Q8_0 table: x[t, i] = wd[ids[t], i / 32] * wq[ids[t], i] (exact in float32);
+ * wq [vocab, d] int8, wd [vocab, d / 32] float16, d a multiple of 32. */
+lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq, const uint16_t *wd,
+                           const int32_t *ids, int n, int d);
 
 /* y[i, :] = x[rows[i], :] for i < n, d float32 per row (gathers the rows that need logits). */
 lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const float *x, const int32_t *rows,

@@ -17,24 +17,36 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
 
 constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
 
-/* Shared-memory slot of element k of an activation row: within each 256-element chunk, lane l's
- * 8 elements (l*8 .. l*8+7) sit as two float4s, at 4*l and 128 + 4*l, so a warp's float4 reads
- * are contiguous and conflict-free. */
+/* Weight formats of k_gemv: bf16 rows, or Q8_0 (int8 quants [m, k] plus one float16 scale per
+ * 32 weights, [m, k / 32]: GGUF's Q8_0 blocks split into two arrays). A lane loads 16 bytes of a
+ * row at a time: EL = 8 bf16 or 16 int8 weights; a warp covers a chunk of CH = 32 * EL. */
+template <bool Q8> struct gemv_fmt {
+    static constexpr int EL = Q8 ? 16 : 8, CH = 32 * EL;
+};
+
+/* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
+ * lane l's EL elements (l*EL .. l*EL+EL-1) sit as EL/4 float4s, at 4*l, 128 + 4*l, ..., so a
+ * warp's float4 reads are contiguous and conflict-free. (EL = 8: the v1 layout.) */
+template <int EL>
 __device__ __forceinline__ int gemv_slot(int k) {
-    int e = k & 255;
-    return (k & ~255) + ((e >> 2) & 1) * 128 + (e >> 3) * 4 + (e & 3);
+    constexpr int CH = 32 * EL;
+    const int e = k % CH;
+    return (k - e) + ((e >> 2) % (EL / 4)) * 128 + (e / EL) * 4 + (e & 3);
 }
 
-/* Sum of squares of a lane's 8 elements of a chunk, in element order. */
-__device__ __forceinline__ float gemv_ss8(float4 a, float4 b, float s) {
+/* Weight i (0..3) of a word of 4 int8 quants, as float: the byte's offset binary (q + 128)
+ * placed in the mantissa of 2^23, minus 2^23 + 128 (exact; one PRMT and one FADD a weight,
+ * cheaper than I2F's quarter-rate conversion). */
+__device__ __forceinline__ float q8_at(uint32_t ob, int i) {
+    return __fsub_rn(__uint_as_float(__byte_perm(ob, 0x4B000000u, 0x7540 | i)), 8388736.0f);
+}
+
+/* Sum of squares of 4 elements, in element order. */
+__device__ __forceinline__ float gemv_ss4(float4 a, float s) {
     s = fmaf(a.x, a.x, s);
     s = fmaf(a.y, a.y, s);
     s = fmaf(a.z, a.z, s);
-    s = fmaf(a.w, a.w, s);
-    s = fmaf(b.x, b.x, s);
-    s = fmaf(b.y, b.y, s);
-    s = fmaf(b.z, b.z, s);
-    return fmaf(b.w, b.w, s);
+    return fmaf(a.w, a.w, s);
 }
 __device__ __forceinline__ float4 gemv_mul4(float4 a, float4 b) {
     return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
@@ -72,29 +84,39 @@ __device__ __forceinline__ void trace_put(unsigned long long *trace, const void 
     e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
 }
 
-/* T activation rows, R weight rows per warp, U 256-element chunks loaded per batch. */
-template <int T, int R, int U, int EPI>
+/* T activation rows, R weight rows per warp, U chunks (of CH weights a warp, 512 bytes) loaded
+ * per batch; Q8: w is int8 quants and ws their float16 scales (gemv_fmt), else w is bf16. */
+template <int T, int R, int U, int EPI, bool Q8>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
-    k_gemv(float *y, int ldy, const float *x, int ldx, const uint16_t *__restrict__ w, int K, int M,
-           const float *__restrict__ nw, float eps, unsigned long long *trace) {
+    k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
+           const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
+           unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
+    constexpr int EL = gemv_fmt<Q8>::EL, CH = gemv_fmt<Q8>::CH, NF4 = EL / 4;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float inv_s[T];
-    const int nch = (K + 255) >> 8, Kp = nch << 8;
+    const int nch = (K + CH - 1) / CH, Kp = nch * CH, n256 = Kp >> 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
     /* Row groups of this warp: strided over the whole grid. */
     int rg = blockIdx.x * GEMV_WARPS + warp;
     const int stride = gridDim.x * GEMV_WARPS, end = n_rg;
     uint4 wv[U][R];
+    uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
     auto load = [&](int g, int c0) {
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int j = g * R + r, k = (c0 + u) * 256 + lane * 8;
-                wv[u][r] = (j < M && k < K) ? ld_stream16(w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
+                const int j = g * R + r, k = (c0 + u) * CH + lane * EL;
+                const bool in = j < M && k < K;
+                if constexpr (Q8) {
+                    wv[u][r] = in ? ld_stream16((const int8_t *)w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
+                    sc[u][r] = in ? __ldg(ws + (size_t)j * (K >> 5) + (k >> 5)) : (uint16_t)0;
+                } else {
+                    wv[u][r] = in ? ld_stream16((const uint16_t *)w + (size_t)j * K + k) : make_uint4(0, 0, 0, 0);
+                }
             }
     };
     /* The weights never depend on the previous kernel: start streaming them before waiting. (v7
@@ -118,7 +140,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         const int j = rg * R + lane % R;
         if (j < M) yold = __ldcg(y + (size_t)(lane / R) * ldy + j);
     }
-    for (int c0 = 0; c0 < nch; c0 += SU) {
+    for (int c0 = 0; c0 < n256; c0 += SU) {
         float v[T][SU];
 #pragma unroll
         for (int t = 0; t < T; t++)
@@ -131,7 +153,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int u = 0; u < SU; u++)
-                if (c0 + u < nch) xs[t * Kp + gemv_slot((c0 + u) * 256 + threadIdx.x)] = v[t][u];
+                if (c0 + u < n256) xs[t * Kp + gemv_slot<EL>((c0 + u) * 256 + threadIdx.x)] = v[t][u];
     }
     __syncthreads();
     if (nw) {
@@ -140,20 +162,20 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int t = warp; t < T; t += GEMV_WARPS) {
             float4 *row = gemv_smem + (t * Kp >> 2);
             float sq = 0.f;
-            for (int c = 0; c < nch; c++) {
-                const float4 a = row[c * 64 + lane], b = row[c * 64 + 32 + lane];
-                sq = gemv_ss8(a, b, sq);
-            }
+            for (int c = 0; c < nch; c++)
+#pragma unroll
+                for (int i = 0; i < NF4; i++) sq = gemv_ss4(row[c * (CH / 4) + i * 32 + lane], sq);
             sq = warp_sum(sq);
             if (lane == 0) inv_s[t] = 1.0f / sqrtf(sq / (float)K + eps);
 #pragma unroll 4
             for (int c = 0; c < nch; c++) {
-                const int k = c * 256 + lane * 8;
+                const int k = c * CH + lane * EL;
                 if (k >= K) continue;
-                const float4 na = __ldg(reinterpret_cast<const float4 *>(nw + k));
-                const float4 nb = __ldg(reinterpret_cast<const float4 *>(nw + k + 4));
-                row[c * 64 + lane] = gemv_mul4(row[c * 64 + lane], na);
-                row[c * 64 + 32 + lane] = gemv_mul4(row[c * 64 + 32 + lane], nb);
+#pragma unroll
+                for (int i = 0; i < NF4; i++) {
+                    const float4 n4 = __ldg(reinterpret_cast<const float4 *>(nw + k + 4 * i));
+                    row[c * (CH / 4) + i * 32 + lane] = gemv_mul4(row[c * (CH / 4) + i * 32 + lane], n4);
+                }
             }
         }
         __syncthreads();
@@ -177,7 +199,36 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u;
-                if (c < nch) {
+                if (c < nch && Q8) {
+                    float4 xq[T][NF4];
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+#pragma unroll
+                        for (int i = 0; i < NF4; i++) xq[t][i] = gemv_smem[(t * Kp >> 2) + c * (CH / 4) + i * 32 + lane];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const uint4 q = wv[u][r];
+                        const uint32_t qw[4] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u, q.z ^ 0x80808080u,
+                                                q.w ^ 0x80808080u};
+                        float f[16];
+#pragma unroll
+                        for (int i = 0; i < 16; i++) f[i] = q8_at(qw[i >> 2], i & 3);
+                        const float d = __half2float(__ushort_as_half(sc[Q8 ? u : 0][Q8 ? r : 0]));
+#pragma unroll
+                        for (int t = 0; t < T; t++) {
+                            /* The half block's dot product, then scaled into the row's sum. */
+                            float p = 0.f;
+#pragma unroll
+                            for (int i = 0; i < NF4; i++) {
+                                p = fmaf(f[4 * i + 0], xq[t][i].x, p);
+                                p = fmaf(f[4 * i + 1], xq[t][i].y, p);
+                                p = fmaf(f[4 * i + 2], xq[t][i].z, p);
+                                p = fmaf(f[4 * i + 3], xq[t][i].w, p);
+                            }
+                            acc[t][r] = fmaf(d, p, acc[t][r]);
+                        }
+                    }
+                } else if (c < nch) {
                     float4 xa[T], xb[T];
 #pragma unroll
                     for (int t = 0; t < T; t++) {
@@ -234,55 +285,103 @@ constexpr int gemv_u() {
     return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
 }
 
-/* Dynamic shared memory of k_gemv: T activation rows. */
-inline size_t gemv_smem_bytes(int T, int k) { return (size_t)T * ((k + 255) / 256) * 256 * sizeof(float); }
+/* Dynamic shared memory of k_gemv: T activation rows of k rounded up to whole chunks (ch). */
+inline size_t gemv_smem_bytes(int T, int k, int ch) { return (size_t)T * ((k + ch - 1) / ch) * ch * sizeof(float); }
 
-template <int T, int R, int U, int EPI>
+/* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
+struct gemv_w {
+    const void *w;
+    const uint16_t *ws;
+};
+
+template <int T, int R, int U, int EPI, bool Q8>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                          const uint16_t *w, int k, int m, const float *nw, float eps) {
-    auto fn = k_gemv<T, R, U, EPI>;
-    const size_t smem = gemv_smem_bytes(T, k);
+                          gemv_w w, int k, int m, const float *nw, float eps) {
+    auto fn = k_gemv<T, R, U, EPI, Q8>;
+    const size_t smem = gemv_smem_bytes(T, k, gemv_fmt<Q8>::CH);
     const int n_rg = (m + R - 1) / R;
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
     const int grid = need < cap ? need : cap;
-    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w, k, m, nw, eps, c->trace);
+    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
+                     eps, c->trace);
 }
 
-template <int T, int R, int EPI>
-cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                        const uint16_t *w, int k, int m, const float *nw, float eps) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+template <int T, int R, int EPI, bool Q8>
+cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
+                        int k, int m, const float *nw, float eps) {
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
 }
 
-template <int T, int EPI>
+template <int T, int EPI, bool Q8>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
-                               int ldx, const uint16_t *w, int k, int m, const float *nw, float eps) {
+                               int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        return launch_gemv<T, 2, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
     } else {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        if (R == 1) return launch_gemv<T, 1, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        if (R == 1) return launch_gemv<T, 1, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        return launch_gemv<T, 2, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
     }
 }
 
-template <int EPI>
+template <int EPI, bool Q8>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
-                          int ldx, const uint16_t *w, int k, int m, const float *nw, float eps) {
+                          int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
     switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 2: return gemv_rows_dispatch<2, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 3: return gemv_rows_dispatch<3, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 4: return gemv_rows_dispatch<4, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 5: return gemv_rows_dispatch<5, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 6: return gemv_rows_dispatch<6, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 7: return gemv_rows_dispatch<7, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    default: return gemv_rows_dispatch<8, EPI>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 1: return gemv_rows_dispatch<1, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 2: return gemv_rows_dispatch<2, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 3: return gemv_rows_dispatch<3, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 4: return gemv_rows_dispatch<4, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 5: return gemv_rows_dispatch<5, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 6: return gemv_rows_dispatch<6, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 7: return gemv_rows_dispatch<7, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    default: return gemv_rows_dispatch<8, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
     }
+}
+
+/* Both formats' entry: rows 8 at a time (fewer when k needs more shared memory). */
+template <bool Q8>
+lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w, int n,
+                   int k, int m, const float *norm_w, float eps, enum lm_cuda_epilogue epi) {
+    if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: SwiGLU needs an even number of rows, not %d", m);
+    /* Rows per warp: 2 when that still gives every multiprocessor a block, else 1 (v1 measured 1
+     * best at batch 1 for every matrix of Qwen3-0.6B). */
+    int R = c->gemv_rows;
+    if (!R) R = m >= 2 * GEMV_WARPS * c->sm_count ? 2 : 1;
+    /* Q8_0 rows are half the bytes: 4 rows a warp where that still gives every multiprocessor a
+     * block keeps as many bytes in flight a warp as bf16's 2 (v11: at 2 rows, gate/up and the
+     * lm_head, whose warps loop over several row groups, were slower than bf16). */
+    if (Q8 && !c->gemv_rows && m >= 4 * GEMV_WARPS * c->sm_count) R = 4;
+    /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
+    constexpr int CH = gemv_fmt<Q8>::CH;
+    const int kp = (k + CH - 1) / CH * CH;
+    int per = 200 * 1024 / (kp * 4);
+    if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
+    if (per > 8) per = 8;
+    for (int t0 = 0; t0 < n; t0 += per) {
+        const int T = n - t0 < per ? n - t0 : per;
+        const float *xt = x + (size_t)t0 * ldx;
+        float *yt = y + (size_t)t0 * ldy;
+        cudaError_t e;
+        switch (epi) {
+        case LM_CUDA_EPI_STORE:
+            e = gemv_dispatch<LM_CUDA_EPI_STORE, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        case LM_CUDA_EPI_ADD:
+            e = gemv_dispatch<LM_CUDA_EPI_ADD, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        default:
+            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            break;
+        }
+        if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
+    }
+    return LM_OK;
 }
 
 } // namespace
@@ -295,36 +394,18 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
                          "CUDA gemv: [%d, %d] x [%d, %d]^T: k must be a positive multiple of 8 and "
                          "the weights 16-byte aligned",
                          n, k, m, k);
-    if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
-        return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: SwiGLU needs an even number of rows, not %d", m);
-    /* Rows per warp: 2 when that still gives every multiprocessor a block, else 1 (v1 measured 1
-     * best at batch 1 for every matrix of Qwen3-0.6B). */
-    int R = c->gemv_rows;
-    if (!R) R = m >= 2 * GEMV_WARPS * c->sm_count ? 2 : 1;
-    /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
-    const int kp = (k + 255) / 256 * 256;
-    int per = 200 * 1024 / (kp * 4);
-    if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
-    if (per > 8) per = 8;
-    for (int t0 = 0; t0 < n; t0 += per) {
-        const int T = n - t0 < per ? n - t0 : per;
-        const float *xt = x + (size_t)t0 * ldx;
-        float *yt = y + (size_t)t0 * ldy;
-        cudaError_t e;
-        switch (epi) {
-        case LM_CUDA_EPI_STORE:
-            e = gemv_dispatch<LM_CUDA_EPI_STORE>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
-            break;
-        case LM_CUDA_EPI_ADD:
-            e = gemv_dispatch<LM_CUDA_EPI_ADD>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
-            break;
-        default:
-            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
-            break;
-        }
-        if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
-    }
-    return LM_OK;
+    return gemv_run<false>(c, y, ldy, x, ldx, gemv_w{w, NULL}, n, k, m, norm_w, eps, epi);
+}
+
+extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                                     const int8_t *wq, const uint16_t *wd, int n, int k, int m,
+                                     const float *norm_w, float eps, enum lm_cuda_epilogue epi) {
+    if (n < 1 || k < 32 || m < 1 || k % 32 || ((uintptr_t)wq & 15) || ((uintptr_t)wd & 1))
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA gemv (Q8_0): [%d, %d] x [%d, %d]^T: k must be a positive multiple of "
+                         "32 (whole Q8_0 blocks), the quants 16-byte and the scales 2-byte aligned",
+                         n, k, m, k);
+    return gemv_run<true>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
 }
 
 extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {

@@ -182,6 +182,16 @@ __global__ void k_embed(float *x, const uint16_t *__restrict__ table, const int3
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = bf2f(row[i]);
 }
 
+__global__ void k_embed_q8(float *x, const int8_t *__restrict__ wq, const uint16_t *__restrict__ wd,
+                           const int32_t *ids, int d) {
+    pdl_trigger();
+    pdl_wait();
+    const size_t r = (size_t)ids[blockIdx.x];
+    float *o = x + (size_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        o[i] = __fmul_rn(__half2float(__ushort_as_half(wd[r * (d >> 5) + (i >> 5)])), (float)wq[r * d + i]);
+}
+
 __global__ void k_gather(float *y, const float *x, const int32_t *rows, int d) {
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
@@ -281,6 +291,14 @@ extern "C" lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16
                                    const int32_t *ids, int n, int d) {
     if (n < 1) return LM_OK;
     LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed, x, table, ids, d));
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq,
+                                      const uint16_t *wd, const int32_t *ids, int n, int d) {
+    if (d % 32) return lm_errorf(LM_ERR_SHAPE, "CUDA embed (Q8_0): row width %d is not whole blocks of 32", d);
+    if (n < 1) return LM_OK;
+    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed_q8, x, wq, wd, ids, d));
     return LM_OK;
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/qwen3.h"
+#include "base/env.h"
 
 #define LM_TRY(call)                                                                              \
     do {                                                                                          \
@@ -18,12 +19,21 @@
 
 namespace {
 
+/* A weight matrix on the device: bf16 rows (cuBLAS, and the GEMV unless q is set), and for a
+ * Q8_0 checkpoint also its quants and scales, which the batch-1..gemv_max_rows GEMV reads instead
+ * (lm_cuda_gemv_q8: half the bytes; docs/perf-notes.md v11). */
+struct dmat {
+    uint16_t *bf;
+    int8_t *q;   /* [rows, cols] int8, or NULL */
+    uint16_t *s; /* [rows, cols / 32] float16 scales */
+};
+
 struct layer_dev {
     float *in_ln, *post_ln, *q_norm, *k_norm; /* float32 vectors */
-    uint16_t *wqkv;                           /* [Q + 2 KV, H] */
-    uint16_t *wo;                             /* [H, Q] */
-    uint16_t *wgu;                            /* [2 I, H], rows gate_0, up_0, gate_1, up_1, ... */
-    uint16_t *wd;                             /* [H, I] */
+    dmat wqkv;                                /* [Q + 2 KV, H] */
+    dmat wo;                                  /* [H, Q] */
+    dmat wgu;                                 /* [2 I, H], rows gate_0, up_0, gate_1, up_1, ... */
+    dmat wd;                                  /* [H, I] */
 };
 
 /* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
@@ -63,7 +73,9 @@ struct lm_cuda_qwen3 {
     int H, Q, KV, D, I, V, NL, QKV, W, MO;
     std::vector<void *> allocs;
     std::vector<layer_dev> layers;
-    uint16_t *embed, *lm_head;
+    dmat embed, lm_head;
+    bool q8;     /* Q8_0 quants were uploaded (a Q8_0 checkpoint, unless LM_CUDA_Q8=0) */
+    bool q8_use; /* the GEMV reads them (lm_cuda_qwen3_set_q8; default true) */
     float *norm, *inv_freq;
     uint16_t *k_pool, *v_pool;
     size_t layer_elems; /* elements of one layer's K (or V) pool */
@@ -128,8 +140,23 @@ static void to_bf16_rows(uint16_t *dst, const lm_cuda_matrix &src, int row0, int
     }
 }
 
-/* Uploads the matrices `parts` stacked (interleave = false) or row-interleaved (true). */
-static lm_status upload_matrix(lm_cuda_qwen3 *m, uint16_t **out, const lm_cuda_matrix *parts, int n,
+/* Rows of the Q8_0 matrix src into quants q [*, cols] and scales s [*, cols / 32], at rows row0,
+ * row0 + step, ... (the same row order as to_bf16_rows). */
+static void to_q8_rows(int8_t *q, uint16_t *s, const lm_cuda_matrix &src, int row0, int step) {
+    const size_t cols = (size_t)src.cols, nb = cols / 32;
+    for (int r = 0; r < src.rows; r++) {
+        const size_t o = (size_t)row0 + (size_t)r * step;
+        const unsigned char *in = (const unsigned char *)src.data + (size_t)r * lm_dtype_row_bytes(src.dtype, (long)cols);
+        for (size_t b = 0; b < nb; b++) {
+            memcpy(s + o * nb + b, in + b * 34, 2);
+            memcpy(q + o * cols + b * 32, in + b * 34 + 2, 32);
+        }
+    }
+}
+
+/* Uploads the matrices `parts` stacked (interleave = false) or row-interleaved (true): as bf16,
+ * and when every part is Q8_0 and m->q8, also as quants and scales. */
+static lm_status upload_matrix(lm_cuda_qwen3 *m, dmat *out, const lm_cuda_matrix *parts, int n,
                                bool interleave, const char *name) {
     const int cols = parts[0].cols;
     int rows = 0;
@@ -156,17 +183,46 @@ static lm_status upload_matrix(lm_cuda_qwen3 *m, uint16_t **out, const lm_cuda_m
             to_bf16_rows(host, parts[i], row0, 1);
         row0 += parts[i].rows;
     }
-    lm_status rc = dev_alloc_t(m, out, (size_t)rows * cols);
-    if (!rc) rc = lm_cuda_upload(*out, host, bytes);
+    lm_status rc = dev_alloc_t(m, &out->bf, (size_t)rows * cols);
+    if (!rc) rc = lm_cuda_upload(out->bf, host, bytes);
     free(host);
     if (!rc) m->weight_bytes += bytes;
+    out->q = NULL, out->s = NULL;
+    bool all_q8 = m->q8;
+    for (int i = 0; i < n; i++) all_q8 = all_q8 && parts[i].dtype == LM_DTYPE_Q8_0;
+    if (rc || !all_q8) return rc;
+    const size_t qb = (size_t)rows * cols, sb = (size_t)rows * (cols / 32) * 2;
+    int8_t *hq = (int8_t *)malloc(qb);
+    uint16_t *hs = (uint16_t *)malloc(sb);
+    if (!hq || !hs) rc = lm_errorf(LM_ERR_NOMEM, "CUDA qwen3: %s: out of host memory", name);
+    row0 = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        to_q8_rows(hq, hs, parts[i], interleave ? i : row0, interleave ? n : 1);
+        row0 += parts[i].rows;
+    }
+    if (!rc) rc = dev_alloc_t(m, &out->q, qb);
+    if (!rc) rc = lm_cuda_upload(out->q, hq, qb);
+    if (!rc) rc = dev_alloc_t(m, &out->s, sb / 2);
+    if (!rc) rc = lm_cuda_upload(out->s, hs, sb);
+    free(hq), free(hs);
+    if (!rc) m->weight_bytes += qb + sb;
     return rc;
+}
+
+/* Bytes one batch-1 GEMV over W ([rows, cols]) reads. */
+static size_t gemv_bytes(const dmat &w, size_t rows, size_t cols) {
+    return w.q ? rows * cols + rows * (cols / 32) * 2 : rows * cols * 2;
 }
 
 static lm_status upload_vec(lm_cuda_qwen3 *m, float **out, const float *v, int n, const char *name) {
     if (!v) return lm_errorf(LM_ERR_MISSING, "CUDA qwen3: %s is missing", name);
     LM_TRY(dev_alloc_t(m, out, (size_t)n));
     return lm_cuda_upload(*out, v, sizeof(float) * (size_t)n);
+}
+
+extern "C" bool lm_cuda_q8_enabled(void) {
+    static const bool on = lm_env_flag("LM_CUDA_Q8", true); /* read (and warned about) once */
+    return on;
 }
 
 extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
@@ -249,6 +305,11 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     snprintf(m->device_name, sizeof m->device_name, "%s", info.name);
 
     /* Weights. */
+    /* Q8_0 checkpoints keep their quants for the GEMV; LM_CUDA_Q8=0 reads the bf16 copy instead
+     * (for A/B measurements). Q8_0 needs whole blocks in every row (hidden, q width and
+     * intermediate multiples of 32). */
+    m->q8 = lm_cuda_q8_enabled() && m->H % 32 == 0 && m->Q % 32 == 0 && m->I % 32 == 0;
+    m->q8_use = true;
     if (!w->embed_tokens.data || w->embed_tokens.rows != c.vocab || w->embed_tokens.cols != c.hidden)
         return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: embed_tokens must be [%d, %d]", c.vocab, c.hidden);
     LM_TRY(upload_matrix(m, &m->embed, &w->embed_tokens, 1, false, "embed_tokens"));
@@ -282,9 +343,10 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
         LM_TRY(upload_vec(m, &d.q_norm, L.q_norm, D, "q_norm"));
         LM_TRY(upload_vec(m, &d.k_norm, L.k_norm, D, "k_norm"));
     }
-    m->step_bytes = 2 * ((size_t)m->NL * ((size_t)m->QKV * m->H + (size_t)m->H * m->Q +
-                                          2 * (size_t)m->I * m->H + (size_t)m->H * m->I) +
-                         (size_t)m->V * m->H + (size_t)m->H);
+    m->step_bytes = gemv_bytes(m->lm_head, m->V, m->H) + 2 * (size_t)m->H;
+    for (const layer_dev &d : m->layers)
+        m->step_bytes += gemv_bytes(d.wqkv, m->QKV, m->H) + gemv_bytes(d.wo, m->H, m->Q) +
+                         gemv_bytes(d.wgu, 2 * (size_t)m->I, m->H) + gemv_bytes(d.wd, m->H, m->I);
     /* RoPE inverse frequencies, float32 as transformers computes them (see model.c). */
     {
         std::vector<float> inv(D / 2);
@@ -337,9 +399,10 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(dev_alloc_t(m, &m->split_count, MO * m->cfg.n_kv_heads));
     LM_TRY(lm_cuda_memset(m->split_count, 0, sizeof(unsigned) * MO * m->cfg.n_kv_heads));
     m->n_classes = 1;
-    /* LM_CUDA_SPLIT_KV=0 in the environment turns split-KV decode off (for A/B measurements). */
-    const char *skv = getenv("LM_CUDA_SPLIT_KV");
-    if (!skv || strcmp(skv, "0") != 0)
+    /* LM_CUDA_SPLIT_KV=0 (or off) in the environment turns split-KV decode off (for A/B
+     * measurements; base/env.h spellings). */
+    static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
+    if (split_kv)
         while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
     m->graphs.assign((size_t)(m->MO + 16) * 2 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
@@ -384,7 +447,21 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
 }
 
+extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->q8_use = on;
+}
+
 /* ---- the forward pass ---- */
+
+/* lm_cuda_gemv over W's Q8_0 quants when it has them, else over its bf16 rows. */
+static lm_status gemv_any(const lm_cuda_qwen3 *m, lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
+                          const dmat &w, int n, int k, int rows, const float *nw, float eps,
+                          lm_cuda_epilogue epi) {
+    return w.q && m->q8_use ? lm_cuda_gemv_q8(c, y, ldy, x, ldx, w.q, w.s, n, k, rows, nw, eps, epi)
+               : lm_cuda_gemv(c, y, ldy, x, ldx, w.bf, n, k, rows, nw, eps, epi);
+}
 
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
@@ -448,7 +525,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     /* The first kernel follows a copy, not a kernel: launch it plainly. */
     const bool pdl = c->pdl;
     c->pdl = false;
-    lm_status rc = lm_cuda_embed(c, m->x, m->embed, ids, nt, H);
+    lm_status rc = m->embed.q && m->q8_use ? lm_cuda_embed_q8(c, m->x, m->embed.q, m->embed.s, ids, nt, H)
+                              : lm_cuda_embed(c, m->x, m->embed.bf, ids, nt, H);
     c->pdl = pdl;
     if (rc) return rc;
 
@@ -457,10 +535,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
         if (gemv) {
-            LM_TRY(lm_cuda_gemv(c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
+            LM_TRY(gemv_any(m, c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv, nt, H, QKV, false));
+            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, nt, H, QKV, false));
         }
         if (decode) {
             LM_TRY(lm_cuda_attention(c, &a, nt, true));
@@ -469,15 +547,15 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(lm_cuda_attention(c, &a, nt, false));
         }
         if (gemv) {
-            LM_TRY(lm_cuda_gemv(c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
-            LM_TRY(lm_cuda_gemv(c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
-            LM_TRY(lm_cuda_gemv(c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
+            LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
+            LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
+            LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
         } else {
-            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo, nt, Q, H, true));
+            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, nt, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu, nt, H, 2 * I, false));
+            LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, nt, H, 2 * I, false));
             LM_TRY(lm_cuda_swiglu_bf16(c, m->hb, m->gu, nt, I));
-            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd, nt, I, H, true));
+            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, nt, I, H, true));
         }
     }
     const float *src = m->x;
@@ -486,10 +564,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         src = m->xo;
     }
     if (no <= m->p.gemv_max_rows) {
-        LM_TRY(lm_cuda_gemv(c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE));
+        LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE));
     } else {
         LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, src, m->norm, NULL, no, H, eps));
-        LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head, no, H, V, false));
+        LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, no, H, V, false));
     }
     return lm_cuda_sample(c, m->ids_dev, m->logits, V, no, V, samp);
 }
@@ -643,11 +721,11 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     const layer_dev &w = m->layers[l];
     const float eps = m->cfg.rms_norm_eps;
     switch (what) {
-    case 0: return lm_cuda_gemv(c, m->qkv, m->QKV, m->x, m->H, w.wqkv, n, m->H, m->QKV, w.in_ln, eps, LM_CUDA_EPI_STORE);
-    case 1: return lm_cuda_gemv(c, m->x, m->H, m->att, m->Q, w.wo, n, m->Q, m->H, NULL, 0, LM_CUDA_EPI_ADD);
-    case 2: return lm_cuda_gemv(c, m->h, m->I, m->x, m->H, w.wgu, n, m->H, 2 * m->I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU);
-    case 3: return lm_cuda_gemv(c, m->x, m->H, m->h, m->I, w.wd, n, m->I, m->H, NULL, 0, LM_CUDA_EPI_ADD);
-    case 4: return lm_cuda_gemv(c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
+    case 0: return gemv_any(m, c, m->qkv, m->QKV, m->x, m->H, w.wqkv, n, m->H, m->QKV, w.in_ln, eps, LM_CUDA_EPI_STORE);
+    case 1: return gemv_any(m, c, m->x, m->H, m->att, m->Q, w.wo, n, m->Q, m->H, NULL, 0, LM_CUDA_EPI_ADD);
+    case 2: return gemv_any(m, c, m->h, m->I, m->x, m->H, w.wgu, n, m->H, 2 * m->I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU);
+    case 3: return gemv_any(m, c, m->x, m->H, m->h, m->I, w.wd, n, m->I, m->H, NULL, 0, LM_CUDA_EPI_ADD);
+    case 4: return gemv_any(m, c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
         lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows, 0, rows);
@@ -664,7 +742,9 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
     if (n < 1 || n > 8 || n > m->p.max_tokens) return lm_errorf(LM_ERR_RANGE, "bench_linear: n = %d", n);
     const double rows_cols[5] = {(double)m->QKV * m->H, (double)m->H * m->Q, 2.0 * m->I * m->H,
                                  (double)m->H * m->I, (double)m->V * m->H};
-    *bytes = what <= 4 ? 2 * rows_cols[what < 0 ? 0 : what] : 0;
+    const dmat *wm[5] = {&m->layers[0].wqkv, &m->layers[0].wo, &m->layers[0].wgu, &m->layers[0].wd, &m->lm_head};
+    const int wi = what < 0 ? 0 : what;
+    *bytes = what <= 4 ? (wm[wi]->q ? 17.0 / 16 : 2.0) * rows_cols[wi] : 0;
     const int launches = what >= 4 ? 8 : m->NL;
     /* Inputs must be finite: fill the activations the kernels read with small values. */
     if (what <= 4) {

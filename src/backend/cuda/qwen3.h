@@ -99,6 +99,8 @@ struct lm_cuda_qwen3_params {
     bool pdl;          /* programmatic dependent launch between kernels (default true) */
     int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 4,
                           at most 8; 0 = cuBLAS always) */
+    bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
+                          `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
 struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void);
 
@@ -130,6 +132,9 @@ void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info
 
 /* Changes how later steps run (drops captured graphs): graphs on/off, PDL on/off, GEMV limit. */
 void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
+/* Whether the GEMV reads a Q8_0 checkpoint's quants (true, the default) or its bf16 copy, for
+ * A/B measurements (`lumen cudabench --q8 --variants`). Drops the captured graphs. */
+void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on);
 
 /* The model's CUDA context (stream, kernel options such as lm_cuda_ctx_set_gemv_rows). Borrowed,
  * valid until destroy. */

@@ -10,6 +10,7 @@
 #include "backend/cuda/qwen3.h"
 
 extern "C" {
+#include "backend/cpu/quant.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 }
@@ -19,8 +20,11 @@ namespace {
 struct loader {
     lm_safetensors st;
     std::vector<float *> vecs; /* float32 copies of the norm vectors */
+    std::vector<void *> quants; /* Q8_0 copies of the matrices (quantize_q8) */
+    bool q8 = false;
     ~loader() {
         for (float *v : vecs) free(v);
+        for (void *q : quants) free(q);
         lm_st_close(&st);
     }
 };
@@ -44,7 +48,29 @@ lm_status get_matrix(loader &ld, const char *name, int rows, int cols, lm_cuda_m
     out->data = t->data;
     out->rows = rows;
     out->cols = cols;
-    return st_dtype(&ld.st, t, &out->dtype);
+    if ((rc = st_dtype(&ld.st, t, &out->dtype)) || !ld.q8) return rc;
+    if (cols % 32)
+        return lm_errorf(LM_ERR_SHAPE, "%s: [%d, %d]: Q8_0 needs rows of whole 32-weight blocks", name,
+                         rows, cols);
+    /* Quantized as `lumen build --dtype q8_0` does (backend/cpu/quant.h, ggml's rounding). */
+    const size_t rb = lm_dtype_row_bytes(LM_DTYPE_Q8_0, cols);
+    char *q = (char *)malloc(rb * (size_t)rows);
+    std::vector<float> row(cols);
+    if (!q) return lm_errorf(LM_ERR_NOMEM, "out of memory quantizing '%s'", name);
+    ld.quants.push_back(q);
+    for (int r = 0; r < rows; r++) {
+        const char *in = (const char *)t->data + (size_t)r * lm_dtype_row_bytes(out->dtype, cols);
+        for (int c = 0; c < cols; c++) {
+            const uint16_t *h = (const uint16_t *)in;
+            row[c] = out->dtype == LM_DTYPE_F32 ? ((const float *)in)[c]
+                     : out->dtype == LM_DTYPE_F16 ? lm_f16_to_f32(h[c])
+                                                  : lm_bf16_to_f32(h[c]);
+        }
+        lm_q8_0_quantize_row(row.data(), (struct lm_block_q8_0 *)(q + (size_t)r * rb), cols);
+    }
+    out->data = q;
+    out->dtype = LM_DTYPE_Q8_0;
+    return LM_OK;
 }
 
 lm_status get_vector(loader &ld, const char *name, int n, const float **out) {
@@ -115,6 +141,7 @@ extern "C" lm_status lm_cuda_qwen3_open_dir(const char *dir, const struct lm_cud
 
     loader ld;
     memset(&ld.st, 0, sizeof ld.st);
+    ld.q8 = params && params->quantize_q8;
     if ((rc = lm_st_open_dir(&ld.st, dir))) return rc;
     const lm_cuda_qwen3_config &c = w.cfg;
     const int H = c.hidden, Q = c.n_heads * c.head_dim, KV = c.n_kv_heads * c.head_dim, I = c.intermediate;

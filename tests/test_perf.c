@@ -1,0 +1,186 @@
+/* test_perf.c: `lumen perf` as a user runs it (the built CLI, through popen).
+ *
+ * Checked: a model folder without tokenizer.json is measured (prompt ids drawn below config.json's
+ * vocab_size; md and json), while --tokenizer naming a folder without one is still an error that
+ * names the file; the markdown table keeps every '|' of every line in the header's columns
+ * (counted on screen: "±" is one column, two bytes) and its rule row has a cell per column; the
+ * "% of read" footnote is printed exactly when the weights are smaller than the last-level cache
+ * the json reports; a GGUF file (q8_0, built here) still runs, and LM_CPU_Q8_ACT picks its matmul
+ * path from 0/1, off/on, false/true, no/yes in any case, while another value keeps the default
+ * (int8) after one warning that names the variable and the value.
+ * LM_LABEL: model */
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/buf.h"
+#include "check.h"
+
+static char g_dir[64];
+
+/* Runs `cmd` through the shell with stdout into *out and stderr into *err (both replaced);
+ * returns the exit status (-1 when it did not exit). */
+static int run(const char *cmd, struct lm_buf *out, struct lm_buf *err) {
+    char full[2048], errpath[128], line[4096];
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", g_dir);
+    snprintf(full, sizeof full, "%s 2>'%s'", cmd, errpath);
+    lm_buf_reset(out);
+    lm_buf_reset(err);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t k;
+    while ((k = fread(line, 1, sizeof line, p)) > 0)
+        lm_buf_append(out, line, k);
+    int status = pclose(p);
+    FILE *f = fopen(errpath, "r");
+    while (f && (k = fread(line, 1, sizeof line, f)) > 0)
+        lm_buf_append(err, line, k);
+    if (f) fclose(f);
+    lm_buf_puts(out, "");
+    lm_buf_puts(err, "");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The screen columns of the '|' characters of one line (UTF-8: one column per code point);
+ * returns how many, at most `max`. */
+static int bars(const char *line, const char *end, int *cols, int max) {
+    int n = 0, col = 0;
+    for (const char *c = line; c < end; c++) {
+        if (((unsigned char)*c & 0xC0) == 0x80) continue;
+        if (*c == '|' && n < max) cols[n++] = col;
+        col++;
+    }
+    return n;
+}
+
+/* Every line of the markdown table in `text` has its bars where the header has them. */
+static void check_table(const char *text, const char *what) {
+    int head[32], n_head = -1, rows = 0;
+    const char *rule = NULL;
+    for (const char *l = text; *l;) {
+        const char *e = strchr(l, '\n');
+        if (!e) e = l + strlen(l);
+        if (*l == '|') {
+            int cols[32], n = bars(l, e, cols, 32);
+            if (n_head < 0) {
+                n_head = n;
+                memcpy(head, cols, sizeof cols);
+            } else {
+                if (!rule) rule = l;
+                rows++;
+                bool same = n == n_head;
+                for (int i = 0; same && i < n; i++)
+                    same = cols[i] == head[i];
+                CHECK(same, "%s: a table line's bars are not under the header's: %.*s", what,
+                      (int)(e - l), l);
+            }
+        }
+        l = *e ? e + 1 : e;
+    }
+    CHECK(n_head == 10 && rows >= 2, "%s: a table of 9 columns with rows (%d bars, %d lines)", what,
+          n_head, rows);
+    /* the rule row: a cell of dashes per column, right-aligned columns end with ':' */
+    CHECK(rule && !strncmp(rule, "| -", 3) && strstr(rule, "-: |"), "%s: the rule row", what);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/lm_test_perf_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        fprintf(stderr, "mkdtemp failed\n");
+        return 1;
+    }
+    char cmd[1024];
+    struct lm_buf out = {0}, err = {0};
+
+    /* A model folder without tokenizer files. */
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/notok' && cp '%s/config.json' '%s/model.safetensors' '%s/notok/'", g_dir,
+             TINY_MODEL, TINY_MODEL, g_dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd,
+             "'%s' perf --model '%s/notok' -t 1 -p 16 -n 4 -r 2 -b 1,3 -d 2 --no-bw", LM_LUMEN_BIN,
+             g_dir);
+    int rc = run(cmd, &out, &err);
+    CHECK(rc == 0 && strstr(out.p, "tokenizer: none"), "perf without tokenizer.json: rc %d\n%s%s",
+          rc, out.p, err.p);
+    check_table(out.p, "no tokenizer, --no-bw");
+    CHECK(strstr(out.p, "| tg4 x B=3 @ d2 "), "the batched row names its test:\n%s", out.p);
+
+    snprintf(cmd, sizeof cmd,
+             "'%s' perf --model '%s/notok' -t 1 -p 8 -n 0 -r 1 --no-bw --tokenizer '%s'",
+             LM_LUMEN_BIN, g_dir, g_dir);
+    rc = run(cmd, &out, &err);
+    CHECK(rc != 0 && strstr(err.p, "tokenizer.json: file not found"),
+          "--tokenizer without the file: rc %d, %s", rc, err.p);
+
+    /* With the read-bandwidth probe: json then md, and the footnote against the json's cache. */
+    snprintf(cmd, sizeof cmd, "'%s' perf --model '%s/notok' -t 1 -p 8 -n 4 -r 1 -o json",
+             LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, &out, &err);
+    json_error_t je;
+    json_t *j = rc == 0 ? json_loads(out.p, 0, &je) : NULL;
+    CHECK(j && json_array_size(json_object_get(j, "results")) == 2, "perf -o json: rc %d, %s\n%s",
+          rc, j ? "" : je.text, out.p);
+    json_t *llc = json_object_get(j, "last_level_cache_bytes");
+    const json_int_t weights = json_integer_value(json_object_get(j, "weight_bytes"));
+    CHECK(weights > 0 && (json_is_null(llc) || json_integer_value(llc) > 0),
+          "weight_bytes, last_level_cache_bytes");
+    if (access("/sys/devices/system/cpu/cpu0/cache/index0/size", R_OK) == 0)
+        CHECK(json_is_integer(llc), "/sys names cpu0's caches, yet last_level_cache_bytes is null");
+    snprintf(cmd, sizeof cmd, "'%s' perf --model '%s/notok' -t 1 -p 8 -n 4 -r 1 -o md",
+             LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, &out, &err);
+    CHECK(rc == 0 && strstr(out.p, "% of read"), "perf -o md: rc %d\n%s%s", rc, out.p, err.p);
+    check_table(out.p, "-o md");
+    const bool fits = json_is_integer(llc) && weights < json_integer_value(llc);
+    CHECK(fits == (strstr(out.p, "note: % of read can exceed 100%") != NULL),
+          "the cache footnote is printed exactly when the %lld bytes of weights fit in the "
+          "%lld-byte cache:\n%s",
+          (long long)weights, (long long)json_integer_value(llc), out.p);
+    json_decref(j);
+
+    /* A q8_0 GGUF (tokenizer inside) and LM_CPU_Q8_ACT. */
+    snprintf(cmd, sizeof cmd, "'%s' build --model '%s' --out '%s/q8.gguf' --dtype q8_0 >/dev/null",
+             LM_LUMEN_BIN, TINY_MODEL, g_dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    static const struct {
+        const char *value, *path;
+        bool warns;
+    } k_cases[] = {{"", "int8", false},         {"0", "dequant", false},  {"off", "dequant", false},
+                   {"FALSE", "dequant", false}, {"No", "dequant", false}, {"1", "int8", false},
+                   {"On", "int8", false},       {"true", "int8", false},  {"off-ish", "int8", true},
+                   {"2", "int8", true}};
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "LM_CPU_Q8_ACT='%s' '%s' perf --model '%s/q8.gguf' -t 1 -p 8 -n 2 -r 1 --no-bw",
+                 k_cases[i].value, LM_LUMEN_BIN, g_dir);
+        rc = run(cmd, &out, &err);
+        char want[64];
+        snprintf(want, sizeof want, "q8_0 matmul: %s\n", k_cases[i].path);
+        CHECK(rc == 0 && strstr(out.p, want), "LM_CPU_Q8_ACT='%s': rc %d, want '%s'\n%s%s",
+              k_cases[i].value, rc, k_cases[i].path, out.p, err.p);
+        char warning[128];
+        snprintf(warning, sizeof warning, "LM_CPU_Q8_ACT=%s is not a switch value",
+                 k_cases[i].value);
+        const char *w = strstr(err.p, warning);
+        CHECK(k_cases[i].warns ? w && !strstr(w + 1, warning) && strstr(err.p, "0/1, off/on")
+                               : !strstr(err.p, "LM_CPU_Q8_ACT"),
+              "LM_CPU_Q8_ACT='%s': %s one warning, stderr:\n%s", k_cases[i].value,
+              k_cases[i].warns ? "wants" : "wants no", err.p);
+        if (i == 0) check_table(out.p, "gguf q8_0");
+    }
+
+    lm_buf_free(&out);
+    lm_buf_free(&err);
+    if (!g_check_failures) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+    } else {
+        fprintf(stderr, "files kept in %s\n", g_dir);
+    }
+    return check_exit("test_perf");
+}
