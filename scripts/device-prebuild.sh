@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-carrybuild} C=${2:-build-carry}
 cmake -S . -B "$B" -DLM_WERROR=OFF -DLM_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 \
+  -DCMAKE_CUDA_ARCHITECTURES=90a-real \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$B" -j 2 --target lumen ${LM_PREBUILD_TARGETS:-test_cuda}
 rm -rf "$C" && mkdir -p "$C/bin"

@@ -23,6 +23,7 @@ int main(void) {
 #else
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/qwen3.h"
 #include "base/buf.h"
@@ -81,15 +82,8 @@ static void sync_ok(const char *what) {
 
 /* ---- linear layers ---- */
 
-/* CPU reference of lm_cuda_gemv for one configuration. */
-static void ref_gemv(float *y, int ldy, const float *x, const void *w, enum lm_dtype dt, int n,
-                        int k, int m, const float *nw, float eps, enum lm_cuda_epilogue epi) {
-    float *xn = malloc(sizeof(float) * (size_t)n * k), *acc = malloc(sizeof(float) * (size_t)n * m);
-    if (nw)
-        g_ref->rmsnorm(NULL, xn, x, nw, n, k, eps);
-    else
-        memcpy(xn, x, sizeof(float) * (size_t)n * k);
-    g_ref->matmul(NULL, acc, xn, w, dt, n, k, m);
+/* The epilogue of lm_cuda_gemv on the sums acc [n, m] into y. */
+static void ref_epilogue(float *y, int ldy, const float *acc, int n, int m, enum lm_cuda_epilogue epi) {
     for (int t = 0; t < n; t++)
         for (int j = 0; j < m; j++) {
             float a = acc[(size_t)t * m + j];
@@ -100,19 +94,69 @@ static void ref_gemv(float *y, int ldy, const float *x, const void *w, enum lm_d
                 g_ref->swiglu(NULL, &y[(size_t)t * ldy + j / 2], &g, &u, 1);
             }
         }
+}
+
+/* CPU reference of lm_cuda_gemv for one configuration. */
+static void ref_gemv(float *y, int ldy, const float *x, const void *w, enum lm_dtype dt, int n,
+                        int k, int m, const float *nw, float eps, enum lm_cuda_epilogue epi) {
+    float *xn = malloc(sizeof(float) * (size_t)n * k), *acc = malloc(sizeof(float) * (size_t)n * m);
+    if (nw)
+        g_ref->rmsnorm(NULL, xn, x, nw, n, k, eps);
+    else
+        memcpy(xn, x, sizeof(float) * (size_t)n * k);
+    g_ref->matmul(NULL, acc, xn, w, dt, n, k, m);
+    ref_epilogue(y, ldy, acc, n, m, epi);
     free(xn);
     free(acc);
 }
 
-/* The weights of one GEMV case on the device: bf16 rows (q NULL), or Q8_0 quants and scales. */
+/* CPU reference of lm_cuda_gemv_q8 with int8 activations: each row's x * norm_w quantized by
+ * lm_q8_0_quantize_act (the same quants the device makes), integer dot products per block, the
+ * scales and the row's 1 / rms applied in float64. */
+static void ref_gemv_q8act(float *y, int ldy, const float *x, const int8_t *q, const uint16_t *sc, int n,
+                           int k, int m, const float *nw, float eps, enum lm_cuda_epilogue epi) {
+    const int nb = k / 32;
+    float *xn = malloc(sizeof(float) * (size_t)k), *xd = malloc(sizeof(float) * (size_t)nb);
+    float *acc = malloc(sizeof(float) * (size_t)n * m);
+    int8_t *xq = malloc((size_t)k);
+    for (int t = 0; t < n; t++) {
+        const float *xr = x + (size_t)t * k;
+        double ss = 0;
+        for (int i = 0; i < k; i++) ss += (double)xr[i] * xr[i];
+        const double inv = nw ? 1.0 / sqrt(ss / k + eps) : 1.0;
+        for (int i = 0; i < k; i++) xn[i] = nw ? xr[i] * nw[i] : xr[i];
+        lm_q8_0_quantize_act(xn, xq, xd, k);
+        for (int j = 0; j < m; j++) {
+            double a = 0;
+            for (int b = 0; b < nb; b++) {
+                long isum = 0;
+                for (int i = 0; i < 32; i++) isum += (long)q[(size_t)j * k + b * 32 + i] * xq[b * 32 + i];
+                a += (double)lm_f16_to_f32(sc[(size_t)j * nb + b]) * xd[b] * (double)isum;
+            }
+            acc[(size_t)t * m + j] = (float)(a * inv);
+        }
+    }
+    ref_epilogue(y, ldy, acc, n, m, epi);
+    free(xn), free(xd), free(acc), free(xq);
+}
+
+/* One GEMV case: its weights on the device (bf16 rows, q NULL; or Q8_0 quants and scales, with
+ * float32 or, act, int8 activations) and the reference's: wref of dtype dt (the same values), or
+ * for act the host quants hq and scales hs. */
 struct dgemv {
     const uint16_t *bf;
     const int8_t *q;
     const uint16_t *s;
+    bool act;
+    const void *wref;
+    enum lm_dtype dt;
+    const int8_t *hq;
+    const uint16_t *hs;
 };
 
 static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float *x, int n, int k, int m,
                           const float *nw, enum lm_cuda_epilogue epi) {
+    lm_cuda_ctx_set_q8_act(g_ctx, w->act);
     return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi)
                 : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi);
 }
@@ -122,8 +166,8 @@ static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float 
  * equals a 1-row call bit for bit, for every rows-per-warp setting and with PDL on or off, for the
  * store and SwiGLU epilogues. x: [11, k] on the host (dx on the device), nw / dnw: [k]. Returns
  * the worst relative error. */
-static double check_gemv(const char *what, const struct dgemv *w, const void *wref, enum lm_dtype dt,
-                         const float *x, const float *dx, const float *nw, const float *dnw, int k, int m) {
+static double check_gemv(const char *what, const struct dgemv *w, const float *x, const float *dx,
+                         const float *nw, const float *dnw, int k, int m) {
     static const int rows[] = {1, 2, 3, 4, 5, 8, 11};
     const int nmax = 11, ldy = m + 3;
     double worst = 0;
@@ -138,7 +182,10 @@ static double check_gemv(const char *what, const struct dgemv *w, const void *wr
             for (int norm = 0; norm < 2; norm++) {
                 const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
                 memcpy(ref, base, sizeof(float) * (size_t)n * ldy);
-                ref_gemv(ref, ldy, x, wref, dt, n, k, m, norm ? nw : NULL, 1e-6f, epi);
+                if (w->act)
+                    ref_gemv_q8act(ref, ldy, x, w->hq, w->hs, n, k, m, norm ? nw : NULL, 1e-6f, epi);
+                else
+                    ref_gemv(ref, ldy, x, w->wref, w->dt, n, k, m, norm ? nw : NULL, 1e-6f, epi);
                 if (epi == LM_CUDA_EPI_ADD)
                     lm_cuda_upload(dy, base, sizeof(float) * (size_t)n * ldy);
                 else
@@ -206,8 +253,8 @@ static void test_gemv(void) {
         fill(wf, (long)m * k, 0.05f);
         for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
         float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
-        struct dgemv dw = {dev_from(w, 2 * (size_t)m * k), NULL, NULL};
-        const double e = check_gemv("gemv", &dw, w, LM_DTYPE_BF16, x, dx, nw, dnw, k, m);
+        struct dgemv dw = {dev_from(w, 2 * (size_t)m * k), NULL, NULL, false, w, LM_DTYPE_BF16, NULL, NULL};
+        const double e = check_gemv("gemv", &dw, x, dx, nw, dnw, k, m);
         if (e > worst) worst = e;
         free(x), free(nw), free(wf), free(w);
         lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free((void *)dw.bf);
@@ -218,14 +265,16 @@ static void test_gemv(void) {
     fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
 }
 
-/* lm_cuda_gemv_q8 against the scalar float32 matmul over the exactly dequantized weights
- * (scale * quant is exact in float32), as test_gemv; lm_cuda_embed_q8 exactly. Draws from its
+/* lm_cuda_gemv_q8 with float32 activations against the scalar float32 matmul over the exactly
+ * dequantized weights (scale * quant is exact in float32), and with int8 activations against the
+ * same quantization and integer dot products on the CPU, each as test_gemv; lm_cuda_embed_q8
+ * exactly. Draws from its
  * own random state, so that the later tests' inputs stay as they were. */
 static void test_gemv_q8(void) {
     static const int shapes[][2] = {{1024, 1000}, {2048, 517}, {96, 38}, {3072, 260}, {1024, 6144}, {32, 7}};
     const uint64_t saved = g_rng;
     g_rng = 0x9e3779b97f4a7c15ull;
-    double worst = 0;
+    double worst = 0, worst_act = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int k = shapes[si][0], m = shapes[si][1], nb = k / 32, nmax = 11;
         float *x = malloc(sizeof(float) * nmax * k), *nw = malloc(sizeof(float) * k);
@@ -240,9 +289,14 @@ static void test_gemv_q8(void) {
             wf[i] = lm_f16_to_f32(sc[i / 32]) * (float)q[i]; /* row i / k, block i % k / 32 */
         }
         float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
-        struct dgemv dw = {NULL, dev_from(q, (size_t)m * k), dev_from(sc, 2 * (size_t)m * nb)};
-        const double e = check_gemv("gemv_q8", &dw, wf, LM_DTYPE_F32, x, dx, nw, dnw, k, m);
+        struct dgemv dw = {NULL, dev_from(q, (size_t)m * k), dev_from(sc, 2 * (size_t)m * nb), false, wf,
+                           LM_DTYPE_F32, q, sc};
+        double e = check_gemv("gemv_q8 (float activations)", &dw, x, dx, nw, dnw, k, m);
         if (e > worst) worst = e;
+        dw.act = true;
+        e = check_gemv("gemv_q8 (int8 activations)", &dw, x, dx, nw, dnw, k, m);
+        if (e > worst_act) worst_act = e;
+        lm_cuda_ctx_set_q8_act(g_ctx, true);
         /* The embedding rows of the same table. */
         if (m >= 7) {
             const int32_t ids[3] = {m - 1, 0, m / 2};
@@ -262,7 +316,8 @@ static void test_gemv_q8(void) {
     }
     CHECK(lm_cuda_gemv_q8(g_ctx, NULL, 1, NULL, 48, NULL, NULL, 1, 48, 4, NULL, 0, LM_CUDA_EPI_STORE) ==
               LM_ERR_SHAPE, "gemv_q8 with k = 48 (not whole blocks) must be refused");
-    fprintf(stderr, "gemv_q8: worst rel err %.3g\n", worst);
+    fprintf(stderr, "gemv_q8: worst rel err %.3g with float32 activations, %.3g with int8 (against the "
+                    "same quantization on the CPU)\n", worst, worst_act);
     g_rng = saved;
 }
 

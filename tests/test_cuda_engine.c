@@ -5,7 +5,7 @@
  *   bf16 there: ||cuda - cpu|| / ||cpu|| < 2e-2), and ALL rows of a 1,040-token step, which
  *   the family splits over two device calls (more rows than the device's 1,024), match too;
  * - a Q8_0 GGUF (llama.cpp's conversion) on CUDA, whose GEMV reads the quants, matches the
- *   CPU's dequantize path to the same tolerance;
+ *   CPU's Q8_0 path to the same tolerance;
  * - lm_kv_cache_copy copies device blocks: a decode over a copied partial block gives the same
  *   bits as over the original; a second live cache on the model is refused;
  * - greedy ids through the scheduler for 8 concurrent requests equal each one run alone, and
@@ -38,6 +38,7 @@ int main(void) {
 
 #include <jansson.h>
 
+#include "backend/cpu/ops.h"
 #include "engine/sched.h"
 #include "family/model.h"
 
@@ -139,10 +140,11 @@ static void test_forward(void) {
 }
 
 /* ---- 1b. a Q8_0 checkpoint: the GEMV reads its quants (lm_cuda_gemv_q8) ----
- * llama.cpp's own Q8_0 conversion of the tiny model, on CUDA against the CPU's dequantize path
- * (LM_CPU_Q8_ACT=0, set in main: float32 activations times scale * quant, as the device computes):
- * the prompt's last logits (batched: cuBLAS over the bf16 copy for prompts over the GEMV's rows)
- * and 3 decode steps (the batch-1 GEMV over the quants) within the same 2e-2 as bf16 (K/V are
+ * llama.cpp's own Q8_0 conversion of the tiny model on CUDA against the CPU, each step against
+ * the CPU path that computes as the device does: the prompt's last logits (cuBLAS over the bf16
+ * copy, float activations) against the CPU's dequantize path, then 3 decode steps (the batch-1
+ * GEMV over the quants with int8 activations) against the CPU's int8 path (both quantize the
+ * activations per 32-element block with ggml's rounding); within the same 2e-2 as bf16 (K/V are
  * bf16 on the device). Skipped when the shared file is absent. */
 #define Q8_GGUF LM_SOURCE_DIR "/../shared/models/tiny-qwen3-gguf/tiny-qwen3-q8_0.gguf"
 static void test_q8_model(void) {
@@ -176,8 +178,10 @@ static void test_q8_model(void) {
         lm_status b = a ? a : lm_seq_create(gq, c->n_prompt + 8, &sg);
         CHECK(!a && !b, "q8_0 %s: lm_seq_create: %s", c->name, lm_error_message());
         if (!a && !b) {
+            lm_cpu_set_q8_0_path(LM_Q8_0_DEQUANT);
             a = lm_seq_forward(sc, c->prompt, c->n_prompt, lc, false);
             b = lm_seq_forward(sg, c->prompt, c->n_prompt, lg, false);
+            lm_cpu_set_q8_0_path(LM_Q8_0_INT8);
             CHECK(!a && !b, "q8_0 %s: forward: %s", c->name, lm_error_message());
             double e = rel_err(lg, lc, (size_t)g_vocab, &mx);
             CHECK(e < 2e-2, "q8_0 %s (%d tokens): CUDA logits vs CPU: relative error %.3g (max abs %.3g)",
@@ -523,7 +527,6 @@ static void test_seeded(void) {
 }
 
 int main(void) {
-    setenv("LM_CPU_Q8_ACT", "0", 1); /* test_q8_model's reference: the CPU's dequantize path */
     struct lm_model_open_params p = lm_model_default_open_params();
     p.device = "cuda";
     lm_status rc = lm_model_open(TINY_MODEL, &p, &g_gpu);

@@ -55,13 +55,15 @@ static void usage(FILE *f) {
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants (with\n"
-            "                  --q8 also the GEMV over the bf16 copy)\n"
+            "                  --q8 also the GEMV over the bf16 copy, and over the quants\n"
+            "                  with float32 activations)\n"
             "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
             "                  matrix, averaged over layers: when blocks start, pass their wait\n"
             "                  on the preceding kernel, have x staged, finish)\n"
             "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
-            "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales, about\n"
-            "                  half the bytes; batches over 4 keep cuBLAS on a bf16 copy\n"
+            "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales (about\n"
+            "                  half the bytes; int8 activations), batches over 4 keep cuBLAS on a\n"
+            "                  bf16 copy\n"
             "  --device N      CUDA device index, N or cuda:N (default 0)\n"
             "  -h, --help      show this help\n");
 }
@@ -529,20 +531,23 @@ int lm_cmd_cudabench(int argc, char **argv) {
             const char *name;
             bool graphs, pdl;
             int rows;
-            bool v6attn, bf16; /* bf16: the GEMV ignores --q8's quants */
-        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false},
-                  {"default, v6 decode attention", true, true, 0, true, false},
-                  {"graphs, no PDL", true, false, 0, false, false},
-                  {"no graphs, PDL", false, true, 0, false, false},
-                  {"no graphs, no PDL", false, false, 0, false, false},
-                  {"default, 1 row/warp", true, true, 1, false, false},
-                  {"default, 2 rows/warp", true, true, 2, false, false},
-                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true},
-                  {"graphs + PDL (default, again)", true, true, 0, false, false}};
+            bool v6attn;
+            int q8v; /* with --q8: 1 = the GEMV ignores the quants (bf16 copy), 2 = float32 activations */
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, 0},
+                  {"default, v6 decode attention", true, true, 0, true, 0},
+                  {"graphs, no PDL", true, false, 0, false, 0},
+                  {"no graphs, PDL", false, true, 0, false, 0},
+                  {"no graphs, no PDL", false, false, 0, false, 0},
+                  {"default, 1 row/warp", true, true, 1, false, 0},
+                  {"default, 2 rows/warp", true, true, 2, false, 0},
+                  {"default, bf16 GEMV (no quants)", true, true, 0, false, 1},
+                  {"default, Q8_0 float32 activations", true, true, 0, false, 2},
+                  {"graphs + PDL (default, again)", true, true, 0, false, 0}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
-            if (vs[i].bf16 && !q8) continue;
+            if (vs[i].q8v && !q8) continue;
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
-            lm_cuda_qwen3_set_q8(b.m, !vs[i].bf16);
+            lm_cuda_qwen3_set_q8(b.m, vs[i].q8v != 1);
+            lm_cuda_ctx_set_q8_act(lm_cuda_qwen3_ctx(b.m), vs[i].q8v != 2);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
 
@@ -554,6 +559,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
         lm_cuda_qwen3_set_q8(b.m, true);
+        lm_cuda_ctx_set_q8_act(lm_cuda_qwen3_ctx(b.m), true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 3, 4, 8};
         for (int k = 0; k < 4 && !st; k++)

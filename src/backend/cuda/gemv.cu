@@ -18,10 +18,14 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
 constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
 
 /* Weight formats of k_gemv: bf16 rows, or Q8_0 (int8 quants [m, k] plus one float16 scale per
- * 32 weights, [m, k / 32]: GGUF's Q8_0 blocks split into two arrays). A lane loads 16 bytes of a
- * row at a time: EL = 8 bf16 or 16 int8 weights; a warp covers a chunk of CH = 32 * EL. */
-template <bool Q8> struct gemv_fmt {
-    static constexpr int EL = Q8 ? 16 : 8, CH = 32 * EL;
+ * 32 weights, [m, k / 32]: GGUF's Q8_0 blocks split into two arrays) with float32 activations
+ * (GEMV_Q8: each weight converted to float) or with the activations quantized to int8 per
+ * 32-element block (GEMV_Q8_ACT: dp4a integer dot products, as the CPU's LM_Q8_0_INT8 path and
+ * llama.cpp's MMVQ). A lane loads 16 bytes of a row at a time: EL = 8 bf16 or 16 int8 weights; a
+ * warp covers a chunk of CH = 32 * EL. */
+enum { GEMV_BF16, GEMV_Q8, GEMV_Q8_ACT };
+template <int F> struct gemv_fmt {
+    static constexpr int EL = F != GEMV_BF16 ? 16 : 8, CH = 32 * EL;
 };
 
 /* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
@@ -85,14 +89,15 @@ __device__ __forceinline__ void trace_put(unsigned long long *trace, const void 
 }
 
 /* T activation rows, R weight rows per warp, U chunks (of CH weights a warp, 512 bytes) loaded
- * per batch; Q8: w is int8 quants and ws their float16 scales (gemv_fmt), else w is bf16. */
-template <int T, int R, int U, int EPI, bool Q8>
+ * per batch; F: the format (gemv_fmt): w is bf16, or int8 quants with ws their float16 scales. */
+template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
            unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
-    constexpr int EL = gemv_fmt<Q8>::EL, CH = gemv_fmt<Q8>::CH, NF4 = EL / 4;
+    constexpr bool Q8 = F != GEMV_BF16, QA = F == GEMV_Q8_ACT;
+    constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH, NF4 = EL / 4;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float inv_s[T];
@@ -180,6 +185,42 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         }
         __syncthreads();
     }
+    /* GEMV_Q8_ACT: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
+     * rounding with float32 scales (backend/cpu/quant.h lm_q8_0_quantize_act): amax, d = amax /
+     * 127, q = roundf(x * (1 / d)). One thread a lane slot of 16 elements; the two slots of a
+     * block share their amax through one shuffle. xq: [T][nch][32 lanes] uint4 (a lane's 16
+     * quants of a chunk), xd: [T][nch][16] scales. Slots come in whole warps (32 a chunk). */
+    uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
+    float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
+    if constexpr (QA) {
+        const int slots = T * nch * 32;
+        for (int s0 = 0; s0 < slots; s0 += GEMV_THREADS) {
+            const int si = s0 + threadIdx.x, tc = si >> 5, l = si & 31;
+            const bool in = si < slots;
+            float4 v[4];
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i] = in ? gemv_smem[tc * 128 + i * 32 + l] : make_float4(0.f, 0.f, 0.f, 0.f);
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+            }
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            if (in) {
+                const float d = __fdiv_rn(amax, 127.0f), id = d != 0.f ? __fdiv_rn(1.0f, d) : 0.f;
+                uint32_t wq[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int q0 = (int)roundf(__fmul_rn(v[i].x, id)), q1 = (int)roundf(__fmul_rn(v[i].y, id));
+                    const int q2 = (int)roundf(__fmul_rn(v[i].z, id)), q3 = (int)roundf(__fmul_rn(v[i].w, id));
+                    wq[i] = (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 |
+                            (uint32_t)(q3 & 255) << 24;
+                }
+                xq[tc * 32 + l] = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+                if (!(l & 1)) xd[tc * 16 + (l >> 1)] = d;
+            }
+        }
+        __syncthreads();
+    }
     pdl_trigger(); /* the next kernel may start streaming its weights */
     const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
@@ -199,7 +240,30 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u;
-                if (c < nch && Q8) {
+                if (c < nch && QA) {
+                    uint4 xv[T];
+                    float dx[T];
+#pragma unroll
+                    for (int t = 0; t < T; t++) {
+                        xv[t] = xq[(t * nch + c) * 32 + lane];
+                        dx[t] = xd[(t * nch + c) * 16 + (lane >> 1)];
+                    }
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const uint4 q = wv[u][r];
+                        const float dw = __half2float(__ushort_as_half(sc[Q8 ? u : 0][Q8 ? r : 0]));
+#pragma unroll
+                        for (int t = 0; t < T; t++) {
+                            /* The half block's integer dot product (exact), then scaled into the
+                             * row's float32 sum. */
+                            int sdot = __dp4a((int)q.x, (int)xv[t].x, 0);
+                            sdot = __dp4a((int)q.y, (int)xv[t].y, sdot);
+                            sdot = __dp4a((int)q.z, (int)xv[t].z, sdot);
+                            sdot = __dp4a((int)q.w, (int)xv[t].w, sdot);
+                            acc[t][r] = fmaf(__fmul_rn(dw, dx[t]), __int2float_rn(sdot), acc[t][r]);
+                        }
+                    }
+                } else if (c < nch && Q8) {
                     float4 xq[T][NF4];
 #pragma unroll
                     for (int t = 0; t < T; t++)
@@ -285,8 +349,13 @@ constexpr int gemv_u() {
     return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
 }
 
-/* Dynamic shared memory of k_gemv: T activation rows of k rounded up to whole chunks (ch). */
-inline size_t gemv_smem_bytes(int T, int k, int ch) { return (size_t)T * ((k + ch - 1) / ch) * ch * sizeof(float); }
+/* Dynamic shared memory of k_gemv in format f: T float32 activation rows of k rounded up to whole
+ * chunks; GEMV_Q8_ACT adds their int8 quants and a float32 scale per 32. */
+inline size_t gemv_smem_bytes(int T, int k, int f) {
+    const int ch = f != GEMV_BF16 ? 512 : 256;
+    const size_t kp = (size_t)(k + ch - 1) / ch * ch;
+    return (size_t)T * kp * sizeof(float) + (f == GEMV_Q8_ACT ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
+}
 
 /* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
 struct gemv_w {
@@ -294,11 +363,11 @@ struct gemv_w {
     const uint16_t *ws;
 };
 
-template <int T, int R, int U, int EPI, bool Q8>
+template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           gemv_w w, int k, int m, const float *nw, float eps) {
-    auto fn = k_gemv<T, R, U, EPI, Q8>;
-    const size_t smem = gemv_smem_bytes(T, k, gemv_fmt<Q8>::CH);
+    auto fn = k_gemv<T, R, U, EPI, F>;
+    const size_t smem = gemv_smem_bytes(T, k, F);
     const int n_rg = (m + R - 1) / R;
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
@@ -307,44 +376,44 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
                      eps, c->trace);
 }
 
-template <int T, int R, int EPI, bool Q8>
+template <int T, int R, int EPI, int F>
 cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
                         int k, int m, const float *nw, float eps) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
 }
 
-template <int T, int EPI, bool Q8>
+template <int T, int EPI, int F>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
                                int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
     } else {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        if (R == 1) return launch_gemv<T, 1, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI, Q8>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
     }
 }
 
-template <int EPI, bool Q8>
+template <int EPI, int F>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
                           int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
     switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 2: return gemv_rows_dispatch<2, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 3: return gemv_rows_dispatch<3, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 4: return gemv_rows_dispatch<4, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 5: return gemv_rows_dispatch<5, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 6: return gemv_rows_dispatch<6, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 7: return gemv_rows_dispatch<7, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    default: return gemv_rows_dispatch<8, EPI, Q8>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
     }
 }
 
 /* Both formats' entry: rows 8 at a time (fewer when k needs more shared memory). */
-template <bool Q8>
+template <int F>
 lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w, int n,
                    int k, int m, const float *norm_w, float eps, enum lm_cuda_epilogue epi) {
     if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
@@ -356,11 +425,9 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
     /* Q8_0 rows are half the bytes: 4 rows a warp where that still gives every multiprocessor a
      * block keeps as many bytes in flight a warp as bf16's 2 (v11: at 2 rows, gate/up and the
      * lm_head, whose warps loop over several row groups, were slower than bf16). */
-    if (Q8 && !c->gemv_rows && m >= 4 * GEMV_WARPS * c->sm_count) R = 4;
+    if (F != GEMV_BF16 && !c->gemv_rows && m >= 4 * GEMV_WARPS * c->sm_count) R = 4;
     /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
-    constexpr int CH = gemv_fmt<Q8>::CH;
-    const int kp = (k + CH - 1) / CH * CH;
-    int per = 200 * 1024 / (kp * 4);
+    int per = (int)(200 * 1024 / gemv_smem_bytes(1, k, F));
     if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
     if (per > 8) per = 8;
     for (int t0 = 0; t0 < n; t0 += per) {
@@ -370,13 +437,13 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
         cudaError_t e;
         switch (epi) {
         case LM_CUDA_EPI_STORE:
-            e = gemv_dispatch<LM_CUDA_EPI_STORE, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_STORE, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
             break;
         case LM_CUDA_EPI_ADD:
-            e = gemv_dispatch<LM_CUDA_EPI_ADD, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_ADD, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
             break;
         default:
-            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, Q8>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
             break;
         }
         if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
@@ -394,7 +461,7 @@ extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, cons
                          "CUDA gemv: [%d, %d] x [%d, %d]^T: k must be a positive multiple of 8 and "
                          "the weights 16-byte aligned",
                          n, k, m, k);
-    return gemv_run<false>(c, y, ldy, x, ldx, gemv_w{w, NULL}, n, k, m, norm_w, eps, epi);
+    return gemv_run<GEMV_BF16>(c, y, ldy, x, ldx, gemv_w{w, NULL}, n, k, m, norm_w, eps, epi);
 }
 
 extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
@@ -405,7 +472,8 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
                          "CUDA gemv (Q8_0): [%d, %d] x [%d, %d]^T: k must be a positive multiple of "
                          "32 (whole Q8_0 blocks), the quants 16-byte and the scales 2-byte aligned",
                          n, k, m, k);
-    return gemv_run<true>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
+    return c->q8_act ? gemv_run<GEMV_Q8_ACT>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi)
+                     : gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
 }
 
 extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {
