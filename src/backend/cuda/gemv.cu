@@ -45,17 +45,6 @@ __device__ __forceinline__ float q8_at(uint32_t ob, int i) {
     return __fsub_rn(__uint_as_float(__byte_perm(ob, 0x4B000000u, 0x7540 | i)), 8388736.0f);
 }
 
-/* Sum of squares of 4 elements, in element order. */
-__device__ __forceinline__ float gemv_ss4(float4 a, float s) {
-    s = fmaf(a.x, a.x, s);
-    s = fmaf(a.y, a.y, s);
-    s = fmaf(a.z, a.z, s);
-    return fmaf(a.w, a.w, s);
-}
-__device__ __forceinline__ float4 gemv_mul4(float4 a, float4 b) {
-    return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
-}
-
 /* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
  * Explicitly rounded operations, so that no instantiation contracts them differently. */
 template <int EPI>
@@ -100,7 +89,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH, NF4 = EL / 4;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
-    __shared__ float inv_s[T];
+    __shared__ float ss_part[T][GEMV_WARPS]; /* each warp's share of a row's sum of squares */
     const int nch = (K + CH - 1) / CH, Kp = nch * CH, n256 = Kp >> 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
@@ -124,18 +113,33 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
             }
     };
-    /* The weights never depend on the previous kernel: start streaming them before waiting. (v7
-     * also staged the norm weights into shared memory here: slower, docs/perf-notes.md v7.) */
+    /* The weights never depend on the previous kernel: start streaming them before waiting. */
     const unsigned long long t0 = trace ? gtime() : 0;
     if (rg < end) load(rg, 0);
+    /* The norm weights this thread multiplies its staged elements by (k = c * 256 + tid, the
+     * first NWP chunks), into registers before the wait: they never depend on the predecessor,
+     * and a load into a register does not stall the thread before its wait (v7's shared-memory
+     * stores did). Chunks beyond NWP (hidden sizes over 1,024) load after the wait. */
+    constexpr int NWP = 4;
+    float nwv[NWP];
+#pragma unroll
+    for (int u = 0; u < NWP; u++) {
+        const int k = u * 256 + threadIdx.x;
+        nwv[u] = nw && k < K ? __ldg(nw + k) : 0.f;
+    }
 
-    /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end).
-     * Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
+    /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end),
+     * each thread summing the squares of its elements of x as it goes (in chunk order; then the
+     * warp's xor tree, then the 8 warps in order: one order for every T, so 1 and n rows give
+     * the same bits). Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
      * before any is stored, so the whole staging costs one L2 round trip per SU chunks (x is a
      * plain pointer the compiler must assume may alias shared memory: without the explicit
      * batch it would not move a load above the previous store). x is read through L2 (.cg),
      * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
     constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    float sq[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) sq[t] = 0.f;
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
     /* The residual this lane adds to in its first row group, read in the same round trip as x
@@ -158,33 +162,24 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int u = 0; u < SU; u++)
-                if (c0 + u < n256) xs[t * Kp + gemv_slot<EL>((c0 + u) * 256 + threadIdx.x)] = v[t][u];
-    }
-    __syncthreads();
-    if (nw) {
-        /* Warp t normalises row t: sum of squares in one order for every T (lane-major, 8
-         * elements a lane a chunk, then the xor tree), so 1 and n rows give the same bits. */
-        for (int t = warp; t < T; t += GEMV_WARPS) {
-            float4 *row = gemv_smem + (t * Kp >> 2);
-            float sq = 0.f;
-            for (int c = 0; c < nch; c++)
-#pragma unroll
-                for (int i = 0; i < NF4; i++) sq = gemv_ss4(row[c * (CH / 4) + i * 32 + lane], sq);
-            sq = warp_sum(sq);
-            if (lane == 0) inv_s[t] = 1.0f / sqrtf(sq / (float)K + eps);
-#pragma unroll 4
-            for (int c = 0; c < nch; c++) {
-                const int k = c * CH + lane * EL;
-                if (k >= K) continue;
-#pragma unroll
-                for (int i = 0; i < NF4; i++) {
-                    const float4 n4 = __ldg(reinterpret_cast<const float4 *>(nw + k + 4 * i));
-                    row[c * (CH / 4) + i * 32 + lane] = gemv_mul4(row[c * (CH / 4) + i * 32 + lane], n4);
+                if (c0 + u < n256) {
+                    const int k = (c0 + u) * 256 + threadIdx.x;
+                    float val = v[t][u];
+                    if (nw) {
+                        sq[t] = fmaf(val, val, sq[t]);
+                        const float nk = c0 == 0 && u < NWP ? nwv[u < NWP ? u : 0] : (k < K ? __ldg(nw + k) : 0.f);
+                        val = __fmul_rn(val, nk);
+                    }
+                    xs[t * Kp + gemv_slot<EL>(k)] = val;
                 }
-            }
-        }
-        __syncthreads();
     }
+    if (nw)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float w = warp_sum(sq[t]);
+            if (lane == 0) ss_part[t][warp] = w;
+        }
+    __syncthreads();
     /* GEMV_Q8_ACT: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
      * rounding with float32 scales (backend/cpu/quant.h lm_q8_0_quantize_act): amax, d = amax /
      * 127, q = roundf(x * (1 / d)). One thread a lane slot of 16 elements; the two slots of a
@@ -225,7 +220,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
 #pragma unroll
-    for (int t = 0; t < T; t++) inv[t] = nw ? inv_s[t] : 1.f;
+    for (int t = 0; t < T; t++) {
+        inv[t] = 1.f;
+        if (nw) {
+            float ss = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) ss = __fadd_rn(ss, ss_part[t][w]);
+            inv[t] = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+    }
 
     bool have = rg < end, first = true;
     for (; rg < end; rg += stride) {
