@@ -24,19 +24,6 @@
 
 #include "commands.h"
 
-#ifndef LM_HAVE_CUDA
-int lm_cmd_cudabench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "lumen cudabench: this lumen was built without CUDA (nvcc was not found)\n");
-    return 1;
-}
-#else
-
-#include "backend/cuda/cuda.h"
-#include "backend/cuda/qwen3.h"
-#include "base/status.h"
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
@@ -67,6 +54,24 @@ static void usage(FILE *f) {
             "  --device N      CUDA device index, N or cuda:N (default 0)\n"
             "  -h, --help      show this help\n");
 }
+
+#ifndef LM_HAVE_CUDA
+int lm_cmd_cudabench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+    fprintf(stderr, "lumen cudabench: this lumen was built without CUDA (configure with nvcc on the "
+                    "PATH and -DLM_CUDA=ON)\n");
+    return 1;
+}
+#else
+
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/qwen3.h"
+#include "base/status.h"
+
 
 static double now_s(void) {
     struct timespec t;

@@ -27,7 +27,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
-            "                  [-r 3] [-d 0] [--batch 1,4,16] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
+            "                  [-r 3] [-d 0] [--batch 1] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
             "                  [--device cpu|cuda|cuda:N]\n\n"
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
             "prints a table of tokens per second (mean ± std over the repetitions, and the\n"
@@ -77,7 +77,7 @@ static bool parse_int(const char *s, const char *flag, int lo, int *out) {
     char *end;
     long v = strtol(s, &end, 10);
     if (*end || end == s || v < lo || v > 1 << 24) {
-        fprintf(stderr, "lumen perf: %s must be an integer >= %d\n", flag, lo);
+        fprintf(stderr, "lumen perf: %s must be an integer from %d to %d, not '%s'\n", flag, lo, 1 << 24, s);
         return false;
     }
     *out = (int)v;
@@ -224,14 +224,18 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     struct lm_kv_cache *kv;
     lm_status st = lm_kv_cache_create(m, B * nbps, chunk > B ? chunk : B, ctx, &kv);
     if (st) return st;
-    int32_t *blocks = malloc(sizeof *blocks * (size_t)B * nbps);
-    struct lm_batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
-    float *logits = malloc(sizeof(float) * (size_t)B * cfg->vocab_size);
     /* On a device that samples, greedy ids come back instead of logits (as lumen serve runs). */
     const bool dev = lm_model_samples_on_device(m);
+    const size_t logits_bytes = dev ? 0 : sizeof(float) * (size_t)B * cfg->vocab_size;
+    int32_t *blocks = malloc(sizeof *blocks * (size_t)B * nbps);
+    struct lm_batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
+    float *logits = dev ? NULL : malloc(logits_bytes);
     struct lm_device_sampling *greedy = calloc((size_t)B, sizeof *greedy);
     int32_t *chosen = calloc((size_t)B, sizeof *chosen);
-    for (int i = 0; i < B * nbps; i++) blocks[i] = i;
+    if (!blocks || !seqs || (!dev && !logits) || !greedy || !chosen)
+        st = lm_errorf(LM_ERR_NOMEM, "--batch %d: out of memory for the step's buffers (%.1f GB of logits: %d "
+                       "rows of vocab_size %d floats)", B, logits_bytes / 1e9, B, cfg->vocab_size);
+    for (int i = 0; i < B * nbps && !st; i++) blocks[i] = i;
     for (int rep = -1; rep < reps && !st; rep++) {
         for (int b = 0; b < B && !st; b++)
             for (int done = 0; done < depth && !st; done += chunk) {
@@ -591,10 +595,13 @@ int lm_cmd_perf(int argc, char **argv) {
             printf("\nread bandwidth (%d threads summing 512 MiB, %d samples through the run): %.1f ± %.1f "
                    "GB/s (%.1f - %.1f)\n",
                    info.n_threads, bwst.n, bwst.mean, bwst.std, bwst.lo, bwst.hi);
-        printf("%s%d repetitions after one warm-up; decode timing excludes any prefill. weights GB/s: the\n"
-               "%.1f MiB of weights one decode step reads, times steps per second; %% of read: that over\n"
-               "the read bandwidth sampled just before each repetition (mean of the ratios).\n",
-               bwst.n ? "" : "\n", reps, info.weight_bytes / (1024.0 * 1024.0));
+        printf("%s%d repetition%s after one warm-up; decode timing excludes any prefill. weights GB/s: the\n"
+               "%.1f MiB of weights one decode step reads, times steps per second",
+               bwst.n ? "" : "\n", reps, reps == 1 ? "" : "s", info.weight_bytes / (1024.0 * 1024.0));
+        if (probe.p)
+            printf("; %% of read: that over\nthe read bandwidth sampled just before each repetition (mean of the ratios).\n");
+        else
+            printf(" (no read-bandwidth\nprobe: --no-bw or no memory for it, so %% of read stays empty).\n");
         if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
             printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"
                    "cache, so decode steps read them from cache while the probe reads 512 MiB from memory.\n",
