@@ -50,7 +50,8 @@ static void usage(FILE *f) {
             "  --mmap            use weight matrices in place from the file map (prefaulted and\n"
             "                    locked with mlock where allowed) instead of reading them into\n"
             "                    anonymous memory\n"
-            "  --no-bw           skip the read-bandwidth measurement\n"
+            "  --no-bw           skip the read-bandwidth measurement (a GPU run always skips it:\n"
+            "                    it reads host memory)\n"
             "  --scalar          use the plain scalar reference kernels\n"
             "                    (the fast CPU kernels are the best vector target of this CPU,\n"
             "                    chosen at run time: avx512vnni, avx512, avx2, generic or neon;\n"
@@ -471,6 +472,8 @@ int lm_cmd_perf(int argc, char **argv) {
     /* The read-bandwidth probe: 3 samples now, and one before each decode repetition (paired:
      * the machine is shared, so each decode figure is compared with a read made next to it). */
     struct bw_probe probe = {0};
+    /* The probe reads host memory: beside a GPU's decode it would compare unlike things. */
+    if (strcmp(info.device, "cpu")) bw = false;
     if (bw && !bw_open(&probe, info.n_threads))
         fprintf(stderr, "lumen perf: no memory for the read-bandwidth probe; skipping it\n");
     enum { MAX_ROWS = 17 };
@@ -601,7 +604,7 @@ int lm_cmd_perf(int argc, char **argv) {
         if (probe.p)
             printf("; %% of read: that over\nthe read bandwidth sampled just before each repetition (mean of the ratios).\n");
         else
-            printf(" (no read-bandwidth\nprobe: --no-bw or no memory for it, so %% of read stays empty).\n");
+            printf(" (no read-bandwidth\nprobe: --no-bw, a GPU run, or no memory for it, so %% of read stays empty).\n");
         if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
             printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"
                    "cache, so decode steps read them from cache while the probe reads 512 MiB from memory.\n",
