@@ -7,7 +7,8 @@
  * "% of read" footnote is printed exactly when the weights are smaller than the last-level cache
  * the json reports; a GGUF file (q8_0, built here) still runs, and LM_CPU_Q8_ACT picks its matmul
  * path from 0/1, off/on, false/true, no/yes in any case, while another value keeps the default
- * (int8) after one warning that names the variable and the value.
+ * (int8) after one warning that names the variable and the value. Also `lumen logits` (ids only)
+ * on the folder without a tokenizer, and its --top-k limit.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -173,6 +174,18 @@ int main(void) {
               k_cases[i].warns ? "wants" : "wants no", err.p);
         if (i == 0) check_table(out.p, "gguf q8_0");
     }
+
+    /* `lumen logits` reads and writes ids only: the folder without a tokenizer runs, and a --top-k
+     * above vocab_size is refused with the limit named (it used to be cut to vocab_size). */
+    snprintf(cmd, sizeof cmd, "echo '[1,2,3]' | '%s' logits --model '%s/notok' --top-k 2 --threads 1", LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, &out, &err);
+    CHECK(rc == 0 && strstr(out.p, "{\"ids\":[") && strstr(strstr(out.p, "{\"ids\":[") + 1, "{\"ids\":["),
+          "logits without a tokenizer: rc %d\n%s%s", rc, out.p, err.p);
+    snprintf(cmd, sizeof cmd, "echo '[1,2,3]' | '%s' logits --model '%s/notok' --top-k 999999 --threads 1", LM_LUMEN_BIN,
+             g_dir);
+    rc = run(cmd, &out, &err);
+    CHECK(rc == 2 && strstr(err.p, "--top-k 999999 exceeds the model's vocab_size 151936"),
+          "logits --top-k above vocab_size: rc %d, stderr:\n%s", rc, err.p);
 
     lm_buf_free(&out);
     lm_buf_free(&err);

@@ -19,7 +19,8 @@ static void usage(FILE *f) {
             "floats with 9 significant digits.\n\n"
             "  --model PATH     Hugging Face model folder (config.json, model.safetensors, ...) or a\n"
             "                   GGUF file\n"
-            "  --tokenizer DIR  folder with tokenizer.json when the model folder has none\n"
+            "  --tokenizer DIR  folder with tokenizer.json when the model folder has none (optional:\n"
+            "                   logits reads and writes token ids only)\n"
             "  --top-k K        logits per position (1 .. vocab_size)\n"
             "  --threads N      CPU threads (default 0: all online cores)\n"
             "  --scalar         use the plain scalar reference kernels\n"
@@ -66,6 +67,7 @@ int lm_cmd_logits(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
+    params.tokenizer_optional = true; /* ids in, ids and logits out */
     const char *model_dir = NULL;
     long k = 0;
     int c;
@@ -119,7 +121,12 @@ int lm_cmd_logits(int argc, char **argv) {
         return lm_cmd_fail("logits", NULL);
     }
     const int vocab = lm_model_config(m)->vocab_size;
-    if (k > vocab) k = vocab;
+    if (k > vocab) {
+        fprintf(stderr, "lumen logits: --top-k %ld exceeds the model's vocab_size %d\n", (long)k, vocab);
+        lm_ids_free(&ids);
+        lm_model_close(m);
+        return 2;
+    }
     struct lm_seq *seq = NULL;
     int rc = 0;
     if (lm_seq_create(m, (int)ids.n, &seq)) {

@@ -156,7 +156,11 @@ int lm_cmd_template(int argc, char **argv) {
         return 2;
     }
     if (!lm_dir_exists(model)) {
-        fprintf(stderr, "lumen template: --model %s: no such directory\n", model);
+        if (lm_file_exists(model))
+            fprintf(stderr, "lumen template: --model %s is a file: template reads a model folder's "
+                            "tokenizer_config.json (a GGUF's chat template is what run and serve use)\n", model);
+        else
+            fprintf(stderr, "lumen template: --model %s: no such directory\n", model);
         return 1;
     }
     if (tokdir && !lm_dir_exists(tokdir)) {
