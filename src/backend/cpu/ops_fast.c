@@ -5,11 +5,13 @@
  * the first call asks the CPU (cpuid through __builtin_cpu_supports, which also checks that the
  * OS saves the AVX / AVX-512 registers) and keeps the best target it can run:
  * avx512vnni > avx512 > avx2 > generic (neon on AArch64).
- * LM_CPU_KERNELS=avx512vnni|avx512|avx2|generic|neon in the environment asks for one; a target
- * this build lacks or this CPU cannot run is passed over for the best one, and ->name says
- * which ran; a name that is no target of this build (a typo) is reported once on stderr.
+ * LM_CPU_KERNELS=avx512vnni|avx512|avx2|generic|neon in the environment (any case) asks for one;
+ * a target this build lacks or this CPU cannot run is passed over for the best one, and ->name
+ * says which ran; either case, and a name that is no target of this build (a typo), is reported
+ * once on stderr.
  * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT, an on/off switch read
  * through base/env.h: 0/off/false/no asks for the dequantize path). */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -58,12 +60,14 @@ const struct lm_cpu_ops *lm_cpu_ops_target(const char *name) {
 }
 
 static void choose(void) {
-    const char *want = getenv("LM_CPU_KERNELS");
-    if (want && *want) {
-        bool known = false;
+    const char *env = getenv("LM_CPU_KERNELS");
+    char want[32] = ""; /* the value in lower case: AVX2 means avx2 */
+    for (size_t i = 0; env && env[i] && i + 1 < sizeof want; i++) want[i] = (char)tolower((unsigned char)env[i]);
+    bool known = false;
+    if (*want) {
         for (const char *const *t = lm_cpu_ops_targets(); *t; t++) known |= !strcmp(want, *t);
         if (!known) {
-            fprintf(stderr, "lumen: LM_CPU_KERNELS=%s is not a kernel target of this build (", want);
+            fprintf(stderr, "lumen: LM_CPU_KERNELS=%s is not a kernel target of this build (", env);
             for (const char *const *t = lm_cpu_ops_targets(); *t; t++)
                 fprintf(stderr, "%s%s", t == lm_cpu_ops_targets() ? "" : ", ", *t);
             fprintf(stderr, "); using the best one this CPU runs\n");
@@ -71,6 +75,8 @@ static void choose(void) {
         g_fast = lm_cpu_ops_target(want);
     }
     for (const char *const *t = lm_cpu_ops_targets(); !g_fast && *t; t++) g_fast = lm_cpu_ops_target(*t);
+    if (known && strcmp(want, g_fast->name))
+        fprintf(stderr, "lumen: LM_CPU_KERNELS=%s: this CPU cannot run that target; using %s\n", env, g_fast->name);
 }
 
 /* The Q8_0 path (ops.h): -1 until the first call reads LM_CPU_Q8_ACT (once, though the first
