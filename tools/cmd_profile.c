@@ -299,23 +299,6 @@ static size_t parse_list(const char *s, double lo, double hi, double *out, size_
     return n;
 }
 
-/* A repository-relative path: the current directory, then next to the binary (build/lumen ->
- * build/../rel). Returns a malloc'd path or NULL. */
-static char *find_rel(const char *rel, bool dir) {
-    if (dir ? lm_dir_exists(rel) : lm_file_exists(rel)) return strdup(rel);
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *d = dirname(exe);
-    const char *ups[] = {"..", "."};
-    for (size_t i = 0; i < 2; i++) {
-        char path[PATH_MAX * 2];
-        snprintf(path, sizeof path, "%s/%s/%s", d, ups[i], rel);
-        if (dir ? lm_dir_exists(path) : lm_file_exists(path)) return strdup(path);
-    }
-    return NULL;
-}
 
 static char *command_line(int argc, char **argv) {
     struct lm_buf b = {0};
@@ -564,7 +547,7 @@ int lm_cmd_profile(int argc, char **argv) {
         fprintf(stderr, "lumen profile: --dataset custom needs --dataset-path FILE.jsonl\n");
         return 2;
     }
-    char *path = dataset_path ? strdup(dataset_path) : rel ? find_rel(rel, false) : NULL;
+    char *path = dataset_path ? strdup(dataset_path) : rel ? lm_cmd_find_rel(rel, false) : NULL;
     if (rel && !path) {
         fprintf(stderr,
                 "lumen profile: --dataset %s: %s not found in the current directory or next "
@@ -573,7 +556,7 @@ int lm_cmd_profile(int argc, char **argv) {
         return 1;
     }
     o.data.path = path;
-    char *tok = tokenizer ? strdup(tokenizer) : find_rel("models/tiny-qwen3", true);
+    char *tok = tokenizer ? strdup(tokenizer) : lm_cmd_find_rel("models/tiny-qwen3", true);
     o.tokenizer_dir = tok;
     o.render_with_tokenizer = tokenizer != NULL;
     if (!tok)

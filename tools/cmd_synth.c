@@ -49,7 +49,8 @@ static void usage(FILE *f) {
             "  --dtype T       weight dtype: bf16 (default), f16 or f32\n"
             "  --seed N        random seed (default 0)\n"
             "  --tokenizer DIR folder to copy tokenizer.json and tokenizer_config.json from\n"
-            "                  (default models/tiny-qwen3)\n"
+            "                  (default models/tiny-qwen3, from the current folder or next to the\n"
+            "                  lumen binary: build/lumen in a checkout)\n"
             "  -h, --help      show this help\n");
 }
 
@@ -107,7 +108,7 @@ int lm_cmd_synth(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const struct shape *sh = NULL;
-    const char *out = NULL, *tok_dir = "models/tiny-qwen3";
+    const char *out = NULL, *tok_dir = NULL;
     enum lm_dtype dt = LM_DTYPE_BF16;
     uint64_t seed = 0;
     int c;
@@ -154,6 +155,14 @@ int lm_cmd_synth(int argc, char **argv) {
                 optind < argc ? "unexpected argument" : !sh ? "--shape is required" : "--out DIR is required");
         usage(stderr);
         return 2;
+    }
+    /* The default: the checkout's tiny model, from the current folder or next to the binary. */
+    char tok_buf[4096];
+    if (!tok_dir) {
+        char *found = lm_cmd_find_rel("models/tiny-qwen3", true);
+        snprintf(tok_buf, sizeof tok_buf, "%s", found ? found : "models/tiny-qwen3");
+        free(found);
+        tok_dir = tok_buf;
     }
     char *tj = lm_path_join(tok_dir, "tokenizer.json");
     bool have_tok = lm_file_exists(tj);

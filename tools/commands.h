@@ -4,6 +4,8 @@
 #ifndef LM_TOOLS_COMMANDS_H
 #define LM_TOOLS_COMMANDS_H
 
+#include <stdbool.h>
+
 typedef int (*lm_cmd_fn)(int argc, char **argv);
 
 struct lm_cmd {
@@ -14,5 +16,9 @@ struct lm_cmd {
 
 /* Prints "lumen <cmd>: <message>" to stderr with the thread's last error and returns 1. */
 int lm_cmd_fail(const char *cmd, const char *what);
+/* The path of `rel` (a folder when dir, else a file): as given when it exists from the current
+ * folder, else next to the lumen binary or one folder up (build/lumen in a checkout); NULL when
+ * none exists. Caller frees. */
+char *lm_cmd_find_rel(const char *rel, bool dir);
 
 #endif

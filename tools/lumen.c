@@ -1,7 +1,12 @@
 /* lumen.c: the thin main. Dispatches `lumen <command> ...` to tools/cmd_<command>.c. */
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/file.h"
 #include "base/status.h"
 #include "commands.h"
 
@@ -23,6 +28,22 @@ int lm_cmd_fail(const char *cmd, const char *what) {
     else
         fprintf(stderr, "lumen %s: %s\n", cmd, *msg ? msg : "failed");
     return 1;
+}
+
+char *lm_cmd_find_rel(const char *rel, bool dir) {
+    if (dir ? lm_dir_exists(rel) : lm_file_exists(rel)) return strdup(rel);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *d = dirname(exe);
+    const char *ups[] = {"..", "."};
+    for (size_t i = 0; i < 2; i++) {
+        char path[PATH_MAX * 2];
+        snprintf(path, sizeof path, "%s/%s/%s", d, ups[i], rel);
+        if (dir ? lm_dir_exists(path) : lm_file_exists(path)) return strdup(path);
+    }
+    return NULL;
 }
 
 static void usage(FILE *f) {
