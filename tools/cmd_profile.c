@@ -155,6 +155,7 @@ static void usage(FILE *f) {
         "reasoning_content\n"
         "  time_to_first_output_token send -> first content chunk (the answer, after any "
         "reasoning)\n"
+        "  time_to_second_token       send -> the chunk that brings the second token\n"
         "  inter_token_latency        per token: each chunk's gap divided by its token count\n"
         "  inter_token_latency_per_request   AIPerf's (latency - TTFT) / (output tokens - 1)\n"
         "  inter_chunk_latency, request_latency, output_token_throughput_per_user,\n"
