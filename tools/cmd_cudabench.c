@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "commands.h"
 
@@ -42,8 +41,7 @@ static void usage(FILE *f) {
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants (with\n"
-            "                  --q8 also the GEMV over the bf16 copy, and over the quants\n"
-            "                  with float32 activations)\n"
+            "                  --q8 also the GEMV over the bf16 copy)\n"
             "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
             "                  matrix, averaged over layers: when blocks start, pass their wait\n"
             "                  on the preceding kernel, have x staged, finish)\n"
@@ -70,8 +68,8 @@ int lm_cmd_cudabench(int argc, char **argv) {
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/qwen3.h"
+#include "base/file.h"
 #include "base/status.h"
-
 
 static double now_s(void) {
     struct timespec t;
@@ -383,7 +381,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
 
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
-    if (access(cfg_path, R_OK) != 0) {
+    if (!lm_file_exists(cfg_path)) {
         fprintf(stderr, "lumen cudabench: --model %s: no config.json there (a Hugging Face Qwen3 folder is needed)\n",
                 model);
         return 1;
@@ -537,25 +535,22 @@ int lm_cmd_cudabench(int argc, char **argv) {
             bool graphs, pdl;
             int rows;
             bool v6attn;
-            int q8v; /* with --q8: 1 = the GEMV ignores the quants (bf16 copy), 2 = float32 activations */
-        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, 0},
-                  {"default, v6 decode attention", true, true, 0, true, 0},
-                  {"graphs, no PDL", true, false, 0, false, 0},
-                  {"no graphs, PDL", false, true, 0, false, 0},
-                  {"no graphs, no PDL", false, false, 0, false, 0},
-                  {"default, 1 row/warp", true, true, 1, false, 0},
-                  {"default, 2 rows/warp", true, true, 2, false, 0},
-                  {"default, bf16 GEMV (no quants)", true, true, 0, false, 1},
-                  {"default, Q8_0 float32 activations", true, true, 0, false, 2},
-                  {"graphs + PDL (default, again)", true, true, 0, false, 0}};
+            bool bf16; /* with --q8: the GEMV ignores the quants (reads the bf16 copy) */
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false},
+                  {"default, v6 decode attention", true, true, 0, true, false},
+                  {"graphs, no PDL", true, false, 0, false, false},
+                  {"no graphs, PDL", false, true, 0, false, false},
+                  {"no graphs, no PDL", false, false, 0, false, false},
+                  {"default, 1 row/warp", true, true, 1, false, false},
+                  {"default, 2 rows/warp", true, true, 2, false, false},
+                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true},
+                  {"graphs + PDL (default, again)", true, true, 0, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
-            if (vs[i].q8v && !q8) continue;
+            if (vs[i].bf16 && !q8) continue;
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
-            lm_cuda_qwen3_set_q8(b.m, vs[i].q8v != 1);
-            lm_cuda_ctx_set_q8_act(lm_cuda_qwen3_ctx(b.m), vs[i].q8v != 2);
+            lm_cuda_qwen3_set_q8(b.m, !vs[i].bf16);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
-
             double med, lo, hi;
             if ((st = bench_tg(&b, tg, reps, &med, &lo, &hi))) break;
             printf("| %-34s | %12.0f | %9.1f | %8.0f%% |\n", vs[i].name, med, 1e6 / med, 100 * med / floor_tps);
@@ -564,7 +559,6 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
         lm_cuda_qwen3_set_q8(b.m, true);
-        lm_cuda_ctx_set_q8_act(lm_cuda_qwen3_ctx(b.m), true);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 3, 4, 8};
         for (int k = 0; k < 4 && !st; k++)

@@ -35,7 +35,6 @@ struct lm_cuda_ctx {
     int gemv_rows;       /* 0 = automatic */
     unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
-    bool q8_act;         /* lm_cuda_gemv_q8 quantizes the activations to int8 (dp4a) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */

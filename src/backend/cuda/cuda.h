@@ -94,9 +94,6 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
-/* Whether lm_cuda_gemv_q8 quantizes its activations to int8 per 32-element block and multiplies
- * with integer dot products (true, the default), or converts each weight to float32 (false). */
-void lm_cuda_ctx_set_q8_act(struct lm_cuda_ctx *c, bool on);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
  * lm_cuda_gemv block launched afterwards (graphs captured afterwards too) appends one entry, the
  * buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us resolution on some

@@ -18,14 +18,14 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
 constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
 
 /* Weight formats of k_gemv: bf16 rows, or Q8_0 (int8 quants [m, k] plus one float16 scale per
- * 32 weights, [m, k / 32]: GGUF's Q8_0 blocks split into two arrays) with float32 activations
- * (GEMV_Q8: each weight converted to float) or with the activations quantized to int8 per
- * 32-element block (GEMV_Q8_ACT: dp4a integer dot products, as the CPU's LM_Q8_0_INT8 path and
- * llama.cpp's MMVQ). A lane loads 16 bytes of a row at a time: EL = 8 bf16 or 16 int8 weights; a
+ * 32 weights, [m, k / 32]: GGUF's Q8_0 blocks split into two arrays) with the activations
+ * quantized to int8 per 32-element block (dp4a integer dot products, as the CPU's LM_Q8_0_INT8
+ * path and llama.cpp's MMVQ; v11 measured converting each weight to float instead slower than
+ * the bf16 copy). A lane loads 16 bytes of a row at a time: EL = 8 bf16 or 16 int8 weights; a
  * warp covers a chunk of CH = 32 * EL. */
-enum { GEMV_BF16, GEMV_Q8, GEMV_Q8_ACT };
+enum { GEMV_BF16, GEMV_Q8 };
 template <int F> struct gemv_fmt {
-    static constexpr int EL = F != GEMV_BF16 ? 16 : 8, CH = 32 * EL;
+    static constexpr int EL = F == GEMV_Q8 ? 16 : 8, CH = 32 * EL;
 };
 
 /* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
@@ -36,13 +36,6 @@ __device__ __forceinline__ int gemv_slot(int k) {
     constexpr int CH = 32 * EL;
     const int e = k % CH;
     return (k - e) + ((e >> 2) % (EL / 4)) * 128 + (e / EL) * 4 + (e & 3);
-}
-
-/* Weight i (0..3) of a word of 4 int8 quants, as float: the byte's offset binary (q + 128)
- * placed in the mantissa of 2^23, minus 2^23 + 128 (exact; one PRMT and one FADD a weight,
- * cheaper than I2F's quarter-rate conversion). */
-__device__ __forceinline__ float q8_at(uint32_t ob, int i) {
-    return __fsub_rn(__uint_as_float(__byte_perm(ob, 0x4B000000u, 0x7540 | i)), 8388736.0f);
 }
 
 /* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
@@ -85,8 +78,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
            unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
-    constexpr bool Q8 = F != GEMV_BF16, QA = F == GEMV_Q8_ACT;
-    constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH, NF4 = EL / 4;
+    constexpr bool Q8 = F == GEMV_Q8;
+    constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float ss_part[T][GEMV_WARPS]; /* each warp's share of a row's sum of squares */
@@ -180,14 +173,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             if (lane == 0) ss_part[t][warp] = w;
         }
     __syncthreads();
-    /* GEMV_Q8_ACT: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
+    /* GEMV_Q8: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
      * rounding with float32 scales (backend/cpu/quant.h lm_q8_0_quantize_act): amax, d = amax /
      * 127, q = roundf(x * (1 / d)). One thread a lane slot of 16 elements; the two slots of a
      * block share their amax through one shuffle. xq: [T][nch][32 lanes] uint4 (a lane's 16
      * quants of a chunk), xd: [T][nch][16] scales. Slots come in whole warps (32 a chunk). */
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
-    if constexpr (QA) {
+    if constexpr (Q8) {
         const int slots = T * nch * 32;
         for (int s0 = 0; s0 < slots; s0 += GEMV_THREADS) {
             const int si = s0 + threadIdx.x, tc = si >> 5, l = si & 31;
@@ -243,7 +236,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u;
-                if (c < nch && QA) {
+                if (c >= nch) continue;
+                if constexpr (Q8) {
                     uint4 xv[T];
                     float dx[T];
 #pragma unroll
@@ -254,7 +248,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         const uint4 q = wv[u][r];
-                        const float dw = __half2float(__ushort_as_half(sc[Q8 ? u : 0][Q8 ? r : 0]));
+                        const float dw = __half2float(__ushort_as_half(sc[u][r]));
 #pragma unroll
                         for (int t = 0; t < T; t++) {
                             /* The half block's integer dot product (exact), then scaled into the
@@ -266,36 +260,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                             acc[t][r] = fmaf(__fmul_rn(dw, dx[t]), __int2float_rn(sdot), acc[t][r]);
                         }
                     }
-                } else if (c < nch && Q8) {
-                    float4 xq[T][NF4];
-#pragma unroll
-                    for (int t = 0; t < T; t++)
-#pragma unroll
-                        for (int i = 0; i < NF4; i++) xq[t][i] = gemv_smem[(t * Kp >> 2) + c * (CH / 4) + i * 32 + lane];
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        const uint4 q = wv[u][r];
-                        const uint32_t qw[4] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u, q.z ^ 0x80808080u,
-                                                q.w ^ 0x80808080u};
-                        float f[16];
-#pragma unroll
-                        for (int i = 0; i < 16; i++) f[i] = q8_at(qw[i >> 2], i & 3);
-                        const float d = __half2float(__ushort_as_half(sc[Q8 ? u : 0][Q8 ? r : 0]));
-#pragma unroll
-                        for (int t = 0; t < T; t++) {
-                            /* The half block's dot product, then scaled into the row's sum. */
-                            float p = 0.f;
-#pragma unroll
-                            for (int i = 0; i < NF4; i++) {
-                                p = fmaf(f[4 * i + 0], xq[t][i].x, p);
-                                p = fmaf(f[4 * i + 1], xq[t][i].y, p);
-                                p = fmaf(f[4 * i + 2], xq[t][i].z, p);
-                                p = fmaf(f[4 * i + 3], xq[t][i].w, p);
-                            }
-                            acc[t][r] = fmaf(d, p, acc[t][r]);
-                        }
-                    }
-                } else if (c < nch) {
+                } else {
                     float4 xa[T], xb[T];
 #pragma unroll
                     for (int t = 0; t < T; t++) {
@@ -352,12 +317,13 @@ constexpr int gemv_u() {
     return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
 }
 
-/* Dynamic shared memory of k_gemv in format f: T float32 activation rows of k rounded up to whole
- * chunks; GEMV_Q8_ACT adds their int8 quants and a float32 scale per 32. */
-inline size_t gemv_smem_bytes(int T, int k, int f) {
-    const int ch = f != GEMV_BF16 ? 512 : 256;
+/* Dynamic shared memory of k_gemv in format F: T float32 activation rows of k rounded up to whole
+ * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32. */
+template <int F>
+size_t gemv_smem_bytes(int T, int k) {
+    constexpr int ch = gemv_fmt<F>::CH;
     const size_t kp = (size_t)(k + ch - 1) / ch * ch;
-    return (size_t)T * kp * sizeof(float) + (f == GEMV_Q8_ACT ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
+    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
 }
 
 /* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
@@ -370,7 +336,7 @@ template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           gemv_w w, int k, int m, const float *nw, float eps) {
     auto fn = k_gemv<T, R, U, EPI, F>;
-    const size_t smem = gemv_smem_bytes(T, k, F);
+    const size_t smem = gemv_smem_bytes<F>(T, k);
     const int n_rg = (m + R - 1) / R;
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
@@ -428,9 +394,9 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
     /* Q8_0 rows are half the bytes: 4 rows a warp where that still gives every multiprocessor a
      * block keeps as many bytes in flight a warp as bf16's 2 (v11: at 2 rows, gate/up and the
      * lm_head, whose warps loop over several row groups, were slower than bf16). */
-    if (F != GEMV_BF16 && !c->gemv_rows && m >= 4 * GEMV_WARPS * c->sm_count) R = 4;
+    if (F == GEMV_Q8 && !c->gemv_rows && m >= 4 * GEMV_WARPS * c->sm_count) R = 4;
     /* Activation rows per launch: at most 8, and few enough for 200 KiB of shared memory. */
-    int per = (int)(200 * 1024 / gemv_smem_bytes(1, k, F));
+    int per = (int)(200 * 1024 / gemv_smem_bytes<F>(1, k));
     if (per < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: k = %d is too large", k);
     if (per > 8) per = 8;
     for (int t0 = 0; t0 < n; t0 += per) {
@@ -475,8 +441,7 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
                          "CUDA gemv (Q8_0): [%d, %d] x [%d, %d]^T: k must be a positive multiple of "
                          "32 (whole Q8_0 blocks), the quants 16-byte and the scales 2-byte aligned",
                          n, k, m, k);
-    return c->q8_act ? gemv_run<GEMV_Q8_ACT>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi)
-                     : gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
+    return gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
 }
 
 extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {

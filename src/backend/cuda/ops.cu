@@ -132,7 +132,6 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->sm_count = info.sm_count;
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
-    c->q8_act = true;
     c->attn_dec = p.attn_dec;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -167,7 +166,6 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
-extern "C" void lm_cuda_ctx_set_q8_act(struct lm_cuda_ctx *c, bool on) { c->q8_act = on; }
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }

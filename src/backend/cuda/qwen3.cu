@@ -177,10 +177,7 @@ static lm_status upload_matrix(lm_cuda_qwen3 *m, dmat *out, const lm_cuda_matrix
     if (!host) return lm_errorf(LM_ERR_NOMEM, "CUDA qwen3: %s: out of host memory", name);
     int row0 = 0;
     for (int i = 0; i < n; i++) {
-        if (interleave)
-            to_bf16_rows(host, parts[i], i, n);
-        else
-            to_bf16_rows(host, parts[i], row0, 1);
+        to_bf16_rows(host, parts[i], interleave ? i : row0, interleave ? n : 1);
         row0 += parts[i].rows;
     }
     lm_status rc = dev_alloc_t(m, &out->bf, (size_t)rows * cols);
@@ -305,10 +302,9 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     snprintf(m->device_name, sizeof m->device_name, "%s", info.name);
 
     /* Weights. */
-    /* Q8_0 checkpoints keep their quants for the GEMV; LM_CUDA_Q8=0 reads the bf16 copy instead
-     * (for A/B measurements). Q8_0 needs whole blocks in every row (hidden, q width and
-     * intermediate multiples of 32). */
-    m->q8 = lm_cuda_q8_enabled() && m->H % 32 == 0 && m->Q % 32 == 0 && m->I % 32 == 0;
+    /* Q8_0 checkpoints keep their quants for the GEMV (upload_matrix has checked that their rows
+     * are whole blocks); LM_CUDA_Q8=0 reads the bf16 copy instead (for A/B measurements). */
+    m->q8 = lm_cuda_q8_enabled();
     m->q8_use = true;
     if (!w->embed_tokens.data || w->embed_tokens.rows != c.vocab || w->embed_tokens.cols != c.hidden)
         return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: embed_tokens must be [%d, %d]", c.vocab, c.hidden);
@@ -740,11 +736,11 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
                                                 double *us, double *bytes) {
     lm_cuda_ctx *c = m->ctx;
     if (n < 1 || n > 8 || n > m->p.max_tokens) return lm_errorf(LM_ERR_RANGE, "bench_linear: n = %d", n);
-    const double rows_cols[5] = {(double)m->QKV * m->H, (double)m->H * m->Q, 2.0 * m->I * m->H,
-                                 (double)m->H * m->I, (double)m->V * m->H};
+    const size_t rows[5] = {(size_t)m->QKV, (size_t)m->H, 2 * (size_t)m->I, (size_t)m->H, (size_t)m->V};
+    const size_t cols[5] = {(size_t)m->H, (size_t)m->Q, (size_t)m->H, (size_t)m->I, (size_t)m->H};
     const dmat *wm[5] = {&m->layers[0].wqkv, &m->layers[0].wo, &m->layers[0].wgu, &m->layers[0].wd, &m->lm_head};
     const int wi = what < 0 ? 0 : what;
-    *bytes = what <= 4 ? (wm[wi]->q ? 17.0 / 16 : 2.0) * rows_cols[wi] : 0;
+    *bytes = what <= 4 ? (double)gemv_bytes(*wm[wi], rows[wi], cols[wi]) : 0;
     const int launches = what >= 4 ? 8 : m->NL;
     /* Inputs must be finite: fill the activations the kernels read with small values. */
     if (what <= 4) {
