@@ -15,35 +15,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/buf.h"
 #include "check.h"
+#include "cli.h"
 
 static char g_dir[64];
 
-/* Runs `cmd` through the shell with stdout into *out and stderr into *err (both replaced);
- * returns the exit status (-1 when it did not exit). */
 static int run(const char *cmd, struct lm_buf *out, struct lm_buf *err) {
-    char full[2048], errpath[128], line[4096];
-    snprintf(errpath, sizeof errpath, "%s/stderr.txt", g_dir);
-    snprintf(full, sizeof full, "%s 2>'%s'", cmd, errpath);
-    lm_buf_reset(out);
-    lm_buf_reset(err);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t k;
-    while ((k = fread(line, 1, sizeof line, p)) > 0)
-        lm_buf_append(out, line, k);
-    int status = pclose(p);
-    FILE *f = fopen(errpath, "r");
-    while (f && (k = fread(line, 1, sizeof line, f)) > 0)
-        lm_buf_append(err, line, k);
-    if (f) fclose(f);
-    lm_buf_puts(out, "");
-    lm_buf_puts(err, "");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return cli_run(g_dir, cmd, out, err);
 }
 
 /* The screen columns of the '|' characters of one line (UTF-8: one column per code point);
@@ -189,11 +170,5 @@ int main(void) {
 
     lm_buf_free(&out);
     lm_buf_free(&err);
-    if (!g_check_failures) {
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-    } else {
-        fprintf(stderr, "files kept in %s\n", g_dir);
-    }
-    return check_exit("test_perf");
+    return cli_finish(g_dir, "test_perf");
 }

@@ -31,11 +31,12 @@ static void usage(FILE *f) {
             "template (generation prompt added) and the reply text is printed as it is produced,\n"
             "followed by a newline.\n"
             "With --ids: stdin holds the prompt as a JSON array of token ids, and the generated ids\n"
-            "are printed as a JSON array (EOS not included).\n"
+            "are printed as a JSON array (EOS not included); no tokenizer is needed.\n"
             "Generation stops at an EOS id of the model (generation_config.json), or after N tokens.\n\n"
             "  --model PATH           model directory (config.json, model.safetensors, ...) or a\n"
             "                         GGUF file (lumen build, or llama.cpp's converter)\n"
             "  --tokenizer DIR        take tokenizer.json and tokenizer_config.json from DIR\n"
+            "                         (optional with --ids)\n"
             "  --ids                  prompt and output as JSON arrays of token ids\n"
             "  -n, --max-tokens N     generate at most N tokens (default 256)\n"
             "  --greedy               argmax decoding (the same as --temperature 0)\n"
@@ -215,8 +216,12 @@ int lm_cmd_run(int argc, char **argv) {
     op.tokenizer_dir = a.tokdir;
     op.n_threads = a.threads;
     op.device = a.device;
+    op.tokenizer_optional = a.ids_mode; /* ids in, ids out */
     struct lm_model *m = NULL;
     if (lm_model_open(a.model, &op, &m)) return lm_cmd_fail("run", "cannot open the model");
+    if (!lm_model_tokenizer(m))
+        fprintf(stderr, "lumen run: %s has no tokenizer.json: ids only (a text prompt and reply "
+                "need one: --tokenizer DIR)\n", a.model);
 
     struct lm_ids prompt = {0};
     struct lm_seq *seq = NULL;

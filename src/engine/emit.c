@@ -9,7 +9,7 @@ void lm_emitter_init(struct lm_emitter *e, const struct lm_tokenizer *tok, const
     e->stop = stop;
     e->n_stop = stop ? n_stop : 0;
     lm_detok_init(&e->detok, tok, true);
-    e->n_tok = lm_tokenizer_vocab_size(tok);
+    e->n_tok = tok ? lm_tokenizer_vocab_size(tok) : 0; /* no tokenizer: no id has text */
     e->text = text;
     e->on_text = on_text;
     e->ctx = ctx;

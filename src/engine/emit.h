@@ -36,7 +36,8 @@ struct lm_emitter {
     bool cancelled; /* the callback returned false */
 };
 
-/* `tok`, `stop` and `text` are borrowed for the emitter's life. */
+/* `tok`, `stop` and `text` are borrowed for the emitter's life. `tok` may be NULL (a model opened
+ * without a tokenizer): then no id has text and nothing is released. */
 void lm_emitter_init(struct lm_emitter *e, const struct lm_tokenizer *tok, const char *const *stop,
                      size_t n_stop, struct lm_buf *text, lm_gen_text_fn on_text, void *ctx);
 void lm_emitter_free(struct lm_emitter *e); /* accepts a zeroed struct */

@@ -62,7 +62,8 @@ struct lm_gen_result {
 };
 void lm_gen_result_free(struct lm_gen_result *r);
 
-/* Runs the request on `seq` (which is truncated to empty first). The callback may be NULL.
+/* Runs the request on `seq` (which is truncated to empty first). The callback may be NULL. A
+ * model opened without a tokenizer generates ids only (no text; stop strings never match).
  * LM_ERR_RANGE when prompt + max_tokens exceeds the sequence capacity (message gives numbers). */
 lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_gen_request *req,
                       lm_gen_text_fn on_text, void *ctx, struct lm_gen_result *out);

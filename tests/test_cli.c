@@ -1,0 +1,72 @@
+/* test_cli.c: the `lumen` CLI's shared behaviour, as a user runs it (the built binary, through
+ * popen).
+ *
+ * Checked: `lumen run --ids` on a model folder without tokenizer.json generates the reference
+ * greedy ids (transformers, tests/data/fixtures/tiny_qwen3_reference) and says on stderr that text
+ * needs a tokenizer, while a text prompt on that folder is still an error naming tokenizer.json.
+ * LM_LABEL: model */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "check.h"
+#include "cli.h"
+
+static char g_dir[64];
+
+static int run(const char *cmd, struct lm_buf *out, struct lm_buf *err) {
+    return cli_run(g_dir, cmd, out, err);
+}
+
+/* `lumen run --ids` without a tokenizer: the first reference case's greedy ids. */
+static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/notok' && cp '%s/config.json' '%s/generation_config.json' "
+             "'%s/model.safetensors' '%s/notok/'",
+             g_dir, TINY_MODEL, TINY_MODEL, TINY_MODEL, g_dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+
+    json_error_t je;
+    FILE *f = fopen(TEST_DATA("fixtures/tiny_qwen3_reference/cases.jsonl"), "r");
+    json_t *c = f ? json_loadf(f, JSON_DISABLE_EOF_CHECK, &je) : NULL;
+    if (f) fclose(f);
+    json_t *prompt = json_object_get(c, "prompt_ids"), *greedy = json_object_get(c, "greedy_ids");
+    CHECK(json_array_size(prompt) && json_array_size(greedy), "the first reference case");
+    char *prompt_s = json_dumps(prompt, JSON_COMPACT), *greedy_s = json_dumps(greedy, JSON_COMPACT);
+    if (!prompt_s || !greedy_s) goto done;
+
+    snprintf(cmd, sizeof cmd,
+             "echo '%s' | '%s' run --model '%s/notok' --ids --greedy --ignore-eos -n %zu --threads 1",
+             prompt_s, LM_LUMEN_BIN, g_dir, json_array_size(greedy));
+    int rc = run(cmd, out, err);
+    CHECK(rc == 0 && !strncmp(out->p, greedy_s, strlen(greedy_s)) && !strcmp(out->p + strlen(greedy_s), "\n"),
+          "run --ids without tokenizer.json: rc %d, want %s\nstdout: %s\nstderr: %s", rc, greedy_s,
+          out->p, err->p);
+    CHECK(strstr(err->p, "has no tokenizer.json") && strstr(err->p, "--tokenizer DIR"),
+          "run --ids without tokenizer.json says that text needs one: %s", err->p);
+
+    snprintf(cmd, sizeof cmd, "'%s' run --model '%s/notok' -n 2 --threads 1 Hi", LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 1 && strstr(err->p, "no tokenizer.json"),
+          "run with a text prompt and no tokenizer.json: rc %d, stderr: %s", rc, err->p);
+done:
+    free(prompt_s);
+    free(greedy_s);
+    json_decref(c);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/lm_test_cli_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        fprintf(stderr, "mkdtemp failed\n");
+        return 1;
+    }
+    struct lm_buf out = {0}, err = {0};
+    run_ids_without_tokenizer(&out, &err);
+    lm_buf_free(&out);
+    lm_buf_free(&err);
+    return cli_finish(g_dir, "test_cli");
+}
