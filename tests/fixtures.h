@@ -1,7 +1,8 @@
 /* fixtures.h: helpers shared by tests/test_*.c (beside check.h).
  *   - only where TEST_RNG_SEED is defined before this is included: frand/fill, a xorshift64
  *     generator (uniform in [-1, 1)) starting from that seed, and rel_err (max |a - b| / max |b|);
- *   - argmax, rel_norm (||a - ref|| / ||ref||) and last_logits (one forward pass of the model);
+ *   - argmax, rel_norm (||a - ref|| / ||ref||), kl (KL divergence of two logit rows' softmaxes)
+ *     and last_logits (one forward pass of the model);
  *   - the reference cases of the tiny checkpoint (REF_DIR "cases.jsonl": transformers, float64):
  *     ref_cases_load / ref_cases_free; open_tiny_model.
  * Every function is static inline: a test links only the libraries of what it calls. */
@@ -65,6 +66,18 @@ static inline double rel_norm(const float *a, const float *ref, int n) {
         den += (double)ref[i] * ref[i];
     }
     return sqrt(num / den);
+}
+
+/* KL(p || q) of the softmaxes of two logit rows, in nats. */
+static inline double kl(const float *p, const float *q, int n) {
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, p[i]), mq = fmax(mq, q[i]);
+    for (int i = 0; i < n; i++) sp += exp(p[i] - mp), sq += exp(q[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - log(sp), lq = q[i] - mq - log(sq);
+        k += exp(lp) * (lp - lq);
+    }
+    return k;
 }
 
 /* The last position's logits of `ids` in one forward call (caller frees). */

@@ -6,7 +6,8 @@
  * checked against float64 math and known values. The targets that ran are printed, and the run
  * chooses the same one lm_cpu_ops_fast() does. The int8 path of Q8_0 weights (ops.h,
  * LM_Q8_0_INT8): the activation quantizer and the matmul give the reference's bits at odd sizes
- * (k a multiple of 32, odd m and n, every tile shape), row-major and packed.
+ * (k a multiple of 32, odd m and n, every tile shape), row-major and packed. The bf16 path of
+ * bfloat16 weights (ops.h, LM_BF16_ACT) likewise, on every target.
  * LM_LINK: lm_backend lm_base */
 #include <math.h>
 #include <stdatomic.h>
@@ -76,6 +77,8 @@ static void test_conversions(const struct lm_cpu_ops *f) {
 
 static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
     const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
+    const enum lm_bf16_path saved = lm_cpu_bf16_path(); /* the float32 chain for every dtype */
+    lm_cpu_set_bf16_path(LM_BF16_F32);
     const int ks[] = {37, 8, 16, 64, 130, 1000}, ms[] = {129, 5, 64, 300};
     const int ns[] = {1, 3, 17, 2, 4, 100};
     double worst = 0;
@@ -124,6 +127,62 @@ static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
                     free(x), free(w), free(wf), free(y1), free(y2), free(wt), free(wp);
                 }
     fprintf(stderr, "matmul (%s, %d threads): max rel err %.3g\n", f->name, lm_pool_size(pool), worst);
+    lm_cpu_set_bf16_path(saved);
+}
+
+/* The bf16 path of bfloat16 weights (ops.h, LM_BF16_ACT): the activation rounding against its
+ * definition, the scalar reference against float64 over the rounded activations, and every
+ * target's matmul against the reference bit for bit (odd k: the last column alone; every tile
+ * shape and the panels; row-major and packed). */
+static void test_bf16_act(struct lm_pool *pool, const struct lm_cpu_ops *f) {
+    const struct lm_cpu_ops *s = lm_cpu_ops_scalar();
+    const enum lm_bf16_path saved = lm_cpu_bf16_path();
+    lm_cpu_set_bf16_path(LM_BF16_ACT);
+    CHECK(lm_f32_to_bf16_act(1.0f + ldexpf(3, -8)) == 0x3f82, "bf16 act: ties to even");
+    CHECK(lm_f32_to_bf16_act(ldexpf(1, -130)) == 0x0000, "bf16 act: a subnormal is +0");
+    CHECK(lm_f32_to_bf16_act(-ldexpf(1, -130)) == 0x8000, "bf16 act: a negative subnormal is -0");
+    CHECK(lm_f32_to_bf16_act(ldexpf(1, -126)) == 0x0080, "bf16 act: the smallest normal stays");
+    CHECK(isnan(lm_bf16_to_f32(lm_f32_to_bf16_act(NAN))), "bf16 act: NaN stays NaN");
+    const int ks[] = {37, 8, 1, 64, 131, 1024}, ms[] = {129, 5, 64, 300};
+    const int ns[] = {1, 2, 3, 17, 4, 7, 24, 100};
+    double worst = 0;
+    for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int k = ks[ki], m = ms[mi], n = ns[ni];
+                float *x = malloc(sizeof(float) * n * k), *w = malloc(sizeof(float) * m * k);
+                float *wf = malloc(sizeof(float) * m * k);
+                float *y1 = malloc(sizeof(float) * n * m), *y2 = malloc(sizeof(float) * n * m);
+                fill(x, (long)n * k, 2.0f);
+                fill(w, (long)m * k, 0.5f);
+                void *wt = make_weights(LM_DTYPE_BF16, w, (long)m * k, wf);
+                s->matmul(NULL, y1, x, wt, LM_DTYPE_BF16, n, k, m);
+                double e64 = 0, mx = 0;
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < m; j++) {
+                        double acc = 0;
+                        for (int l = 0; l < k; l++)
+                            acc += (double)lm_bf16_to_f32(lm_f32_to_bf16_act(x[i * k + l])) * wf[j * k + l];
+                        e64 = fmax(e64, fabs(acc - y1[i * m + j]));
+                        mx = fmax(mx, fabs(acc));
+                    }
+                CHECK(e64 <= 1e-5 * mx, "bf16 act: scalar vs float64: %g (max %g) k=%d m=%d n=%d", e64, mx, k,
+                      m, n);
+                memset(y2, 0xff, sizeof(float) * n * m);
+                f->matmul(pool, y2, x, wt, LM_DTYPE_BF16, n, k, m);
+                worst = fmax(worst, rel_err(y2, y1, (long)n * m));
+                CHECK(!memcmp(y1, y2, sizeof(float) * n * m), "bf16 act %s k=%d m=%d n=%d: not the reference's "
+                      "bits (rel err %g)", f->name, k, m, n, rel_err(y2, y1, (long)n * m));
+                void *wp = malloc(lm_cpu_packed_bytes(LM_DTYPE_BF16, m, k));
+                lm_cpu_pack(wp, wt, LM_DTYPE_BF16, m, k);
+                memset(y2, 0xff, sizeof(float) * n * m);
+                f->matmul(pool, y2, x, wp, lm_dtype_packed(LM_DTYPE_BF16), n, k, m);
+                CHECK(!memcmp(y1, y2, sizeof(float) * n * m), "bf16 act %s packed k=%d m=%d n=%d: not the "
+                      "reference's bits (rel err %g)", f->name, k, m, n, rel_err(y2, y1, (long)n * m));
+                free(x), free(w), free(wf), free(y1), free(y2), free(wt), free(wp);
+            }
+    fprintf(stderr, "bf16 act matmul (%s, %d threads): max rel err %.3g\n", f->name, lm_pool_size(pool), worst);
+    lm_cpu_set_bf16_path(saved);
 }
 
 /* The int8 Q8_0 path: quantizer and matmul against the scalar references, bit for bit. */
@@ -393,6 +452,7 @@ int main(void) {
             lm_pool_create(nt, &pool);
             test_matmul(pool, f);
             test_q8_0_int8(pool, f);
+            test_bf16_act(pool, f);
             test_rmsnorm(pool, f);
             test_rope(pool, f);
             test_swiglu_softmax(pool, f);

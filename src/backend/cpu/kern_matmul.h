@@ -107,12 +107,15 @@ ALWAYS_INLINE void store_group(float *y, const vf *acc, int valid) {
 
 #define DEFINE_TILE(SUF, WT, COL)                                                                \
     ALWAYS_INLINE void tile_##SUF(const int NG, const int T, float *y, long ldy, const float *x, \
-                                  long ldx, int k, const WT *w, long gs, int valid) {            \
+                                  long ldx, int k, const WT *w, long gs, int valid, const int P) { \
         vf acc[4][6][NV];                                                                        \
         _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
             _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] = V_ZERO();    \
-        for (long l = 0; l < k; l++) {                                                           \
+        for (long l2 = 0; l2 < k; l2 += P ? 2 : 1) {                                             \
+        for (int s = 0; s < (P ? 2 : 1); s++) { /* constant trip count: unrolled */              \
+            const long l = P ? l2 + 1 - s : l2; /* pair order: the odd column first */            \
+            if (l >= k) continue;                /* an odd k's last column: alone */              \
             if (NG == 1) { /* many tokens: broadcast each as it is used (registers) */           \
                 vf c[NV];                                                                        \
                 COL(c, w, l);                                                                    \
@@ -133,6 +136,7 @@ ALWAYS_INLINE void store_group(float *y, const vf *acc, int valid) {
                     _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][t][v] =          \
                         V_FMA(c[v], xb[t], acc[i][t][v]);                                        \
             }                                                                                    \
+        }                                                                                        \
         }                                                                                        \
         _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)                                     \
             _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                  \
@@ -166,7 +170,8 @@ ALWAYS_INLINE void col_q8(vf *o, const unsigned char *p, const int c4) {
 /* Q8_0: per block of 32 columns the groups' 16 scales are widened once; column l's weights are
  * then q * d (exact) before the same fma. */
 ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, const float *x,
-                             long ldx, int k, const unsigned char *w, long gs, int valid) {
+                             long ldx, int k, const unsigned char *w, long gs, int valid, const int P) {
+    (void)P; /* no pair order for Q8_0 */
     vf acc[4][6][NV];
     _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
         _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
@@ -206,27 +211,29 @@ ALWAYS_INLINE void tile_q8_0(const int NG, const int T, float *y, long ldy, cons
             store_group(y + t * ldy + i * G, acc[i][t], i == NG - 1 ? valid : G);
 }
 
-#define TILE_CASE(SUF, NG, T)                                                                    \
-    case NG * 8 + T: tile_##SUF(NG, T, y, ldy, x, ldx, k, w, gs, valid); break;
+#define TILE_CASE(SUF, NG, T, P)                                                                 \
+    case NG * 8 + T: tile_##SUF(NG, T, y, ldy, x, ldx, k, w, gs, valid, P); break;
 #if MK_T > 3
-#define TILE_CASES_WIDE(SUF) TILE_CASE(SUF, 1, 4) TILE_CASE(SUF, 1, 5) TILE_CASE(SUF, 1, 6)
+#define TILE_CASES_WIDE(SUF, P) TILE_CASE(SUF, 1, 4, P) TILE_CASE(SUF, 1, 5, P) TILE_CASE(SUF, 1, 6, P)
 #else
-#define TILE_CASES_WIDE(SUF)
+#define TILE_CASES_WIDE(SUF, P)
 #endif
-#define DEFINE_TILE_SWITCH(SUF, WT)                                                              \
-    static void tiles_##SUF(int NG, int T, float *y, long ldy, const float *x, long ldx, int k,  \
-                            const WT *w, long gs, int valid) {                                   \
+/* NAME: every tile shape of tile_<SUF>, with the pair order P (0 or 1: the bf16 path). */
+#define DEFINE_TILE_SWITCH(NAME, SUF, WT, P)                                                     \
+    static void NAME(int NG, int T, float *y, long ldy, const float *x, long ldx, int k,         \
+                     const WT *w, long gs, int valid) {                                          \
         switch (NG * 8 + T) {                                                                    \
-            TILE_CASE(SUF, 1, 1) TILE_CASE(SUF, 2, 1) TILE_CASE(SUF, 3, 1) TILE_CASE(SUF, 4, 1)  \
-            TILE_CASE(SUF, 1, 2) TILE_CASE(SUF, 2, 2) TILE_CASE(SUF, 1, 3) TILE_CASE(SUF, 2, 3)  \
-            TILE_CASES_WIDE(SUF)                                                                 \
+            TILE_CASE(SUF, 1, 1, P) TILE_CASE(SUF, 2, 1, P) TILE_CASE(SUF, 3, 1, P)               \
+            TILE_CASE(SUF, 4, 1, P) TILE_CASE(SUF, 1, 2, P) TILE_CASE(SUF, 2, 2, P)               \
+            TILE_CASE(SUF, 1, 3, P) TILE_CASE(SUF, 2, 3, P) TILE_CASES_WIDE(SUF, P)               \
         default: assert(0 && "tile shape");                                                      \
         }                                                                                        \
     }
-DEFINE_TILE_SWITCH(f32, float)
-DEFINE_TILE_SWITCH(f16, uint16_t)
-DEFINE_TILE_SWITCH(bf16, uint16_t)
-DEFINE_TILE_SWITCH(q8_0, unsigned char)
+DEFINE_TILE_SWITCH(tiles_f32, f32, float, 0)
+DEFINE_TILE_SWITCH(tiles_f16, f16, uint16_t, 0)
+DEFINE_TILE_SWITCH(tiles_bf16, bf16, uint16_t, 0)
+DEFINE_TILE_SWITCH(tiles_bf16p, bf16, uint16_t, 1)
+DEFINE_TILE_SWITCH(tiles_q8_0, q8_0, unsigned char, 0)
 
 /* ---- Q8_0 weights x Q8_0 activations: the int8 path (ops.h, LM_Q8_0_INT8) ----
  *
@@ -444,9 +451,10 @@ static void rows_q8i(float *y, int m, const int8_t *xq, const float *xd, int n, 
         }
 }
 
-/* Groups [g, g + NG) of packed weights for tokens [t, t + T). */
+/* Groups [g, g + NG) of packed weights for tokens [t, t + T); P: the bf16 path's pair order
+ * (x then holds the activations rounded to bfloat16). */
 static void tiles_packed(enum lm_dtype wt, int NG, int T, float *y, int m, const float *x, int k,
-                         const void *w, long g, int t) {
+                         const void *w, long g, int t, int P) {
     const enum lm_dtype base = lm_dtype_unpacked(wt);
     const size_t gb = G * lm_dtype_row_bytes(base, k); /* bytes per group */
     const int valid = m - (int)(g + NG - 1) * G < G ? m - (int)(g + NG - 1) * G : G;
@@ -456,7 +464,9 @@ static void tiles_packed(enum lm_dtype wt, int NG, int T, float *y, int m, const
     switch (base) {
     case LM_DTYPE_F32: tiles_f32(NG, T, yt, m, xt, k, k, (const float *)wg, (long)(gb / 4), valid); break;
     case LM_DTYPE_F16: tiles_f16(NG, T, yt, m, xt, k, k, (const uint16_t *)wg, (long)(gb / 2), valid); break;
-    case LM_DTYPE_BF16: tiles_bf16(NG, T, yt, m, xt, k, k, (const uint16_t *)wg, (long)(gb / 2), valid); break;
+    case LM_DTYPE_BF16:
+        (P ? tiles_bf16p : tiles_bf16)(NG, T, yt, m, xt, k, k, (const uint16_t *)wg, (long)(gb / 2), valid);
+        break;
     case LM_DTYPE_Q8_0: tiles_q8_0(NG, T, yt, m, xt, k, k, wg, (long)gb, valid); break;
     default: assert(0);
     }
@@ -605,13 +615,17 @@ static void rm_tile_t1(int NG, float *y, const float *x, int k, const void *w, e
 }
 #endif
 
-/* The outer-product tile: y[t][16 rows] for T <= MK_T tokens over the panel. */
+/* The outer-product tile: y[t][16 rows] for T <= MK_T tokens over the panel; P: the bf16
+ * path's pair order. */
 ALWAYS_INLINE void mk_tile(const int T, float *y, long ldy, const float *x, long ldx, int k,
-                           const float *pan, int valid) {
+                           const float *pan, int valid, const int P) {
     vf acc[MK_T][NV];
     _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
         _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[t][v] = V_ZERO();
-    for (long l = 0; l < k; l++) {
+    for (long l2 = 0; l2 < k; l2 += P ? 2 : 1) {
+    for (int s = 0; s < (P ? 2 : 1); s++) { /* constant trip count: unrolled */
+        const long l = P ? l2 + 1 - s : l2;
+        if (l >= k) continue;
         vf c[NV];
         col_f32(c, pan, l);
         _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
@@ -619,23 +633,181 @@ ALWAYS_INLINE void mk_tile(const int T, float *y, long ldy, const float *x, long
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[t][v] = V_FMA(c[v], xb, acc[t][v]);
         }
     }
+    }
     _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) store_group(y + t * ldy, acc[t], valid);
 }
 
-static void mk_tiles(int T, float *y, long ldy, const float *x, long ldx, int k, const float *pan,
-                     int valid) {
-    switch (T) {
-    case 1: mk_tile(1, y, ldy, x, ldx, k, pan, valid); break;
-    case 2: mk_tile(2, y, ldy, x, ldx, k, pan, valid); break;
-    case 3: mk_tile(3, y, ldy, x, ldx, k, pan, valid); break;
+#define MK_CASE(T, P) case T: mk_tile(T, y, ldy, x, ldx, k, pan, valid, P); break;
 #if MK_T > 3
-    case 4: mk_tile(4, y, ldy, x, ldx, k, pan, valid); break;
-    case 5: mk_tile(5, y, ldy, x, ldx, k, pan, valid); break;
-    case 6: mk_tile(6, y, ldy, x, ldx, k, pan, valid); break;
+#define MK_CASES(P) MK_CASE(1, P) MK_CASE(2, P) MK_CASE(3, P) MK_CASE(4, P) MK_CASE(5, P) MK_CASE(6, P)
+#else
+#define MK_CASES(P) MK_CASE(1, P) MK_CASE(2, P) MK_CASE(3, P)
 #endif
+static void mk_tiles(int T, float *y, long ldy, const float *x, long ldx, int k, const float *pan,
+                     int valid, int P) {
+    if (P) {
+        switch (T) {
+            MK_CASES(1)
+        default: assert(0);
+        }
+        return;
+    }
+    switch (T) {
+        MK_CASES(0)
     default: assert(0);
     }
 }
+
+/* ---- the bf16 path on AVX512-BF16 (ops.h, LM_BF16_ACT): VDPBF16PS ----
+ *
+ * Activations are rounded to bfloat16 rows once per call ([n][ldxb] uint16, pairs as dwords).
+ * Two packed columns 2p and 2p + 1 of a group are 64 contiguous bytes (each column 16 rows in
+ * the slot order of col_bf16: element e is row e / 2 for even e, 8 + e / 2 for odd e); one
+ * vpermw interleaves them so that 32-bit lane j holds (w[2p], w[2p+1]) of row bf_row(j), and
+ * VDPBF16PS then adds that row's odd product and then its even product to lane j, the chain of
+ * ops.h. The lanes go back to row order once, before the odd last column (a plain FMA) and the
+ * store. */
+#ifdef LM_SIMD_BF16
+#define MKD_T 12 /* tokens per panel tile: 12 accumulators hide VDPBF16PS's latency */
+
+/* Row held by 32-bit lane j after the interleave. */
+static inline int bf_row(int j) { return (j & 1) ? 8 + j / 2 : j / 2; }
+
+ALWAYS_INLINE __m512i bf_pair_idx(void) { /* result element 2j <- element j, 2j + 1 <- 16 + j */
+    return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                            22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+ALWAYS_INLINE __m512i bf_row_idx(void) { /* row r <- lane 2r (r < 8), lane 2(r - 8) + 1 */
+    return _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+}
+/* Columns 2p, 2p + 1 of a packed bf16 group, interleaved. */
+ALWAYS_INLINE __m512bh bf_pair(const uint16_t *g, long p, __m512i idx) {
+    return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_loadu_si512((const void *)(g + 2 * p * G)));
+}
+/* Activation pair p of a bfloat16 row, in every lane. */
+ALWAYS_INLINE __m512bh bf_x2(const uint16_t *xb, long p) {
+    int32_t v;
+    memcpy(&v, xb + 2 * p, 4);
+    return (__m512bh)_mm512_set1_epi32(v);
+}
+/* Lanes back to row order, the odd last column (w16: its 16 rows widened, row order; x: the
+ * token's rounded activation), stored. */
+ALWAYS_INLINE void bf_finish(float *y, __m512 acc, int k, __m512 w16, const uint16_t *xb, int valid) {
+    vf a = _mm512_permutexvar_ps(bf_row_idx(), acc);
+    if (k & 1) a = V_FMA(w16, V_SET1(lm_bf16_to_f32(xb[k - 1])), a);
+    store_group(y, &a, valid);
+}
+
+/* Streaming tile: NG groups (stride gs elements) x T tokens of packed bf16 weights. */
+ALWAYS_INLINE void tile_bfd(const int NG, const int T, float *y, long ldy, const uint16_t *xb, long ldxb,
+                            int k, const uint16_t *w, long gs, int valid) {
+    const __m512i idx = bf_pair_idx();
+    __m512 acc[4][6];
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++)
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) acc[i][t] = V_ZERO();
+    for (long p = 0; p < k / 2; p++) {
+        if (NG == 1) {
+            __m512bh c = bf_pair(w, p, idx);
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) acc[0][t] =
+                _mm512_dpbf16_ps(acc[0][t], c, bf_x2(xb + t * ldxb, p));
+            continue;
+        }
+        __m512bh xv[3];
+        _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) xv[t] = bf_x2(xb + t * ldxb, p);
+        _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
+            __m512bh c = bf_pair(w + i * gs, p, idx);
+            _Pragma("GCC unroll 3") for (int t = 0; t < T && t < 3; t++) acc[i][t] =
+                _mm512_dpbf16_ps(acc[i][t], c, xv[t]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < NG; i++) {
+        vf tail = V_ZERO();
+        if (k & 1) col_bf16(&tail, w + i * gs, k - 1);
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            bf_finish(y + t * ldy + i * G, acc[i][t], k, tail, xb + t * ldxb, i == NG - 1 ? valid : G);
+    }
+}
+
+#define TILE_BFD_CASE(NG, T)                                                                     \
+    case NG * 8 + T: tile_bfd(NG, T, y, ldy, xb, ldxb, k, w, gs, valid); break;
+static void tiles_bfd(int NG, int T, float *y, long ldy, const uint16_t *xb, long ldxb, int k,
+                      const uint16_t *w, long gs, int valid) {
+    switch (NG * 8 + T) {
+        TILE_BFD_CASE(1, 1) TILE_BFD_CASE(2, 1) TILE_BFD_CASE(3, 1) TILE_BFD_CASE(4, 1)
+        TILE_BFD_CASE(1, 2) TILE_BFD_CASE(2, 2) TILE_BFD_CASE(1, 3) TILE_BFD_CASE(2, 3)
+        TILE_BFD_CASE(1, 4) TILE_BFD_CASE(1, 5) TILE_BFD_CASE(1, 6)
+    default: assert(0 && "tile shape");
+    }
+}
+
+/* Bytes of one thread's panel: k / 2 interleaved column pairs of 16 rows, then the odd last
+ * column as 16 float32 (row order). */
+static inline size_t bfd_panel_bytes(int k) { return (size_t)(k / 2) * 64 + 64; }
+
+/* The panel of group g: from packed weights (interleaved as bf_pair does) or row-major ones
+ * (lane j of pair p: the dword (w[r][2p], w[r][2p + 1]) of row r = bf_row(j); rows past m zero). */
+static void bfd_panel(uint16_t *pan, const void *w, enum lm_dtype wt, long g, int m, int k) {
+    float *tail = (float *)(pan + (size_t)(k / 2) * 32);
+    if (lm_dtype_is_packed(wt)) {
+        const uint16_t *gp = (const uint16_t *)w + (size_t)g * G * (size_t)k;
+        const __m512i idx = bf_pair_idx();
+        for (long p = 0; p < k / 2; p++) _mm512_storeu_si512((void *)(pan + p * 32), (__m512i)bf_pair(gp, p, idx));
+        if (k & 1) {
+            vf c;
+            col_bf16(&c, gp, k - 1);
+            V_STORE(tail, c);
+        }
+        return;
+    }
+    const uint16_t *wr = (const uint16_t *)w;
+    for (int j = 0; j < G; j++) {
+        const long r = g * G + bf_row(j);
+        for (long p = 0; p < k / 2; p++) {
+            pan[p * 32 + 2 * j] = r < m ? wr[r * k + 2 * p] : 0;
+            pan[p * 32 + 2 * j + 1] = r < m ? wr[r * k + 2 * p + 1] : 0;
+        }
+    }
+    for (int j = 0; j < G; j++) tail[j] = (k & 1) && g * G + j < m ? lm_bf16_to_f32(wr[(g * G + j) * k + k - 1]) : 0.0f;
+}
+
+/* The panel tile: y[t][16 rows] for T <= MKD_T tokens. */
+ALWAYS_INLINE void mkd_tile(const int T, float *y, long ldy, const uint16_t *xb, long ldxb, int k,
+                            const uint16_t *pan, int valid) {
+    __m512 acc[MKD_T];
+    _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) acc[t] = V_ZERO();
+    for (long p = 0; p < k / 2; p++) {
+        __m512bh c = (__m512bh)_mm512_loadu_si512((const void *)(pan + p * 32));
+        _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) acc[t] =
+            _mm512_dpbf16_ps(acc[t], c, bf_x2(xb + t * ldxb, p));
+    }
+    const vf tail = V_LOAD((const float *)(pan + (size_t)(k / 2) * 32));
+    _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) bf_finish(y + t * ldy, acc[t], k, tail, xb + t * ldxb, valid);
+}
+
+#define MKD_CASE(T) case T: mkd_tile(T, y, ldy, xb, ldxb, k, pan, valid); break;
+static void mkd_tiles(int T, float *y, long ldy, const uint16_t *xb, long ldxb, int k, const uint16_t *pan,
+                      int valid) {
+    switch (T) {
+        MKD_CASE(1) MKD_CASE(2) MKD_CASE(3) MKD_CASE(4) MKD_CASE(5) MKD_CASE(6)
+        MKD_CASE(7) MKD_CASE(8) MKD_CASE(9) MKD_CASE(10) MKD_CASE(11) MKD_CASE(12)
+    default: assert(0);
+    }
+}
+
+/* Row x[0..k) rounded to bfloat16 (lm_f32_to_bf16_act: VCVTNE2PS2BF16's rounding). */
+static void bf_round_row(const float *x, uint16_t *xb, int k) {
+    int l = 0;
+    for (; l + 32 <= k; l += 32)
+        _mm512_storeu_si512((void *)(xb + l),
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + l + 16), _mm512_loadu_ps(x + l)));
+    for (; l < k; l++) xb[l] = lm_f32_to_bf16_act(x[l]);
+}
+#else
+/* Row x[0..k) rounded to bfloat16 and widened back (the FMA targets' bf16 path). */
+static void bf_round_row(const float *x, float *xr, int k) {
+    for (int l = 0; l < k; l++) xr[l] = lm_bf16_to_f32(lm_f32_to_bf16_act(x[l]));
+}
+#endif
 
 /* ---- driver ---- */
 
@@ -649,6 +821,9 @@ struct mm_args {
     float *scratch; /* panels: one [k][16] panel per thread (int8 path: one packed group) */
     const int8_t *xq; /* the int8 path (Q8_0 weights): x quantized, [n][k] */
     const float *xd;  /* and its block scales, [n][k / 32] */
+    int pairs;        /* the bf16 path on FMAs: x holds bfloat16 values, pair order */
+    const uint16_t *xb; /* the bf16 path on VDPBF16PS: x rounded, [n][ldxb] */
+    long ldxb;
     long chunk;     /* groups a thread takes at a time */
     atomic_long next; /* the first group nobody has taken */
 };
@@ -679,15 +854,40 @@ static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
         }
         return;
     }
+#ifdef LM_SIMD_BF16
+    if (a->xb) { /* bf16 weights, bf16 path: VDPBF16PS */
+        const long gs = G * (long)k;
+        if (!a->panels) {
+            const int ng = n == 1 ? 4 : n == 2 ? 2 : 1, tt = n <= 2 ? n : 6;
+            for (long g = g0; g < g1; g += ng) {
+                const int NG = g1 - g < ng ? (int)(g1 - g) : ng;
+                const int valid = m - (int)(g + NG - 1) * G < G ? m - (int)(g + NG - 1) * G : G;
+                for (int t = 0; t < n; t += tt)
+                    tiles_bfd(NG, n - t < tt ? n - t : tt, a->y + (long)t * m + g * G, m, a->xb + t * a->ldxb,
+                              a->ldxb, k, (const uint16_t *)a->w + g * gs, gs, valid);
+            }
+            return;
+        }
+        uint16_t *pan = (uint16_t *)((char *)a->scratch + (size_t)ith * bfd_panel_bytes(k));
+        for (long g = g0; g < g1; g++) {
+            const int valid = m - (int)g * G < G ? m - (int)g * G : G;
+            bfd_panel(pan, a->w, a->wt, g, m, k);
+            for (int t = 0; t < n; t += MKD_T)
+                mkd_tiles(n - t < MKD_T ? n - t : MKD_T, a->y + (long)t * m + g * G, m, a->xb + t * a->ldxb,
+                          a->ldxb, k, pan, valid);
+        }
+        return;
+    }
+#endif
 #ifdef SIMD_AVX2
-    if (n == 1 && !lm_dtype_is_packed(a->wt)) {
+    if (n == 1 && !lm_dtype_is_packed(a->wt) && !a->pairs) {
         /* Whole groups only: rows past m would be read from outside the matrix. */
         long full = m / G < g1 ? m / G : g1, g = g0;
         for (; g < full; g += full - g < 2 ? 1 : 2) rm_tile_t1(full - g < 2 ? 1 : 2, a->y, a->x, k, a->w, a->wt, g, m);
         if (g < g1) { /* the partial last group through a panel */
             float *pan = a->scratch + (size_t)ith * G * (size_t)k;
             widen_group(pan, a->w, a->wt, g, m, k);
-            mk_tiles(1, a->y + g * G, m, a->x, k, k, pan, m - (int)g * G);
+            mk_tiles(1, a->y + g * G, m, a->x, k, k, pan, m - (int)g * G, 0);
         }
         return;
     }
@@ -696,7 +896,7 @@ static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
         if (n <= 2) { /* several groups at once: enough independent chains for one token */
             const int ng = n == 1 ? (lm_dtype_unpacked(a->wt) == LM_DTYPE_Q8_0 ? 3 : 4) : 2;
             for (long g = g0; g < g1; g += ng)
-                tiles_packed(a->wt, g1 - g < ng ? (int)(g1 - g) : ng, n, a->y, m, a->x, k, a->w, g, 0);
+                tiles_packed(a->wt, g1 - g < ng ? (int)(g1 - g) : ng, n, a->y, m, a->x, k, a->w, g, 0, a->pairs);
             return;
         }
         /* A batch: MM_BATCH_NG groups at a time, every token over them in tiles of up to
@@ -705,7 +905,8 @@ static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
         for (long g = g0; g < g1; g += MM_BATCH_NG) {
             const int ng = g1 - g < MM_BATCH_NG ? (int)(g1 - g) : MM_BATCH_NG;
             for (int t = 0; t < n; t += MM_BATCH_T)
-                tiles_packed(a->wt, ng, n - t < MM_BATCH_T ? n - t : MM_BATCH_T, a->y, m, a->x, k, a->w, g, t);
+                tiles_packed(a->wt, ng, n - t < MM_BATCH_T ? n - t : MM_BATCH_T, a->y, m, a->x, k, a->w, g, t,
+                             a->pairs);
         }
         return;
     }
@@ -728,7 +929,7 @@ static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
             }
             for (int t = t0; t < t1; t += MK_T)
                 mk_tiles(t1 - t < MK_T ? t1 - t : MK_T, a->y + (long)t * m + g * G, m, a->x + (long)t * k, k,
-                         k, pw, valid);
+                         k, pw, valid, a->pairs);
         }
     }
 }
@@ -763,10 +964,35 @@ static void qa_task(void *p, int ith, int nth) {
         quant_act(a->x + i * a->k, a->xq + i * a->k, a->xd + i * (a->k / LM_Q8_0_BLOCK), a->k);
 }
 
+/* Rows of x rounded for the bf16 path (bf_round_row), split over the pool. */
+struct br_args {
+    const float *x;
+    void *xr;   /* [n][ldr] of uint16 (VDPBF16PS) or float32 (FMA targets) */
+    long ldr;
+    int n, k;
+};
+static void br_task(void *p, int ith, int nth) {
+    const struct br_args *a = p;
+    long i0, i1;
+    lm_pool_split(a->n, ith, nth, 1, &i0, &i1);
+#ifdef LM_SIMD_BF16
+    for (long i = i0; i < i1; i++) bf_round_row(a->x + i * a->k, (uint16_t *)a->xr + i * a->ldr, a->k);
+#else
+    for (long i = i0; i < i1; i++) bf_round_row(a->x + i * a->k, (float *)a->xr + i * a->ldr, a->k);
+#endif
+}
+
+static void mm_run(struct lm_pool *pool, struct mm_args *a, bool par) {
+    if (par)
+        lm_pool_run(pool, mm_task, a);
+    else
+        mm_task(a, 0, 1);
+}
+
 static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                         enum lm_dtype wt, int n, int k, int m) {
     assert(lm_dtype_unpacked(wt) != LM_DTYPE_Q8_0 || k % LM_Q8_0_BLOCK == 0);
-    struct mm_args a = {y, x, w, wt, n, k, m, false, NULL, NULL, NULL, 0, 0};
+    struct mm_args a = {.y = y, .x = x, .w = w, .wt = wt, .n = n, .k = k, .m = m};
     bool par = (long)n * k * m >= MM_PAR_MIN_WORK && m > G;
     int nth = par ? lm_pool_size(pool) : 1;
     if (lm_dtype_unpacked(wt) == LM_DTYPE_Q8_0 && lm_cpu_q8_0_path() == LM_Q8_0_INT8) {
@@ -793,13 +1019,45 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
         if (n == 1) chunk = (chunk + 3) / 4 * 4; /* whole 4-group tiles */
         a.chunk = chunk < 1 ? 1 : chunk;
         atomic_init(&a.next, 0);
-        if (par)
-            lm_pool_run(pool, mm_task, &a);
-        else
-            mm_task(&a, 0, 1);
+        mm_run(pool, &a, par);
         return;
     }
     a.panels = n >= LM_MM_PANEL_MIN || !lm_dtype_is_packed(wt);
+    if (lm_dtype_unpacked(wt) == LM_DTYPE_BF16 && lm_cpu_bf16_path() == LM_BF16_ACT) {
+        /* The bf16 path: x rounded once into the calling thread's scratch, then the panels. */
+#ifdef LM_SIMD_BF16
+        const long ldr = (k + 1) / 2 * 2;
+        const size_t xbytes = ((size_t)n * (size_t)ldr * 2 + 63) / 64 * 64;
+        const size_t pbytes = a.panels ? (size_t)nth * bfd_panel_bytes(k) : 0;
+#else
+        const long ldr = k;
+        const size_t xbytes = ((size_t)n * (size_t)k * 4 + 63) / 64 * 64;
+        const size_t pbytes = a.panels ? (size_t)nth * G * (size_t)k * 4 : 0;
+#endif
+        char *buf = (char *)lm_cpu_scratch((xbytes + pbytes + 3) / 4);
+        if (!buf) {
+            lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
+            return;
+        }
+        struct br_args r = {x, buf, ldr, n, k};
+        if (par && (long)n * k >= MM_QA_PAR_MIN)
+            lm_pool_run(pool, br_task, &r);
+        else
+            br_task(&r, 0, 1);
+#ifdef LM_SIMD_BF16
+        a.xb = (const uint16_t *)buf, a.ldxb = ldr;
+#else
+        a.x = (const float *)buf, a.pairs = 1;
+#endif
+        a.scratch = (float *)(buf + xbytes);
+        const long groups = (m + G - 1) / G;
+        long chunk = (groups + (long)nth * MM_CHUNKS - 1) / ((long)nth * MM_CHUNKS);
+        if (!a.panels) chunk = (chunk + 11) / 12 * 12;
+        a.chunk = chunk < 1 ? 1 : chunk;
+        atomic_init(&a.next, 0);
+        mm_run(pool, &a, par);
+        return;
+    }
     /* About MM_CHUNKS chunks a thread; streaming tiles want whole 4-group tiles (12 groups:
      * also whole 3-group Q8_0 tiles and 2-group pairs). */
     const long groups = (m + G - 1) / G;
@@ -814,8 +1072,5 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
             return;
         }
     }
-    if (par)
-        lm_pool_run(pool, mm_task, &a);
-    else
-        mm_task(&a, 0, 1);
+    mm_run(pool, &a, par);
 }

@@ -55,6 +55,7 @@ const struct lm_cpu_ops *lm_cpu_ops_generic(void);
 const struct lm_cpu_ops *lm_cpu_ops_avx2(void);
 const struct lm_cpu_ops *lm_cpu_ops_avx512(void);
 const struct lm_cpu_ops *lm_cpu_ops_avx512vnni(void);
+const struct lm_cpu_ops *lm_cpu_ops_avx512bf16(void);
 #endif
 
 #endif

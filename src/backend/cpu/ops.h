@@ -76,6 +76,10 @@ static inline float lm_bf16_to_f32(uint16_t h) {
 float lm_f16_to_f32(uint16_t h);
 /* Rounds to nearest even (NaN stays NaN), as torch's float32 -> bfloat16 cast does. */
 uint16_t lm_f32_to_bf16(float f);
+/* The activation rounding of the bf16 path (lm_cpu_bf16_path, LM_BF16_ACT): to nearest even
+ * like lm_f32_to_bf16, but float32 subnormals become a zero of their sign and NaN a quiet NaN,
+ * as Intel's VCVTNE2PS2BF16 does (DAZ, RNE, MXCSR not consulted: Intel SDM vol. 2). */
+uint16_t lm_f32_to_bf16_act(float f);
 /* Rounds to nearest even with overflow to inf, as the F16C instruction does. */
 uint16_t lm_f32_to_f16(float f);
 
@@ -89,14 +93,15 @@ struct lm_attn_seq {
 };
 
 struct lm_cpu_ops {
-    const char *name; /* "scalar", "avx512vnni", "avx512", "avx2", "generic", "neon" */
+    const char *name; /* "scalar", "avx512bf16", "avx512vnni", "avx512", "avx2", "generic", "neon" */
 
     /* y[n, m] = x[n, k] . w[m, k]^T (a torch Linear without bias: y = x @ w.T).
      * x: float32 rows of k; w: m rows of k elements of dtype wt (row-major or packed); y:
      * float32 rows of m. Each y[t, r] is one float32 multiply-add chain over l = 0..k-1 in
      * order, acc = fma(w[r, l], x[t, l], acc) from 0, with w widened exactly (the scalar
      * reference computes the same chain with fmaf, so on FMA hardware both give the same bits).
-     * The fast version splits the m weight rows over the pool and tiles tokens so that each
+     * Q8_0 and bfloat16 weights have a second chain each, chosen per process (lm_cpu_q8_0_path,
+     * lm_cpu_bf16_path below), with the same guarantees. The fast version splits the m weight rows over the pool and tiles tokens so that each
      * weight row is read once per block of tokens. Batch invariance (the engine's batching
      * relies on it): row i of y depends only on row i of x and on w, bit for bit, whatever n
      * and the other rows are (tests/test_batch.c checks n = 1..16 against n = 1). */
@@ -185,10 +190,43 @@ void lm_cpu_set_q8_0_path(enum lm_q8_0_path p);
 /* "dequant" or "int8". */
 const char *lm_q8_0_path_name(enum lm_q8_0_path p);
 
+/* How every matmul of this process multiplies bfloat16 weights (LM_DTYPE_BF16 and its packed
+ * variant; other dtypes are unaffected):
+ *   LM_BF16_F32: the float32 chain of lm_cpu_ops.matmul, activations kept float32 (every
+ *     target gives the scalar reference's bits);
+ *   LM_BF16_ACT: the activations are rounded to bfloat16 first (x' = lm_f32_to_bf16_act(x), per
+ *     element), and each y[t, r] is the chain of AVX512-BF16's VDPBF16PS over column pairs:
+ *     for p = 0 .. k/2 - 1 in order, acc = fma(w[r, 2p+1], x'[t, 2p+1], acc), then
+ *     acc = fma(w[r, 2p], x'[t, 2p], acc) (the odd column first, each step one rounding: Intel
+ *     SDM, VDPBF16PS; the products of two bfloat16s are exact in float32); an odd k ends with
+ *     acc = fma(w[r, k-1], x'[t, k-1], acc). CPUs with AVX512-BF16 (Intel Cooper Lake and
+ *     Sapphire Rapids on, AMD Zen 4 on) run it as one instruction per 32 products (target
+ *     "avx512bf16"), twice the float32 FMA's products; every other target computes the same
+ *     chain with FMAs, so the bits agree across targets and with the scalar reference, and the
+ *     path stays batch invariant. One caveat: VDPBF16PS also flushes subnormal weights and
+ *     sums to zero (DAZ/FTZ), which the FMA targets do not; only values under 1.2e-38 can tell
+ *     them apart. This is llama.cpp's arithmetic for bf16 weights on such CPUs (its vec_dot
+ *     type for GGML_TYPE_BF16 is bf16). The accuracy cost is the 8-bit mantissa of the
+ *     activations (docs/perf-notes-cpu.md, "bf16 activations").
+ * The default is LM_BF16_ACT where the fast kernels are "avx512bf16" (faster there), else
+ * LM_BF16_F32; LM_CPU_BF16_ACT=0|1 (base/env.h spellings) in the environment at the first call
+ * chooses either on any CPU. */
+enum lm_bf16_path {
+    LM_BF16_F32 = 0,
+    LM_BF16_ACT = 1,
+};
+/* The current path (the environment's or the CPU's choice until lm_cpu_set_bf16_path). */
+enum lm_bf16_path lm_cpu_bf16_path(void);
+/* Sets the path for every later matmul call of the process (tests and benchmarks). */
+void lm_cpu_set_bf16_path(enum lm_bf16_path p);
+/* "f32" or "bf16" (the activations' type). */
+const char *lm_bf16_path_name(enum lm_bf16_path p);
+
 /* The plain reference kernels (single-threaded; the pool argument is ignored). */
 const struct lm_cpu_ops *lm_cpu_ops_scalar(void);
 /* The fast kernels of the best vector target this CPU runs, chosen at the first call (cpuid)
- * and the same for the life of the process: "avx512vnni" (AVX-512 with VNNI: only the int8
+ * and the same for the life of the process: "avx512bf16" (AVX-512 with VNNI and BF16: the bf16
+ * path's dot products in one instruction), "avx512vnni" (AVX-512 with VNNI: only the int8
  * Q8_0 dot product differs), "avx512", "avx2", "generic" (x86-64 without AVX2) or "neon"
  * (AArch64). The environment variable LM_CPU_KERNELS names a target to prefer (one
  * this CPU cannot run is passed over: check ->name; a name that is no target of this build is

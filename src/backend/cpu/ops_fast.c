@@ -4,13 +4,14 @@
  * kern_avx2.c, kern_generic.c, each with its own target flags), so one binary carries them all;
  * the first call asks the CPU (cpuid through __builtin_cpu_supports, which also checks that the
  * OS saves the AVX / AVX-512 registers) and keeps the best target it can run:
- * avx512vnni > avx512 > avx2 > generic (neon on AArch64).
- * LM_CPU_KERNELS=avx512vnni|avx512|avx2|generic|neon in the environment (any case) asks for one;
+ * avx512bf16 > avx512vnni > avx512 > avx2 > generic (neon on AArch64).
+ * LM_CPU_KERNELS=avx512bf16|avx512vnni|avx512|avx2|generic|neon in the environment (any case) asks for one;
  * a target this build lacks or this CPU cannot run is passed over for the best one, and ->name
  * says which ran; either case, and a name that is no target of this build (a typo), is reported
  * once on stderr.
  * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT, an on/off switch read
- * through base/env.h: 0/off/false/no asks for the dequantize path). */
+ * through base/env.h: 0/off/false/no asks for the dequantize path), and its bf16 path (ops.h,
+ * lm_cpu_bf16_path: LM_CPU_BF16_ACT, default on where the kernels are avx512bf16). */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,7 +28,7 @@ static pthread_once_t g_fast_once = PTHREAD_ONCE_INIT;
 
 const char *const *lm_cpu_ops_targets(void) {
 #if defined(__x86_64__)
-    static const char *const names[] = {"avx512vnni", "avx512", "avx2", "generic", NULL};
+    static const char *const names[] = {"avx512bf16", "avx512vnni", "avx512", "avx2", "generic", NULL};
 #elif defined(__aarch64__) && defined(__ARM_NEON)
     static const char *const names[] = {"neon", NULL};
 #else
@@ -39,6 +40,13 @@ const char *const *lm_cpu_ops_targets(void) {
 const struct lm_cpu_ops *lm_cpu_ops_target(const char *name) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
+    if (!strcmp(name, "avx512bf16"))
+        return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+                       __builtin_cpu_supports("fma")
+                   ? lm_cpu_ops_avx512bf16()
+                   : NULL;
     if (!strcmp(name, "avx512vnni"))
         return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f") &&
@@ -102,6 +110,31 @@ enum lm_q8_0_path lm_cpu_q8_0_path(void) {
 void lm_cpu_set_q8_0_path(enum lm_q8_0_path p) { atomic_store(&g_q8_0_path, (int)p); }
 
 const char *lm_q8_0_path_name(enum lm_q8_0_path p) { return p == LM_Q8_0_INT8 ? "int8" : "dequant"; }
+
+/* The bf16 path (ops.h): -1 until the first call reads LM_CPU_BF16_ACT, whose default follows
+ * the fast kernels (on where they are avx512bf16). */
+static atomic_int g_bf16_path = -1;
+static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT;
+
+static void read_bf16_env(void) {
+    const bool native = !strcmp(lm_cpu_ops_fast()->name, "avx512bf16");
+    int want = lm_env_flag("LM_CPU_BF16_ACT", native) ? LM_BF16_ACT : LM_BF16_F32;
+    int expected = -1; /* lm_cpu_set_bf16_path may have chosen already */
+    atomic_compare_exchange_strong(&g_bf16_path, &expected, want);
+}
+
+enum lm_bf16_path lm_cpu_bf16_path(void) {
+    int p = atomic_load_explicit(&g_bf16_path, memory_order_relaxed);
+    if (p < 0) {
+        pthread_once(&g_bf16_once, read_bf16_env);
+        p = atomic_load(&g_bf16_path);
+    }
+    return (enum lm_bf16_path)p;
+}
+
+void lm_cpu_set_bf16_path(enum lm_bf16_path p) { atomic_store(&g_bf16_path, (int)p); }
+
+const char *lm_bf16_path_name(enum lm_bf16_path p) { return p == LM_BF16_ACT ? "bf16" : "f32"; }
 
 const struct lm_cpu_ops *lm_cpu_ops_fast(void) {
     pthread_once(&g_fast_once, choose);

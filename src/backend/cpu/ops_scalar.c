@@ -77,6 +77,35 @@ uint16_t lm_f32_to_f16(float f) {
     return (uint16_t)(sign | r >> 13);
 }
 
+uint16_t lm_f32_to_bf16_act(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)(u >> 16 & 0x8000); /* zero or subnormal */
+    return lm_f32_to_bf16(f);
+}
+
+/* bfloat16 weights on the bf16 path (ops.h, LM_BF16_ACT): activations rounded to bfloat16, then
+ * VDPBF16PS's chain over column pairs (the odd column first), an odd last column alone. */
+static void s_matmul_bf16_act(float *y, const float *x, const void *w, enum lm_dtype wt, int n, int k,
+                              int m) {
+    float *xr = malloc(sizeof(float) * (size_t)k);
+    assert(xr);
+    for (int i = 0; i < n; i++) {
+        for (int l = 0; l < k; l++) xr[l] = lm_bf16_to_f32(lm_f32_to_bf16_act(x[(size_t)i * k + l]));
+        for (int j = 0; j < m; j++) {
+            float acc = 0;
+            int l = 0;
+            for (; l + 1 < k; l += 2) {
+                acc = fmaf(lm_cpu_weight(w, wt, k, j, l + 1), xr[l + 1], acc);
+                acc = fmaf(lm_cpu_weight(w, wt, k, j, l), xr[l], acc);
+            }
+            if (l < k) acc = fmaf(lm_cpu_weight(w, wt, k, j, l), xr[l], acc);
+            y[(size_t)i * m + j] = acc;
+        }
+    }
+    free(xr);
+}
+
 /* Q8_0 weights on the int8 path (ops.h, LM_Q8_0_INT8): per block an exact integer dot product
  * of the weight's and the quantized activation's int8s, then
  * acc = fma((float)isum, dw * dx, acc) over the blocks in order. */
@@ -109,6 +138,10 @@ static void s_matmul(struct lm_pool *pool, float *y, const float *x, const void 
                      enum lm_dtype wt, int n, int k, int m) {
     if (lm_dtype_unpacked(wt) == LM_DTYPE_Q8_0 && lm_cpu_q8_0_path() == LM_Q8_0_INT8) {
         s_matmul_q8_0_int8(y, x, w, wt, n, k, m);
+        return;
+    }
+    if (lm_dtype_unpacked(wt) == LM_DTYPE_BF16 && lm_cpu_bf16_path() == LM_BF16_ACT) {
+        s_matmul_bf16_act(y, x, w, wt, n, k, m);
         return;
     }
     for (int i = 0; i < n; i++)

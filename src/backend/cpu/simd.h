@@ -33,7 +33,9 @@
 #if LM_SIMD_LEVEL == LM_SIMD_AVX512
 #include <immintrin.h>
 #define VL 16
-#ifdef LM_SIMD_VNNI
+#if defined(LM_SIMD_BF16)
+#define SIMD_NAME "avx512bf16" /* kern_avx512bf16.c: avx512vnni, with vdpbf16ps on the bf16 path */
+#elif defined(LM_SIMD_VNNI)
 #define SIMD_NAME "avx512vnni" /* kern_avx512vnni.c: the same, with vpdpbusd int8 dot products */
 #else
 #define SIMD_NAME "avx512"
