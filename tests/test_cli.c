@@ -3,7 +3,10 @@
  *
  * Checked: `lumen run --ids` on a model folder without tokenizer.json generates the reference
  * greedy ids (transformers, tests/data/fixtures/tiny_qwen3_reference) and says on stderr that text
- * needs a tokenizer, while a text prompt on that folder is still an error naming tokenizer.json.
+ * needs a tokenizer, while a text prompt on that folder is still an error naming tokenizer.json;
+ * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
+ * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
+ * `--device cpu` is accepted.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdio.h>
@@ -58,6 +61,29 @@ done:
     json_decref(c);
 }
 
+/* A bad --device is a usage error of every command that takes one. */
+static void bad_device(struct lm_buf *out, struct lm_buf *err) {
+    static const char *const k_cmds[] = {"run", "perf", "serve"};
+    static const char *const k_values[] = {"tpu", "cuda:", "cuda:x", "cuda:99999", "CPU"};
+    char cmd[1024];
+    for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
+        for (size_t j = 0; j < sizeof k_values / sizeof *k_values; j++) {
+            snprintf(cmd, sizeof cmd, "'%s' %s --model '%s' --device '%s' </dev/null", LM_LUMEN_BIN,
+                     k_cmds[i], TINY_MODEL, k_values[j]);
+            int rc = run(cmd, out, err);
+            char want[256];
+            snprintf(want, sizeof want,
+                     "lumen %s: --device takes cpu, cuda or cuda:N (N a GPU index), not '%s'\n",
+                     k_cmds[i], k_values[j]);
+            CHECK(rc == 2 && !strcmp(err->p, want), "%s --device %s: rc %d, stderr: %s", k_cmds[i],
+                  k_values[j], rc, err->p);
+        }
+    snprintf(cmd, sizeof cmd, "echo '[1,2]' | '%s' run --model '%s' --device cpu --ids -n 1 --threads 1",
+             LM_LUMEN_BIN, TINY_MODEL);
+    int rc = run(cmd, out, err);
+    CHECK(rc == 0 && out->p[0] == '[', "run --device cpu: rc %d, stderr: %s", rc, err->p);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/lm_test_cli_XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -66,6 +92,7 @@ int main(void) {
     }
     struct lm_buf out = {0}, err = {0};
     run_ids_without_tokenizer(&out, &err);
+    bad_device(&out, &err);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");

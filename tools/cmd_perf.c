@@ -438,7 +438,10 @@ int lm_cmd_perf(int argc, char **argv) {
         case 'M': params.map_weights = true; break;
         case 'W': bw = false; break;
         case 'S': params.scalar_kernels = true; break;
-        case 'D': params.device = optarg; break;
+        case 'D':
+            if (!lm_cmd_device_ok("perf", optarg)) return 2;
+            params.device = optarg;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -195,7 +195,10 @@ int lm_cmd_run(int argc, char **argv) {
                 bad = "--enable-thinking takes true or false";
             break;
         case O_IGNORE_EOS: a.ignore_eos = true; break;
-        case O_DEVICE: a.device = optarg; break;
+        case O_DEVICE:
+            if (!lm_cmd_device_ok("run", optarg)) return 2;
+            a.device = optarg;
+            break;
         case 'v': a.verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -180,7 +180,10 @@ int lm_cmd_serve(int argc, char **argv) {
             }
             break;
         case 'K': kv_size = optarg; break;
-        case 'd': device = optarg; break;
+        case 'd':
+            if (!lm_cmd_device_ok("serve", optarg)) return 2;
+            device = optarg;
+            break;
         case 'A':
             if (!parse_int(optarg, 0, 86400, &sp.timeout_keep_alive_s)) {
                 fprintf(stderr, "lumen serve: --timeout-keep-alive must be 0..86400 seconds, not '%s'\n", optarg);

@@ -16,6 +16,11 @@ struct lm_cmd {
 
 /* Prints "lumen <cmd>: <message>" to stderr with the thread's last error and returns 1. */
 int lm_cmd_fail(const char *cmd, const char *what);
+/* Checks a --device value: cpu, cuda or cuda:N (N a GPU index, 0..1023), what
+ * lm_model_open_params.device takes. Another value is a usage error: prints "lumen <cmd>:
+ * --device takes cpu, cuda or cuda:N ..., not '<value>'" to stderr and returns false (the caller
+ * exits with 2). Whether the device exists is lm_model_open's to say. */
+bool lm_cmd_device_ok(const char *cmd, const char *value);
 /* The path of `rel` (a folder when dir, else a file): as given when it exists from the current
  * folder, else next to the lumen binary or one folder up (build/lumen in a checkout); NULL when
  * none exists. Caller frees. */

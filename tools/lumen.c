@@ -30,6 +30,18 @@ int lm_cmd_fail(const char *cmd, const char *what) {
     return 1;
 }
 
+bool lm_cmd_device_ok(const char *cmd, const char *value) {
+    if (!strcmp(value, "cpu") || !strcmp(value, "cuda")) return true;
+    if (!strncmp(value, "cuda:", 5)) {
+        const char *n = value + 5;
+        size_t digits = strspn(n, "0123456789");
+        if (digits && digits <= 4 && !n[digits] && atoi(n) <= 1023) return true;
+    }
+    fprintf(stderr, "lumen %s: --device takes cpu, cuda or cuda:N (N a GPU index), not '%s'\n",
+            cmd, value);
+    return false;
+}
+
 char *lm_cmd_find_rel(const char *rel, bool dir) {
     if (dir ? lm_dir_exists(rel) : lm_file_exists(rel)) return strdup(rel);
     char exe[PATH_MAX];
