@@ -6,9 +6,11 @@
  * needs a tokenizer, while a text prompt on that folder is still an error naming tokenizer.json;
  * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
  * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
- * `--device cpu` is accepted.
+ * `--device cpu` is accepted; usage errors start with "lumen <command>:" (getopt's too) and name
+ * a left-over argument.
  * LM_LABEL: model */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +86,35 @@ static void bad_device(struct lm_buf *out, struct lm_buf *err) {
     CHECK(rc == 0 && out->p[0] == '[', "run --device cpu: rc %d, stderr: %s", rc, err->p);
 }
 
+/* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
+ * argument is quoted, and getopt's messages start with "lumen <command>", not argv[0]. */
+static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
+    static const struct {
+        const char *cmd;
+        bool model; /* --model <the tiny model> after the command */
+        const char *rest, *want;
+    } k_cases[] = {
+        {"perf", true, "extra", "lumen perf: unexpected argument 'extra'\n"},
+        {"tokenize", true, "a b", "lumen tokenize: unexpected argument 'a'\n"},
+        {"run", true, "--ids x", "lumen run: --ids reads the prompt from stdin; unexpected argument 'x'\n"},
+        {"version", false, "extra", "lumen version: unexpected argument 'extra'\n"},
+        {"run", true, "--bogus", "lumen run: unrecognized option '--bogus'\n"},
+        {"profile", false, "sweep --bogus", "lumen profile sweep: unrecognized option '--bogus'\n"},
+        {"profile", false, "--url", "lumen profile: option '--url' requires an argument\n"},
+    };
+    char cmd[1024];
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' %s %s%s%s %s </dev/null", LM_LUMEN_BIN, k_cases[i].cmd,
+                 k_cases[i].model ? "--model '" : "", k_cases[i].model ? TINY_MODEL : "",
+                 k_cases[i].model ? "'" : "", k_cases[i].rest);
+        int rc = run(cmd, out, err);
+        CHECK(rc == 2 && !strncmp(err->p, k_cases[i].want, strlen(k_cases[i].want)),
+              "lumen %s %s: rc %d, stderr starts: %.200s", k_cases[i].cmd, k_cases[i].rest, rc, err->p);
+    }
+    /* profile's usage is 100 lines: a bad option gets a pointer to --help instead */
+    CHECK(!strstr(err->p, "usage:"), "profile --url: the usage follows the error: %.300s", err->p);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/lm_test_cli_XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -93,6 +124,7 @@ int main(void) {
     struct lm_buf out = {0}, err = {0};
     run_ids_without_tokenizer(&out, &err);
     bad_device(&out, &err);
+    usage_errors(&out, &err);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");

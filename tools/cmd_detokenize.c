@@ -44,7 +44,7 @@ int lm_cmd_detokenize(int argc, char **argv) {
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen detokenize: %s\n",
-                optind < argc ? "unexpected argument" : "--model DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
         usage(stderr);
         return 2;
     }

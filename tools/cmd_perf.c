@@ -447,7 +447,7 @@ int lm_cmd_perf(int argc, char **argv) {
         }
     }
     if (optind < argc || !model_dir) {
-        fprintf(stderr, "lumen perf: %s\n", optind < argc ? "unexpected argument" : "--model is required");
+        fprintf(stderr, "lumen perf: %s\n", optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model is required");
         usage(stderr);
         return 2;
     }

@@ -341,7 +341,10 @@ static void apply_preset(struct lm_bench_profile_opts *o) {
 
 int lm_cmd_profile(int argc, char **argv) {
     bool sweep = argc > 1 && !strcmp(argv[1], "sweep");
-    if (sweep) argc--, argv++;
+    if (sweep) {
+        argc--, argv++;
+        argv[0] = "lumen profile sweep"; /* getopt's messages start with it */
+    }
     struct lm_bench_profile_opts o = {0};
     o.params = lm_bench_default_params();
     o.params.progress = stderr;
@@ -516,7 +519,9 @@ int lm_cmd_profile(int argc, char **argv) {
         case OPT_QUIET: o.params.progress = NULL; break;
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: /* getopt named the option; the 100 lines of usage would bury that */
+            fprintf(stderr, "(lumen profile --help lists the options)\n");
+            return 2;
         }
     }
     if (optind < argc) {

@@ -209,8 +209,9 @@ int lm_cmd_run(int argc, char **argv) {
         }
     }
     if (!a.model || (a.ids_mode && optind < argc)) {
-        fprintf(stderr, "lumen run: %s\n", !a.model ? "--model DIR is required"
-                                                    : "--ids reads the prompt from stdin; unexpected argument");
+        fprintf(stderr, "lumen run: %s%s\n", !a.model ? "--model DIR is required"
+                                                      : "--ids reads the prompt from stdin; ",
+                a.model ? lm_cmd_unexpected(argv[optind]) : "");
         usage(stderr);
         return 2;
     }

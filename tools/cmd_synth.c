@@ -152,7 +152,7 @@ int lm_cmd_synth(int argc, char **argv) {
     }
     if (optind < argc || !sh || !out) {
         fprintf(stderr, "lumen synth: %s\n",
-                optind < argc ? "unexpected argument" : !sh ? "--shape is required" : "--out DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind]) : !sh ? "--shape is required" : "--out DIR is required");
         usage(stderr);
         return 2;
     }

@@ -151,7 +151,7 @@ int lm_cmd_template(int argc, char **argv) {
         }
     }
     if (optind < argc || !model) {
-        fprintf(stderr, "lumen template: %s\n", optind < argc ? "unexpected argument" : "--model DIR is required");
+        fprintf(stderr, "lumen template: %s\n", optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
         usage(stderr);
         return 2;
     }

@@ -68,7 +68,7 @@ int lm_cmd_tokenize(int argc, char **argv) {
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen tokenize: %s\n",
-                optind < argc ? "unexpected argument" : "--model DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
         usage(stderr);
         return 2;
     }

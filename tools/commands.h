@@ -16,6 +16,9 @@ struct lm_cmd {
 
 /* Prints "lumen <cmd>: <message>" to stderr with the thread's last error and returns 1. */
 int lm_cmd_fail(const char *cmd, const char *what);
+/* "unexpected argument '<arg>'", for a command's usage error about a left-over argument.
+ * Valid until the next call. */
+const char *lm_cmd_unexpected(const char *arg);
 /* Checks a --device value: cpu, cuda or cuda:N (N a GPU index, 0..1023), what
  * lm_model_open_params.device takes. Another value is a usage error: prints "lumen <cmd>:
  * --device takes cpu, cuda or cuda:N ..., not '<value>'" to stderr and returns false (the caller

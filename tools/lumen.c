@@ -30,6 +30,12 @@ int lm_cmd_fail(const char *cmd, const char *what) {
     return 1;
 }
 
+const char *lm_cmd_unexpected(const char *arg) {
+    static char msg[256];
+    snprintf(msg, sizeof msg, "unexpected argument '%s'", arg);
+    return msg;
+}
+
 bool lm_cmd_device_ok(const char *cmd, const char *value) {
     if (!strcmp(value, "cpu") || !strcmp(value, "cuda")) return true;
     if (!strncmp(value, "cuda:", 5)) {
@@ -79,7 +85,13 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--version")) argv[1] = "version";
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
-        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], k_cmds[i].name)) {
+            /* the command's argv[0], which getopt's own messages start with */
+            char prog[64];
+            snprintf(prog, sizeof prog, "lumen %s", k_cmds[i].name);
+            argv[1] = prog;
+            return k_cmds[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "lumen: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;
