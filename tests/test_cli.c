@@ -7,7 +7,7 @@
  * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
  * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
  * `--device cpu` is accepted; usage errors start with "lumen <command>:" (getopt's too) and name
- * a left-over argument.
+ * a left-over argument; `lumen template` takes a GGUF file and renders as on the folder.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -86,6 +86,31 @@ static void bad_device(struct lm_buf *out, struct lm_buf *err) {
     CHECK(rc == 0 && out->p[0] == '[', "run --device cpu: rc %d, stderr: %s", rc, err->p);
 }
 
+/* `lumen template` on a GGUF (built here) renders what it renders on the model folder. */
+static void template_gguf(struct lm_buf *out, struct lm_buf *err) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' build --model '%s' --out '%s/tiny.gguf' >/dev/null", LM_LUMEN_BIN,
+             TINY_MODEL, g_dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    const char *msgs = "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]";
+    snprintf(cmd, sizeof cmd, "echo '%s' | '%s' template --model '%s' --enable-thinking=false", msgs,
+             LM_LUMEN_BIN, TINY_MODEL);
+    int rc = run(cmd, out, err);
+    CHECK(rc == 0 && strstr(out->p, "<|im_start|>system\nBe brief.<|im_end|>"),
+          "template on the folder: rc %d, stderr: %s", rc, err->p);
+    char *folder = strdup(out->p);
+    snprintf(cmd, sizeof cmd, "echo '%s' | '%s' template --model '%s/tiny.gguf' --enable-thinking=false",
+             msgs, LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 0 && !strcmp(out->p, folder), "template on the GGUF: rc %d, stderr: %s\nstdout: %s\nwant: %s",
+          rc, err->p, out->p, folder);
+    free(folder);
+    snprintf(cmd, sizeof cmd, "echo '[]' | '%s' template --model '%s/config.json'", LM_LUMEN_BIN, TINY_MODEL);
+    rc = run(cmd, out, err);
+    CHECK(rc == 1 && strstr(err->p, "a file that is not GGUF"), "template on config.json: rc %d, stderr: %s",
+          rc, err->p);
+}
+
 /* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
  * argument is quoted, and getopt's messages start with "lumen <command>", not argv[0]. */
 static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
@@ -125,6 +150,7 @@ int main(void) {
     run_ids_without_tokenizer(&out, &err);
     bad_device(&out, &err);
     usage_errors(&out, &err);
+    template_gguf(&out, &err);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");

@@ -1,7 +1,8 @@
 /* cmd_template.c: `lumen template` (a JSON array of messages on stdin -> the rendered prompt).
  *
- * The family comes from the model folder's config.json model_type (family registry), and the
- * conversation is rendered by that family's chat template, written in C. */
+ * The family comes from the model folder's config.json model_type (or a GGUF file's
+ * general.architecture; family registry), and the conversation is rendered by that family's chat
+ * template, written in C, as run and serve render it. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,14 @@
 #include "base/json.h"
 #include "commands.h"
 #include "family/chat.h"
+#include "family/bundle.h"
 #include "family/family.h"
+#include "format/gguf.h"
 #include "format/hf_config.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: lumen template --model DIR [--tokenizer DIR] [--no-generation-prompt]\n"
+            "usage: lumen template --model DIR|FILE.gguf [--tokenizer DIR] [--no-generation-prompt]\n"
             "                      [--enable-thinking=true|false]\n\n"
             "Reads a conversation from stdin, a JSON array of messages\n"
             "  [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": \"...\",\n"
@@ -25,9 +28,10 @@ static void usage(FILE *f) {
             "where content is a string or a list of {\"type\": \"text\", \"text\": \"...\"} parts\n"
             "(concatenated, as lumen serve does), and prints the prompt the model's chat template\n"
             "renders, exactly, with no newline added. The template is the model family's (from\n"
-            "config.json's model_type), byte-exact with transformers' apply_chat_template. Tool\n"
-            "messages and tool_calls are rejected.\n\n"
-            "  --model DIR               model directory (its config.json names the family)\n"
+            "config.json's model_type), byte-exact with transformers' apply_chat_template, and the\n"
+            "one run and serve use. Tool messages and tool_calls are rejected.\n\n"
+            "  --model PATH              model directory (its config.json names the family) or GGUF\n"
+            "                            file (its general.architecture names it)\n"
             "  --tokenizer DIR           accepted for symmetry with the other commands; the template\n"
             "                            needs no tokenizer file (the directory must exist)\n"
             "  --no-generation-prompt    do not append the assistant header (add_generation_prompt\n"
@@ -46,19 +50,34 @@ int lm_cmd_parse_bool(const char *s) {
     return -1;
 }
 
-/* The chat template of the family that config.json in `dir` names. */
-static lm_status find_family(const char *dir, const struct lm_family **out) {
+/* The chat template of the family that the model names: config.json's model_type in a folder,
+ * general.architecture in a GGUF file (as lm_model_open reads them). */
+static lm_status find_family(const char *model, const struct lm_family **out) {
     struct lm_hf_config cfg = {0};
-    lm_status st = lm_hf_config_load(&cfg, dir, "config.json");
-    if (st) return st;
+    const bool gguf = lm_gguf_is_gguf(model);
+    lm_status st;
+    if (gguf) {
+        struct lm_gguf g;
+        if (!(st = lm_gguf_open(&g, model))) {
+            st = lm_bundle_gguf_config(&g, &cfg);
+            lm_gguf_close(&g);
+        }
+    } else {
+        st = lm_hf_config_load(&cfg, model, "config.json");
+    }
+    if (st) {
+        lm_hf_config_free(&cfg);
+        return st;
+    }
+    const char *where = gguf ? "" : "/config.json", *key = gguf ? "general.architecture" : "model_type";
     json_t *mt = lm_hf_config_get(&cfg, "model_type");
     if (!json_is_string(mt)) {
-        st = lm_errorf(LM_ERR_MISSING, "%s/config.json: model_type is missing or not a string", dir);
+        st = lm_errorf(LM_ERR_MISSING, "%s%s: %s is missing or not a string", model, where, key);
     } else if (!(*out = lm_family_find(json_string_value(mt)))) {
         struct lm_buf list = {0};
         lm_family_list(&list);
-        st = lm_errorf(LM_ERR_UNSUPPORTED, "%s/config.json: model_type '%s' is not supported "
-                       "(supported: %s)", dir, json_string_value(mt), list.p ? list.p : "");
+        st = lm_errorf(LM_ERR_UNSUPPORTED, "%s%s: %s '%s' is not supported (supported: %s)", model,
+                       where, key, json_string_value(mt), list.p ? list.p : "");
         lm_buf_free(&list);
     }
     lm_hf_config_free(&cfg);
@@ -155,12 +174,10 @@ int lm_cmd_template(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!lm_dir_exists(model)) {
-        if (lm_file_exists(model))
-            fprintf(stderr, "lumen template: --model %s is a file: template reads a model folder's "
-                            "tokenizer_config.json (a GGUF's chat template is what run and serve use)\n", model);
-        else
-            fprintf(stderr, "lumen template: --model %s: no such directory\n", model);
+    if (!lm_dir_exists(model) && !lm_gguf_is_gguf(model)) {
+        fprintf(stderr, "lumen template: --model %s: %s\n", model,
+                lm_file_exists(model) ? "a file that is not GGUF (expected a model folder or a .gguf file)"
+                                      : "no such folder or file");
         return 1;
     }
     if (tokdir && !lm_dir_exists(tokdir)) {
