@@ -3,7 +3,8 @@
  *
  * Checked: `lumen run --ids` on a model folder without tokenizer.json generates the reference
  * greedy ids (transformers, tests/data/fixtures/tiny_qwen3_reference) and says on stderr that text
- * needs a tokenizer, while a text prompt on that folder is still an error naming tokenizer.json;
+ * needs a tokenizer, while a text prompt (run, tokenize) on that folder is still an error naming
+ * tokenizer.json and --tokenizer;
  * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
  * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
  * `--device cpu` is accepted; usage errors start with "lumen <command>:" (getopt's too) and name
@@ -57,6 +58,10 @@ static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
     rc = run(cmd, out, err);
     CHECK(rc == 1 && strstr(err->p, "no tokenizer.json"),
           "run with a text prompt and no tokenizer.json: rc %d, stderr: %s", rc, err->p);
+    snprintf(cmd, sizeof cmd, "printf Hi | '%s' tokenize --model '%s/notok'", LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 1 && strstr(err->p, "has no tokenizer.json; pass --tokenizer DIR"),
+          "tokenize without tokenizer.json: rc %d, stderr: %s", rc, err->p);
 done:
     free(prompt_s);
     free(greedy_s);

@@ -28,7 +28,14 @@ int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *to
         return 0;
     }
     char *path = lm_path_join(tok_dir ? tok_dir : model_dir, "tokenizer.json");
-    lm_status st = lm_tokenizer_load(path, out);
+    lm_status st;
+    if (!tok_dir && !lm_dir_exists(model_dir))
+        st = lm_errorf(LM_ERR_MISSING, "%s: not a model folder or a GGUF file", model_dir);
+    else if (!tok_dir && !lm_file_exists(path))
+        st = lm_errorf(LM_ERR_MISSING, "%s: the model folder has no tokenizer.json; pass --tokenizer "
+                       "DIR with a folder that holds one", model_dir);
+    else
+        st = lm_tokenizer_load(path, out);
     free(path);
     if (st) return lm_cmd_fail(cmd, "cannot load the tokenizer");
     return 0;
