@@ -8,7 +8,7 @@
  * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
  * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
  * `--device cpu` is accepted; usage errors start with "lumen <command>:" (getopt's too) and name
- * a left-over argument; `lumen template` takes a GGUF file and renders as on the folder.
+ * a left-over argument; `lumen help run` is `lumen run --help`; `lumen template` takes a GGUF file and renders as on the folder.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -143,6 +143,11 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
     }
     /* profile's usage is 100 lines: a bad option gets a pointer to --help instead */
     CHECK(!strstr(err->p, "usage:"), "profile --url: the usage follows the error: %.300s", err->p);
+    /* lumen help CMD is lumen CMD --help */
+    snprintf(cmd, sizeof cmd, "'%s' help run", LM_LUMEN_BIN);
+    int rc = run(cmd, out, err);
+    CHECK(rc == 0 && !strncmp(out->p, "usage: lumen run ", 17), "lumen help run: rc %d, stdout: %.100s", rc,
+          out->p);
 }
 
 int main(void) {

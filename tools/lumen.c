@@ -67,7 +67,8 @@ char *lm_cmd_find_rel(const char *rel, bool dir) {
 static void usage(FILE *f) {
     fprintf(f,
             "lumen %s: a native Qwen3 serving runtime\n\n"
-            "usage: lumen <command> [options]   (lumen <command> --help for its options)\n\n"
+            "usage: lumen <command> [options]   (lumen <command> --help, or lumen help <command>,\n"
+            "                                    for its options)\n\n"
             "commands:\n",
             LM_VERSION);
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
@@ -79,7 +80,10 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    char help_flag[] = "--help", *help_argv[] = {argv[0], argc == 3 ? argv[2] : NULL, help_flag, NULL};
+    if (!strcmp(argv[1], "help") && argc == 3) { /* lumen help CMD: lumen CMD --help */
+        argv = help_argv;
+    } else if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;
     }
