@@ -3,7 +3,7 @@
  *
  * Checked: `lumen run --ids` on a model folder without tokenizer.json generates the reference
  * greedy ids (transformers, tests/data/fixtures/tiny_qwen3_reference) and says on stderr that text
- * needs a tokenizer, while a text prompt (run, tokenize) on that folder is still an error naming
+ * needs a tokenizer, while run with a text prompt, tokenize and build on that folder are errors naming
  * tokenizer.json and --tokenizer;
  * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
  * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
@@ -62,6 +62,10 @@ static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
     rc = run(cmd, out, err);
     CHECK(rc == 1 && strstr(err->p, "has no tokenizer.json; pass --tokenizer DIR"),
           "tokenize without tokenizer.json: rc %d, stderr: %s", rc, err->p);
+    snprintf(cmd, sizeof cmd, "'%s' build --model '%s/notok' --out '%s/notok.gguf'", LM_LUMEN_BIN, g_dir, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 1 && strstr(err->p, "has no tokenizer.json; pass --tokenizer DIR"),
+          "build without tokenizer.json: rc %d, stderr: %s", rc, err->p);
 done:
     free(prompt_s);
     free(greedy_s);

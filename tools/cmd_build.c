@@ -69,6 +69,7 @@ int lm_cmd_build(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (lm_cmd_lacks_tokenizer(model, p.tokenizer_dir)) return lm_cmd_fail("build", NULL);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct lm_bundle_build_stats st;

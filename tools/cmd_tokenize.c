@@ -31,9 +31,8 @@ int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *to
     lm_status st;
     if (!tok_dir && !lm_dir_exists(model_dir))
         st = lm_errorf(LM_ERR_MISSING, "%s: not a model folder or a GGUF file", model_dir);
-    else if (!tok_dir && !lm_file_exists(path))
-        st = lm_errorf(LM_ERR_MISSING, "%s: the model folder has no tokenizer.json; pass --tokenizer "
-                       "DIR with a folder that holds one", model_dir);
+    else if (lm_cmd_lacks_tokenizer(model_dir, tok_dir))
+        st = LM_ERR_MISSING;
     else
         st = lm_tokenizer_load(path, out);
     free(path);

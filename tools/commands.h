@@ -24,6 +24,10 @@ const char *lm_cmd_unexpected(const char *arg);
  * --device takes cpu, cuda or cuda:N ..., not '<value>'" to stderr and returns false (the caller
  * exits with 2). Whether the device exists is lm_model_open's to say. */
 bool lm_cmd_device_ok(const char *cmd, const char *value);
+/* True when no --tokenizer was given (`tok_dir` NULL) and `model` is a folder without
+ * tokenizer.json; then the thread's error says so and names --tokenizer DIR, as lm_model_open's
+ * does, for lm_cmd_fail. */
+bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir);
 /* The path of `rel` (a folder when dir, else a file): as given when it exists from the current
  * folder, else next to the lumen binary or one folder up (build/lumen in a checkout); NULL when
  * none exists. Caller frees. */

@@ -48,6 +48,17 @@ bool lm_cmd_device_ok(const char *cmd, const char *value) {
     return false;
 }
 
+bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir) {
+    if (tok_dir || !lm_dir_exists(model)) return false;
+    char *path = lm_path_join(model, "tokenizer.json");
+    bool lacks = !lm_file_exists(path);
+    free(path);
+    if (lacks)
+        lm_errorf(LM_ERR_MISSING, "%s: the model folder has no tokenizer.json; pass --tokenizer DIR "
+                  "with a folder that holds one", model);
+    return lacks;
+}
+
 char *lm_cmd_find_rel(const char *rel, bool dir) {
     if (dir ? lm_dir_exists(rel) : lm_file_exists(rel)) return strdup(rel);
     char exe[PATH_MAX];
