@@ -3,12 +3,12 @@
  *
  * Checked: `lumen run --ids` on a model folder without tokenizer.json generates the reference
  * greedy ids (transformers, tests/data/fixtures/tiny_qwen3_reference) and says on stderr that text
- * needs a tokenizer, while run with a text prompt, tokenize and build on that folder are errors naming
- * tokenizer.json and --tokenizer;
- * a --device value other than cpu, cuda or cuda:N is a usage error (exit 2, before the model
- * loads) of run, perf and serve alike, naming the flag, the value and the accepted values, and
- * `--device cpu` is accepted; usage errors start with "lumen <command>:" (getopt's too) and name
- * a left-over argument; `lumen help run` is `lumen run --help`; `lumen template` takes a GGUF file and renders as on the folder.
+ * needs a tokenizer, while run with a text prompt, tokenize and build on that folder are errors
+ * naming tokenizer.json and --tokenizer. A --device value other than cpu, cuda or cuda:N is a
+ * usage error (exit 2, before the model loads) of run, perf and serve alike, naming the flag, the
+ * value and the accepted values, and `--device cpu` is accepted. Usage errors start with
+ * "lumen <command>:" (getopt's too) and name a left-over argument; `lumen help run` is
+ * `lumen run --help`. `lumen template` takes a GGUF file and renders as on the folder.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -44,17 +44,20 @@ static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
     char *prompt_s = json_dumps(prompt, JSON_COMPACT), *greedy_s = json_dumps(greedy, JSON_COMPACT);
     if (!prompt_s || !greedy_s) goto done;
 
-    snprintf(cmd, sizeof cmd,
-             "echo '%s' | '%s' run --model '%s/notok' --ids --greedy --ignore-eos -n %zu --threads 1",
-             prompt_s, LM_LUMEN_BIN, g_dir, json_array_size(greedy));
+    snprintf(
+        cmd, sizeof cmd,
+        "echo '%s' | '%s' run --model '%s/notok' --ids --greedy --ignore-eos -n %zu --threads 1",
+        prompt_s, LM_LUMEN_BIN, g_dir, json_array_size(greedy));
     int rc = run(cmd, out, err);
-    CHECK(rc == 0 && !strncmp(out->p, greedy_s, strlen(greedy_s)) && !strcmp(out->p + strlen(greedy_s), "\n"),
+    CHECK(rc == 0 && !strncmp(out->p, greedy_s, strlen(greedy_s)) &&
+              !strcmp(out->p + strlen(greedy_s), "\n"),
           "run --ids without tokenizer.json: rc %d, want %s\nstdout: %s\nstderr: %s", rc, greedy_s,
           out->p, err->p);
     CHECK(strstr(err->p, "has no tokenizer.json") && strstr(err->p, "--tokenizer DIR"),
           "run --ids without tokenizer.json says that text needs one: %s", err->p);
 
-    snprintf(cmd, sizeof cmd, "'%s' run --model '%s/notok' -n 2 --threads 1 Hi", LM_LUMEN_BIN, g_dir);
+    snprintf(cmd, sizeof cmd, "'%s' run --model '%s/notok' -n 2 --threads 1 Hi", LM_LUMEN_BIN,
+             g_dir);
     rc = run(cmd, out, err);
     CHECK(rc == 1 && strstr(err->p, "no tokenizer.json"),
           "run with a text prompt and no tokenizer.json: rc %d, stderr: %s", rc, err->p);
@@ -62,7 +65,8 @@ static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
     rc = run(cmd, out, err);
     CHECK(rc == 1 && strstr(err->p, "has no tokenizer.json; pass --tokenizer DIR"),
           "tokenize without tokenizer.json: rc %d, stderr: %s", rc, err->p);
-    snprintf(cmd, sizeof cmd, "'%s' build --model '%s/notok' --out '%s/notok.gguf'", LM_LUMEN_BIN, g_dir, g_dir);
+    snprintf(cmd, sizeof cmd, "'%s' build --model '%s/notok' --out '%s/notok.gguf'", LM_LUMEN_BIN,
+             g_dir, g_dir);
     rc = run(cmd, out, err);
     CHECK(rc == 1 && strstr(err->p, "has no tokenizer.json; pass --tokenizer DIR"),
           "build without tokenizer.json: rc %d, stderr: %s", rc, err->p);
@@ -89,7 +93,8 @@ static void bad_device(struct lm_buf *out, struct lm_buf *err) {
             CHECK(rc == 2 && !strcmp(err->p, want), "%s --device %s: rc %d, stderr: %s", k_cmds[i],
                   k_values[j], rc, err->p);
         }
-    snprintf(cmd, sizeof cmd, "echo '[1,2]' | '%s' run --model '%s' --device cpu --ids -n 1 --threads 1",
+    snprintf(cmd, sizeof cmd,
+             "echo '[1,2]' | '%s' run --model '%s' --device cpu --ids -n 1 --threads 1",
              LM_LUMEN_BIN, TINY_MODEL);
     int rc = run(cmd, out, err);
     CHECK(rc == 0 && out->p[0] == '[', "run --device cpu: rc %d, stderr: %s", rc, err->p);
@@ -98,26 +103,30 @@ static void bad_device(struct lm_buf *out, struct lm_buf *err) {
 /* `lumen template` on a GGUF (built here) renders what it renders on the model folder. */
 static void template_gguf(struct lm_buf *out, struct lm_buf *err) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' build --model '%s' --out '%s/tiny.gguf' >/dev/null", LM_LUMEN_BIN,
-             TINY_MODEL, g_dir);
+    snprintf(cmd, sizeof cmd, "'%s' build --model '%s' --out '%s/tiny.gguf' >/dev/null",
+             LM_LUMEN_BIN, TINY_MODEL, g_dir);
     CHECK(system(cmd) == 0, "%s", cmd);
-    const char *msgs = "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]";
-    snprintf(cmd, sizeof cmd, "echo '%s' | '%s' template --model '%s' --enable-thinking=false", msgs,
-             LM_LUMEN_BIN, TINY_MODEL);
+    const char *msgs =
+        "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]";
+    snprintf(cmd, sizeof cmd, "echo '%s' | '%s' template --model '%s' --enable-thinking=false",
+             msgs, LM_LUMEN_BIN, TINY_MODEL);
     int rc = run(cmd, out, err);
     CHECK(rc == 0 && strstr(out->p, "<|im_start|>system\nBe brief.<|im_end|>"),
           "template on the folder: rc %d, stderr: %s", rc, err->p);
     char *folder = strdup(out->p);
-    snprintf(cmd, sizeof cmd, "echo '%s' | '%s' template --model '%s/tiny.gguf' --enable-thinking=false",
-             msgs, LM_LUMEN_BIN, g_dir);
+    snprintf(cmd, sizeof cmd,
+             "echo '%s' | '%s' template --model '%s/tiny.gguf' --enable-thinking=false", msgs,
+             LM_LUMEN_BIN, g_dir);
     rc = run(cmd, out, err);
-    CHECK(rc == 0 && !strcmp(out->p, folder), "template on the GGUF: rc %d, stderr: %s\nstdout: %s\nwant: %s",
-          rc, err->p, out->p, folder);
+    CHECK(rc == 0 && !strcmp(out->p, folder),
+          "template on the GGUF: rc %d, stderr: %s\nstdout: %s\nwant: %s", rc, err->p, out->p,
+          folder);
     free(folder);
-    snprintf(cmd, sizeof cmd, "echo '[]' | '%s' template --model '%s/config.json'", LM_LUMEN_BIN, TINY_MODEL);
+    snprintf(cmd, sizeof cmd, "echo '[]' | '%s' template --model '%s/config.json'", LM_LUMEN_BIN,
+             TINY_MODEL);
     rc = run(cmd, out, err);
-    CHECK(rc == 1 && strstr(err->p, "a file that is not GGUF"), "template on config.json: rc %d, stderr: %s",
-          rc, err->p);
+    CHECK(rc == 1 && strstr(err->p, "a file that is not GGUF"),
+          "template on config.json: rc %d, stderr: %s", rc, err->p);
 }
 
 /* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
@@ -130,7 +139,8 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
     } k_cases[] = {
         {"perf", true, "extra", "lumen perf: unexpected argument 'extra'\n"},
         {"tokenize", true, "a b", "lumen tokenize: unexpected argument 'a'\n"},
-        {"run", true, "--ids x", "lumen run: --ids reads the prompt from stdin; unexpected argument 'x'\n"},
+        {"run", true, "--ids x",
+         "lumen run: --ids reads the prompt from stdin; unexpected argument 'x'\n"},
         {"version", false, "extra", "lumen version: unexpected argument 'extra'\n"},
         {"run", true, "--bogus", "lumen run: unrecognized option '--bogus'\n"},
         {"profile", false, "sweep --bogus", "lumen profile sweep: unrecognized option '--bogus'\n"},
@@ -143,15 +153,16 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
                  k_cases[i].model ? "'" : "", k_cases[i].rest);
         int rc = run(cmd, out, err);
         CHECK(rc == 2 && !strncmp(err->p, k_cases[i].want, strlen(k_cases[i].want)),
-              "lumen %s %s: rc %d, stderr starts: %.200s", k_cases[i].cmd, k_cases[i].rest, rc, err->p);
+              "lumen %s %s: rc %d, stderr starts: %.200s", k_cases[i].cmd, k_cases[i].rest, rc,
+              err->p);
     }
     /* profile's usage is 100 lines: a bad option gets a pointer to --help instead */
     CHECK(!strstr(err->p, "usage:"), "profile --url: the usage follows the error: %.300s", err->p);
     /* lumen help CMD is lumen CMD --help */
     snprintf(cmd, sizeof cmd, "'%s' help run", LM_LUMEN_BIN);
     int rc = run(cmd, out, err);
-    CHECK(rc == 0 && !strncmp(out->p, "usage: lumen run ", 17), "lumen help run: rc %d, stdout: %.100s", rc,
-          out->p);
+    CHECK(rc == 0 && !strncmp(out->p, "usage: lumen run ", 17),
+          "lumen help run: rc %d, stdout: %.100s", rc, out->p);
 }
 
 int main(void) {

@@ -65,7 +65,8 @@ int lm_cmd_build(int argc, char **argv) {
     }
     if (optind < argc || !model || !out) {
         fprintf(stderr, "lumen build: %s\n",
-                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR and --out FILE are required");
+                optind < argc ? lm_cmd_unexpected(argv[optind])
+                              : "--model DIR and --out FILE are required");
         usage(stderr);
         return 2;
     }

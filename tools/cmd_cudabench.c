@@ -357,11 +357,11 @@ int lm_cmd_cudabench(int argc, char **argv) {
     }
     if (optind < argc || !model || reps < 1 || pp < 0 || tg < 0 || in_len < 1 || out_len < 1) {
         fprintf(stderr, "lumen cudabench: %s\n",
-                !model           ? "--model DIR is required"
-                : optind < argc  ? lm_cmd_unexpected(argv[optind])
-                : reps < 1       ? "--reps must be an integer >= 1"
+                !model             ? "--model DIR is required"
+                : optind < argc    ? lm_cmd_unexpected(argv[optind])
+                : reps < 1         ? "--reps must be an integer >= 1"
                 : pp < 0 || tg < 0 ? "-p and -n must be >= 0"
-                                 : "--in and --out must be >= 1");
+                                   : "--in and --out must be >= 1");
         usage(stderr);
         return 2;
     }

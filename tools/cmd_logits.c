@@ -99,7 +99,8 @@ int lm_cmd_logits(int argc, char **argv) {
     if (optind < argc || !model_dir || !k) {
         fprintf(stderr, "lumen logits: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind])
-                              : !model_dir ? "--model DIR is required" : "--top-k K is required");
+                : !model_dir  ? "--model DIR is required"
+                              : "--top-k K is required");
         usage(stderr);
         return 2;
     }

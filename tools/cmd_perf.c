@@ -447,7 +447,8 @@ int lm_cmd_perf(int argc, char **argv) {
         }
     }
     if (optind < argc || !model_dir) {
-        fprintf(stderr, "lumen perf: %s\n", optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model is required");
+        fprintf(stderr, "lumen perf: %s\n",
+                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model is required");
         usage(stderr);
         return 2;
     }
@@ -508,9 +509,10 @@ int lm_cmd_perf(int argc, char **argv) {
                lm_model_name(m), info.format, cfg->model_type, cfg->num_hidden_layers, cfg->hidden_size,
                cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim, cfg->vocab_size,
                info.n_params / 1e6);
-        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d thread%s%s%s\n", info.weight_dtype,
-               info.weight_bytes / (1024.0 * 1024.0), residency, load_s, info.kernels, info.n_threads,
-               info.n_threads == 1 ? "" : "s", q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "");
+        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d thread%s%s%s\n",
+               info.weight_dtype, info.weight_bytes / (1024.0 * 1024.0), residency, load_s,
+               info.kernels, info.n_threads, info.n_threads == 1 ? "" : "s",
+               q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "");
         if (!tok) printf("tokenizer: none (no tokenizer.json): prompt ids drawn from 1 to vocab_size - 1\n");
         fflush(stdout);
     }
@@ -598,9 +600,10 @@ int lm_cmd_perf(int argc, char **argv) {
     for (int i = 0; i < n_rows; i++) max_pct = fmax(max_pct, rows[i].pct);
     if (!rc && !json) {
         if (bwst.n)
-            printf("\nread bandwidth (%d thread%s summing 512 MiB, %d samples through the run): %.1f ± %.1f "
-                   "GB/s (%.1f - %.1f)\n",
-                   info.n_threads, info.n_threads == 1 ? "" : "s", bwst.n, bwst.mean, bwst.std, bwst.lo, bwst.hi);
+            printf("\nread bandwidth (%d thread%s summing 512 MiB, %d samples through the run): "
+                   "%.1f ± %.1f GB/s (%.1f - %.1f)\n",
+                   info.n_threads, info.n_threads == 1 ? "" : "s", bwst.n, bwst.mean, bwst.std,
+                   bwst.lo, bwst.hi);
         printf("%s%d repetition%s after one warm-up; decode timing excludes any prefill. weights GB/s: the\n"
                "%.1f MiB of weights one decode step reads, times steps per second",
                bwst.n ? "" : "\n", reps, reps == 1 ? "" : "s", info.weight_bytes / (1024.0 * 1024.0));

@@ -152,7 +152,9 @@ int lm_cmd_synth(int argc, char **argv) {
     }
     if (optind < argc || !sh || !out) {
         fprintf(stderr, "lumen synth: %s\n",
-                optind < argc ? lm_cmd_unexpected(argv[optind]) : !sh ? "--shape is required" : "--out DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind])
+                : !sh         ? "--shape is required"
+                              : "--out DIR is required");
         usage(stderr);
         return 2;
     }

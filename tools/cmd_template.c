@@ -12,8 +12,8 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "commands.h"
-#include "family/chat.h"
 #include "family/bundle.h"
+#include "family/chat.h"
 #include "family/family.h"
 #include "format/gguf.h"
 #include "format/hf_config.h"
@@ -69,7 +69,8 @@ static lm_status find_family(const char *model, const struct lm_family **out) {
         lm_hf_config_free(&cfg);
         return st;
     }
-    const char *where = gguf ? "" : "/config.json", *key = gguf ? "general.architecture" : "model_type";
+    const char *where = gguf ? "" : "/config.json";
+    const char *key = gguf ? "general.architecture" : "model_type";
     json_t *mt = lm_hf_config_get(&cfg, "model_type");
     if (!json_is_string(mt)) {
         st = lm_errorf(LM_ERR_MISSING, "%s%s: %s is missing or not a string", model, where, key);
@@ -170,14 +171,16 @@ int lm_cmd_template(int argc, char **argv) {
         }
     }
     if (optind < argc || !model) {
-        fprintf(stderr, "lumen template: %s\n", optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
+        fprintf(stderr, "lumen template: %s\n",
+                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
         usage(stderr);
         return 2;
     }
     if (!lm_dir_exists(model) && !lm_gguf_is_gguf(model)) {
         fprintf(stderr, "lumen template: --model %s: %s\n", model,
-                lm_file_exists(model) ? "a file that is not GGUF (expected a model folder or a .gguf file)"
-                                      : "no such folder or file");
+                lm_file_exists(model)
+                    ? "a file that is not GGUF (expected a model folder or a .gguf file)"
+                    : "no such folder or file");
         return 1;
     }
     if (tokdir && !lm_dir_exists(tokdir)) {

@@ -43,8 +43,8 @@ bool lm_cmd_device_ok(const char *cmd, const char *value) {
         size_t digits = strspn(n, "0123456789");
         if (digits && digits <= 4 && !n[digits] && atoi(n) <= 1023) return true;
     }
-    fprintf(stderr, "lumen %s: --device takes cpu, cuda or cuda:N (N a GPU index), not '%s'\n",
-            cmd, value);
+    fprintf(stderr, "lumen %s: --device takes cpu, cuda or cuda:N (N a GPU index), not '%s'\n", cmd,
+            value);
     return false;
 }
 
@@ -54,8 +54,10 @@ bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir) {
     bool lacks = !lm_file_exists(path);
     free(path);
     if (lacks)
-        lm_errorf(LM_ERR_MISSING, "%s: the model folder has no tokenizer.json; pass --tokenizer DIR "
-                  "with a folder that holds one", model);
+        lm_errorf(LM_ERR_MISSING,
+                  "%s: the model folder has no tokenizer.json; pass --tokenizer DIR "
+                  "with a folder that holds one",
+                  model);
     return lacks;
 }
 
@@ -91,7 +93,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    char help_flag[] = "--help", *help_argv[] = {argv[0], argc == 3 ? argv[2] : NULL, help_flag, NULL};
+    char help_flag[] = "--help";
+    char *help_argv[] = {argv[0], argc == 3 ? argv[2] : NULL, help_flag, NULL};
     if (!strcmp(argv[1], "help") && argc == 3) { /* lumen help CMD: lumen CMD --help */
         argv = help_argv;
     } else if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
