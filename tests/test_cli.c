@@ -145,6 +145,10 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
         {"run", true, "--bogus", "lumen run: unrecognized option '--bogus'\n"},
         {"profile", false, "sweep --bogus", "lumen profile sweep: unrecognized option '--bogus'\n"},
         {"profile", false, "--url", "lumen profile: option '--url' requires an argument\n"},
+        /* a bad --kv-size is refused before the model loads (no such model here) */
+        {"serve", false, "--model /nonexistent --kv-size 2X",
+         "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or 65536t, not "
+         "'2X'\n"},
     };
     char cmd[1024];
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {

@@ -115,6 +115,31 @@ static bool parse_int(const char *s, long lo, long hi, int *out) {
     return true;
 }
 
+/* --kv-size SIZE: MiB by default, or with a suffix: M/MiB, G/GiB, or t/tokens. Sets *bytes or
+ * *tokens (the other 0); false when SIZE is not a positive size. */
+static bool parse_kv_size(const char *s, double *bytes, double *tokens) {
+    char *end;
+    double v = strtod(s, &end);
+    *bytes = *tokens = 0;
+    if (end == s || !(v > 0) || v > 1e15) return false;
+    if (!strcmp(end, "t") || !strcmp(end, "tokens"))
+        *tokens = v;
+    else if (!*end || !strcmp(end, "M") || !strcmp(end, "MiB"))
+        *bytes = v * 1048576.0;
+    else if (!strcmp(end, "G") || !strcmp(end, "GiB"))
+        *bytes = v * 1073741824.0;
+    else
+        return false;
+    return true;
+}
+
+static void bad_kv_size(const char *s) {
+    fprintf(stderr,
+            "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or "
+            "65536t, not '%s'\n",
+            s);
+}
+
 int lm_cmd_serve(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},   {"tokenizer", required_argument, 0, 'T'},
@@ -132,6 +157,7 @@ int lm_cmd_serve(int argc, char **argv) {
     struct lm_server_params sp = lm_server_default_params();
     int threads = 0, ctx = 0;
     const char *kv_size = NULL, *device = NULL;
+    double kv_bytes = 0, kv_tokens = 0; /* --kv-size, one of the two */
     optind = 1;
     opterr = 0; /* we print our own "lumen serve: ..." messages */
     int o;
@@ -179,7 +205,13 @@ int lm_cmd_serve(int argc, char **argv) {
                 return 2;
             }
             break;
-        case 'K': kv_size = optarg; break;
+        case 'K': /* checked here, converted to tokens once the model is open */
+            if (!parse_kv_size(optarg, &kv_bytes, &kv_tokens)) {
+                bad_kv_size(optarg);
+                return 2;
+            }
+            kv_size = optarg;
+            break;
         case 'd':
             if (!lm_cmd_device_ok("serve", optarg)) return 2;
             device = optarg;
@@ -278,17 +310,11 @@ int lm_cmd_serve(int argc, char **argv) {
         sp.kv_tokens = want < cap ? want : cap;
         if (sp.kv_tokens < ctx) sp.kv_tokens = ctx; /* the KV allocation says when it cannot */
     }
-    if (kv_size) { /* MiB by default; M, G (MiB, GiB) or t (tokens) suffixes */
-        char *end;
-        double v = strtod(kv_size, &end);
+    if (kv_size) {
         double per = (double)lm_model_kv_bytes_per_token(m);
-        double tokens = !strcmp(end, "t") || !strcmp(end, "tokens") ? v
-                        : !*end || !strcmp(end, "M") || !strcmp(end, "MiB") ? v * 1048576.0 / per
-                        : !strcmp(end, "G") || !strcmp(end, "GiB") ? v * 1073741824.0 / per
-                                                                   : -1;
+        double tokens = kv_tokens ? kv_tokens : kv_bytes / per;
         if (!(tokens >= 1) || tokens > 1e12) {
-            fprintf(stderr, "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or "
-                            "65536t, not '%s'\n", kv_size);
+            bad_kv_size(kv_size);
             lm_model_close(m);
             return 2;
         }
