@@ -8,7 +8,8 @@
  * usage error (exit 2, before the model loads) of run, perf and serve alike, naming the flag, the
  * value and the accepted values, and `--device cpu` is accepted. Usage errors start with
  * "lumen <command>:" (getopt's too) and name a left-over argument; `lumen help run` is
- * `lumen run --help`. `lumen template` takes a GGUF file and renders as on the folder.
+ * `lumen run --help`. `lumen template` takes a GGUF file and renders as on the folder. A command
+ * reading stdin from a terminal says so.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -129,6 +130,25 @@ static void template_gguf(struct lm_buf *out, struct lm_buf *err) {
           "template on config.json: rc %d, stderr: %s", rc, err->p);
 }
 
+/* A command that reads stdin from a terminal says so (else it looks hung); through a pipe it
+ * says nothing. The terminal is util-linux's `script`, when there is one. */
+static void stdin_hint(struct lm_buf *out, struct lm_buf *err) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf Hi | '%s' tokenize --model '%s'", LM_LUMEN_BIN, TINY_MODEL);
+    int rc = run(cmd, out, err);
+    CHECK(rc == 0 && !*err->p, "tokenize through a pipe: rc %d, stderr: %s", rc, err->p);
+    if (system("script -qec true /dev/null </dev/null >/dev/null 2>&1")) {
+        fprintf(stderr, "test_cli: no util-linux script: the terminal case is not checked\n");
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "script -qec \"'%s' tokenize --model '%s'\" /dev/null </dev/null",
+             LM_LUMEN_BIN, TINY_MODEL);
+    rc = run(cmd, out, err);
+    CHECK(rc == 0 &&
+              strstr(out->p, "lumen tokenize: reading the text from stdin (end it with Ctrl-D)"),
+          "tokenize from a terminal: rc %d, output: %s", rc, out->p);
+}
+
 /* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
  * argument is quoted, and getopt's messages start with "lumen <command>", not argv[0]. */
 static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
@@ -180,6 +200,7 @@ int main(void) {
     bad_device(&out, &err);
     usage_errors(&out, &err);
     template_gguf(&out, &err);
+    stdin_hint(&out, &err);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");

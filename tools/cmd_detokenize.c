@@ -49,6 +49,7 @@ int lm_cmd_detokenize(int argc, char **argv) {
         return 2;
     }
     json_t *arr = NULL;
+    lm_cmd_stdin_hint("detokenize", "a JSON array of token ids");
     if (lm_json_load_file("-", &arr))
         return lm_cmd_fail("detokenize", "cannot read the ids on stdin");
     struct lm_ids ids = {0};

@@ -107,6 +107,7 @@ int lm_cmd_logits(int argc, char **argv) {
 
     json_t *arr = NULL;
     struct lm_ids ids = {0};
+    lm_cmd_stdin_hint("logits", "the prompt, a JSON array of token ids,");
     if (lm_json_load_file("-", &arr)) return lm_cmd_fail("logits", "cannot read the prompt");
     lm_status st = lm_json_to_ids(arr, "stdin", &ids);
     json_decref(arr);

@@ -107,6 +107,7 @@ static int build_prompt(const struct run_args *a, struct lm_model *m, int argc, 
     int rc = 0;
     if (a->ids_mode) {
         json_t *arr = NULL;
+        lm_cmd_stdin_hint("run", "the prompt, a JSON array of token ids,");
         if (lm_json_load_file("-", &arr)) return lm_cmd_fail("run", "cannot read the prompt ids");
         if (lm_json_to_ids(arr, "stdin", prompt)) rc = lm_cmd_fail("run", NULL);
         json_decref(arr);
@@ -118,6 +119,7 @@ static int build_prompt(const struct run_args *a, struct lm_model *m, int argc, 
             lm_buf_puts(&in, argv[i]);
         }
     } else {
+        lm_cmd_stdin_hint("run", "the message");
         if (lm_file_read("-", &in)) return lm_cmd_fail("run", "cannot read stdin");
         if (in.len && in.p[in.len - 1] == '\n') in.p[--in.len] = 0;
         if (in.len && in.p[in.len - 1] == '\r') in.p[--in.len] = 0;

@@ -191,6 +191,7 @@ int lm_cmd_template(int argc, char **argv) {
     if (find_family(model, &fam)) return lm_cmd_fail("template", NULL);
 
     json_t *arr = NULL;
+    lm_cmd_stdin_hint("template", "a JSON array of messages");
     if (lm_json_load_file("-", &arr)) return lm_cmd_fail("template", "cannot read the messages");
     int rc = 0;
     struct lm_buf out = {0};

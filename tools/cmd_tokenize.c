@@ -83,6 +83,7 @@ int lm_cmd_tokenize(int argc, char **argv) {
     struct lm_buf text = {0}, out = {0};
     struct lm_ids ids = {0};
     int rc = 0;
+    lm_cmd_stdin_hint("tokenize", "the text");
     if (lm_file_read("-", &text)) {
         rc = lm_cmd_fail("tokenize", "cannot read stdin");
     } else if (lm_tokenizer_encode(tok, text.p, text.len, flags, &ids)) {

@@ -16,6 +16,9 @@ struct lm_cmd {
 
 /* Prints "lumen <cmd>: <message>" to stderr with the thread's last error and returns 1. */
 int lm_cmd_fail(const char *cmd, const char *what);
+/* When stdin is a terminal, says on stderr that the command now reads `what` from it (so that a
+ * command waiting for input does not look hung). */
+void lm_cmd_stdin_hint(const char *cmd, const char *what);
 /* "unexpected argument '<arg>'", for a command's usage error about a left-over argument.
  * Valid until the next call. */
 const char *lm_cmd_unexpected(const char *arg);

@@ -30,6 +30,11 @@ int lm_cmd_fail(const char *cmd, const char *what) {
     return 1;
 }
 
+void lm_cmd_stdin_hint(const char *cmd, const char *what) {
+    if (isatty(STDIN_FILENO))
+        fprintf(stderr, "lumen %s: reading %s from stdin (end it with Ctrl-D)\n", cmd, what);
+}
+
 const char *lm_cmd_unexpected(const char *arg) {
     static char msg[256];
     snprintf(msg, sizeof msg, "unexpected argument '%s'", arg);
