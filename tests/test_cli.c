@@ -9,7 +9,7 @@
  * value and the accepted values, and `--device cpu` is accepted. Usage errors start with
  * "lumen <command>:" (getopt's too) and name a left-over argument; `lumen help run` is
  * `lumen run --help`. `lumen template` takes a GGUF file and renders as on the folder. A command
- * reading stdin from a terminal says so.
+ * reading stdin from a terminal says so. Every command's --help names each of its long options.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "base/file.h"
 #include "check.h"
 #include "cli.h"
 
@@ -149,6 +150,41 @@ static void stdin_hint(struct lm_buf *out, struct lm_buf *err) {
           "tokenize from a terminal: rc %d, output: %s", rc, out->p);
 }
 
+/* Every long option of every command (the getopt tables in tools/cmd_<name>.c, names from
+ * tools/commands.def) is in that command's --help, and --help exits 0. */
+static void help_lists_options(struct lm_buf *out, struct lm_buf *err) {
+    struct lm_buf def = {0}, src = {0};
+    CHECK(!lm_file_read(LM_SOURCE_DIR "/tools/commands.def", &def), "tools/commands.def");
+    int n_cmds = 0;
+    for (const char *d = def.p ? strstr(def.p, "\nLM_CMD(") : NULL; d;
+         d = strstr(d + 1, "\nLM_CMD(")) {
+        char name[32], path[512], cmd[1024], want[80];
+        if (sscanf(d, "\nLM_CMD(%31[a-z_],", name) != 1) continue;
+        n_cmds++;
+        snprintf(path, sizeof path, "%s/tools/cmd_%s.c", LM_SOURCE_DIR, name);
+        lm_buf_reset(&src);
+        CHECK(!lm_file_read(path, &src), "%s", path);
+        snprintf(cmd, sizeof cmd, "'%s' %s --help", LM_LUMEN_BIN, name);
+        int rc = run(cmd, out, err);
+        CHECK(rc == 0 && strstr(out->p, "lumen"), "lumen %s --help: rc %d, stderr: %s", name, rc,
+              err->p);
+        int n_opts = 0;
+        for (const char *o = src.p ? strstr(src.p, "{\"") : NULL; o; o = strstr(o + 1, "{\"")) {
+            char opt[64], kind[32];
+            if (sscanf(o, "{\"%63[a-z0-9-]\", %31[a-z_]", opt, kind) != 2 ||
+                !strstr(kind, "_argument"))
+                continue;
+            n_opts++;
+            snprintf(want, sizeof want, "--%s", opt);
+            CHECK(strstr(out->p, want), "lumen %s --help does not mention %s", name, want);
+        }
+        CHECK(n_opts > 0 || !strcmp(name, "version"), "no getopt table found in %s", path);
+    }
+    CHECK(n_cmds >= 12, "commands.def lists %d commands", n_cmds);
+    lm_buf_free(&def);
+    lm_buf_free(&src);
+}
+
 /* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
  * argument is quoted, and getopt's messages start with "lumen <command>", not argv[0]. */
 static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
@@ -201,6 +237,7 @@ int main(void) {
     usage_errors(&out, &err);
     template_gguf(&out, &err);
     stdin_hint(&out, &err);
+    help_lists_options(&out, &err);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");
