@@ -9,7 +9,8 @@
  * value and the accepted values, and `--device cpu` is accepted. Usage errors start with
  * "lumen <command>:" (getopt's too) and name a left-over argument; `lumen help run` is
  * `lumen run --help`. `lumen template` takes a GGUF file and renders as on the folder. A command
- * reading stdin from a terminal says so. Every command's --help names each of its long options.
+ * reading stdin from a terminal says so. Every command's --help names each of its long options,
+ * and every --flag the docs give after `lumen <command>`.
  * LM_LABEL: model */
 #include <jansson.h>
 #include <stdbool.h>
@@ -150,17 +151,22 @@ static void stdin_hint(struct lm_buf *out, struct lm_buf *err) {
           "tokenize from a terminal: rc %d, output: %s", rc, out->p);
 }
 
+/* Each command of tools/commands.def with its --help text (filled by help_lists_options). */
+static struct {
+    char name[32];
+    char *help;
+} g_cmds[32];
+static int g_n_cmds;
+
 /* Every long option of every command (the getopt tables in tools/cmd_<name>.c, names from
  * tools/commands.def) is in that command's --help, and --help exits 0. */
 static void help_lists_options(struct lm_buf *out, struct lm_buf *err) {
     struct lm_buf def = {0}, src = {0};
     CHECK(!lm_file_read(LM_SOURCE_DIR "/tools/commands.def", &def), "tools/commands.def");
-    int n_cmds = 0;
-    for (const char *d = def.p ? strstr(def.p, "\nLM_CMD(") : NULL; d;
+    for (const char *d = def.p ? strstr(def.p, "\nLM_CMD(") : NULL; d && g_n_cmds < 32;
          d = strstr(d + 1, "\nLM_CMD(")) {
-        char name[32], path[512], cmd[1024], want[80];
+        char *name = g_cmds[g_n_cmds].name, path[512], cmd[1024], want[80];
         if (sscanf(d, "\nLM_CMD(%31[a-z_],", name) != 1) continue;
-        n_cmds++;
         snprintf(path, sizeof path, "%s/tools/cmd_%s.c", LM_SOURCE_DIR, name);
         lm_buf_reset(&src);
         CHECK(!lm_file_read(path, &src), "%s", path);
@@ -168,6 +174,7 @@ static void help_lists_options(struct lm_buf *out, struct lm_buf *err) {
         int rc = run(cmd, out, err);
         CHECK(rc == 0 && strstr(out->p, "lumen"), "lumen %s --help: rc %d, stderr: %s", name, rc,
               err->p);
+        g_cmds[g_n_cmds++].help = strdup(out->p);
         int n_opts = 0;
         for (const char *o = src.p ? strstr(src.p, "{\"") : NULL; o; o = strstr(o + 1, "{\"")) {
             char opt[64], kind[32];
@@ -180,9 +187,45 @@ static void help_lists_options(struct lm_buf *out, struct lm_buf *err) {
         }
         CHECK(n_opts > 0 || !strcmp(name, "version"), "no getopt table found in %s", path);
     }
-    CHECK(n_cmds >= 12, "commands.def lists %d commands", n_cmds);
+    CHECK(g_n_cmds >= 12, "commands.def lists %d commands", g_n_cmds);
     lm_buf_free(&def);
     lm_buf_free(&src);
+}
+
+/* Every --flag that README.md and docs/ give after `lumen <command>` (up to the end of the code
+ * span, table cell or line) is in that command's --help. */
+static void docs_use_real_flags(void) {
+    static const char *const k_docs[] = {"README.md", "docs/ARCHITECTURE.md", "docs/ENGINE.md",
+                                         "docs/RECORDS.md"};
+    int n_seen = 0;
+    for (size_t f = 0; f < sizeof k_docs / sizeof *k_docs; f++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", LM_SOURCE_DIR, k_docs[f]);
+        struct lm_buf doc = {0};
+        CHECK(!lm_file_read(path, &doc), "%s", path);
+        for (const char *l = doc.p ? strstr(doc.p, "lumen ") : NULL; l;
+             l = strstr(l + 1, "lumen ")) {
+            const char *c = l + 6;
+            size_t n = strspn(c, "abcdefghijklmnopqrstuvwxyz");
+            const char *help = NULL;
+            for (int i = 0; i < g_n_cmds; i++)
+                if (strlen(g_cmds[i].name) == n && !strncmp(c, g_cmds[i].name, n) && c[n] == ' ')
+                    help = g_cmds[i].help;
+            if (!help) continue;
+            const size_t span = strcspn(c + n, "`|\n");
+            for (const char *o = c + n; o < c + n + span; o++) {
+                if (strncmp(o, " --", 3) && strncmp(o, "[--", 3)) continue;
+                char flag[64], want[80];
+                if (sscanf(o + 1, "--%63[a-z0-9-]", flag) != 1) continue;
+                n_seen++;
+                snprintf(want, sizeof want, "--%s", flag);
+                CHECK(strstr(help, want), "%s: `lumen %.*s ... %s`: not in lumen %.*s --help",
+                      k_docs[f], (int)n, c, want, (int)n, c);
+            }
+        }
+        lm_buf_free(&doc);
+    }
+    CHECK(n_seen > 20, "only %d flags found after `lumen <command>` in the docs", n_seen);
 }
 
 /* Usage errors name what is wrong with the command's own name first, and exit 2: a left-over
@@ -238,6 +281,9 @@ int main(void) {
     template_gguf(&out, &err);
     stdin_hint(&out, &err);
     help_lists_options(&out, &err);
+    docs_use_real_flags();
+    for (int i = 0; i < g_n_cmds; i++)
+        free(g_cmds[i].help);
     lm_buf_free(&out);
     lm_buf_free(&err);
     return cli_finish(g_dir, "test_cli");
