@@ -62,7 +62,7 @@ static void run_ids_without_tokenizer(struct lm_buf *out, struct lm_buf *err) {
     snprintf(cmd, sizeof cmd, "'%s' run --model '%s/notok' -n 2 --threads 1 Hi", LM_LUMEN_BIN,
              g_dir);
     rc = run(cmd, out, err);
-    CHECK(rc == 1 && strstr(err->p, "no tokenizer.json"),
+    CHECK(rc == 1 && strstr(err->p, "no tokenizer.json") && strstr(err->p, "with --ids"),
           "run with a text prompt and no tokenizer.json: rc %d, stderr: %s", rc, err->p);
     snprintf(cmd, sizeof cmd, "printf Hi | '%s' tokenize --model '%s/notok'", LM_LUMEN_BIN, g_dir);
     rc = run(cmd, out, err);

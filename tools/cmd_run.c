@@ -224,7 +224,12 @@ int lm_cmd_run(int argc, char **argv) {
     op.device = a.device;
     op.tokenizer_optional = a.ids_mode; /* ids in, ids out */
     struct lm_model *m = NULL;
-    if (lm_model_open(a.model, &op, &m)) return lm_cmd_fail("run", "cannot open the model");
+    if (lm_model_open(a.model, &op, &m)) {
+        int rc = lm_cmd_fail("run", "cannot open the model");
+        if (!a.ids_mode && lm_cmd_lacks_tokenizer(a.model, a.tokdir))
+            fprintf(stderr, "lumen run: (with --ids it takes prompt ids and needs no tokenizer)\n");
+        return rc;
+    }
     if (!lm_model_tokenizer(m))
         fprintf(stderr, "lumen run: %s has no tokenizer.json: ids only (a text prompt and reply "
                 "need one: --tokenizer DIR)\n", a.model);
