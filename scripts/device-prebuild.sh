@@ -16,6 +16,11 @@ cmake --build "$B" -j 2 --target lumen ${LM_PREBUILD_TARGETS:-test_cuda}
 rm -rf "$C" && mkdir -p "$C/bin"
 cp "$B/lumen" "$C/bin/"
 for t in ${LM_PREBUILD_TARGETS:-test_cuda}; do cp "$B/tests/$t" "$C/bin/"; done
+# The CPU matmul probe (scripts/cpu-mmbench.c) on the same libraries, for device-run.sh's cpu step.
+if [ "${LM_PREBUILD_MMBENCH:-0}" = 1 ]; then
+  cc -O2 -march=x86-64-v3 -Isrc scripts/cpu-mmbench.c "$B/liblm_backend.a" "$B/liblm_base.a" -lm -lpthread \
+    -o "$C/bin/cpu-mmbench"
+fi
 strip --strip-debug "$C"/bin/*
 pwd > "$C/bin/srcdir.txt"
 tar -C "$C" -cJf "$C/bins.tar.xz" bin && rm -rf "$C/bin"

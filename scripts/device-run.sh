@@ -7,7 +7,8 @@
 # batched decode), q8 (the same on a Q8_0 GGUF, quants on and off), q8big (bf16 against Q8_0 on
 # a larger shape), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
-# records; the summary and the server log land in $OUT, the run folders in /tmp).
+# records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
+# kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh.
 set -uo pipefail
@@ -102,6 +103,23 @@ for step in "$@"; do
       env $( [ $1 = q8_0-bf16copy ] && echo LM_CUDA_Q8=0 ) timeout 300 $LUMEN perf --device cuda --model $2 -p 512 -n 128 \
         -r ${PERF_REPS:-3} --no-bw --batch ${Q8_BATCH:-1,4,64} 2>&1 | grep -E " (pp|tg)[0-9]|^weights"
     done 2>&1 | tee "$OUT/q8big.log" ;;
+  cpu)
+    # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried
+    # test_kernels, test_bf16_act and test_quant (LM_PREBUILD_TARGETS), then lumen perf on the
+    # bf16 0.6B with $CPU_THREADS threads, bf16 path off (LM_CPU_BF16_ACT=0, the default) and
+    # on; CPU_TESTS names the tests to run. Before them, the matmul alone on 1 and 2 threads
+    # (scripts/cpu-mmbench.c, carried when the prebuild had LM_PREBUILD_MMBENCH=1).
+    if [ -x $CARRY/bin/cpu-mmbench ]; then for t in 1 2; do $CARRY/bin/cpu-mmbench $t; done | tee "$OUT/cpu-mmbench.log"; fi
+    for t in ${CPU_TESTS:-test_kernels test_bf16_act test_quant}; do
+      [ -x $CARRY/bin/$t ] || continue
+      LM_CPU_BF16_ACT=0 timeout 600 $CARRY/bin/$t >"$OUT/$t.log" 2>&1; echo "$t exit $?"
+      grep -E "failed|checked|top-1|bf16 act matmul \(avx512bf16, 2" "$OUT/$t.log" | head -12
+    done
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    for a in 0 1; do echo "== LM_CPU_BF16_ACT=$a"
+      LM_CPU_BF16_ACT=$a timeout 280 $LUMEN perf --model /tmp/q06 -t ${CPU_THREADS:-2} -p ${CPU_P:-512} \
+        -n ${CPU_N:-64} -r ${CPU_REPS:-2} --batch ${CPU_BATCH:-1,16} 2>&1 | tee "$OUT/cpu-perf-$a.log"
+    done ;;
   perf)
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     timeout 300 $LUMEN perf --device cuda --model /tmp/q06 -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \

@@ -1,7 +1,7 @@
 /* test_bf16_act.c: the bf16 path of bfloat16 weights (backend/cpu/ops.h, LM_BF16_ACT:
- * activations rounded to bfloat16, VDPBF16PS's pair chain), the default on CPUs with
- * AVX512-BF16, on the tiny model (bf16 weights) against the float32 chain (LM_BF16_F32, the
- * path that matches transformers' float32 reference):
+ * activations rounded to bfloat16, VDPBF16PS's pair chain; LM_CPU_BF16_ACT=1), on the tiny
+ * model (bf16 weights) against the float32 chain (LM_BF16_F32, the default, the path that
+ * matches transformers' float32 reference):
  *   - accuracy: top-1 agreement and mean KL divergence over every position of the reference
  *     prompts, within stated bounds (the cost of the activations' 8-bit mantissa);
  *   - the fast kernels against the scalar reference on the whole model (short prompts);

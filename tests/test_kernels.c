@@ -130,6 +130,32 @@ static void test_matmul(struct lm_pool *pool, const struct lm_cpu_ops *f) {
     lm_cpu_set_bf16_path(saved);
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* One VDPBF16PS lane: acc + the pair (w0, w1) . (x0, x1). */
+__attribute__((target("avx512f,avx512bf16"))) static float dpbf16_lane(float acc, float w0, float w1, float x0,
+                                                                        float x1) {
+    uint32_t wv = (uint32_t)lm_f32_to_bf16(w1) << 16 | lm_f32_to_bf16(w0);
+    uint32_t xv = (uint32_t)lm_f32_to_bf16(x1) << 16 | lm_f32_to_bf16(x0);
+    __m512 r = _mm512_dpbf16_ps(_mm512_set1_ps(acc), (__m512bh)_mm512_set1_epi32((int)wv),
+                                (__m512bh)_mm512_set1_epi32((int)xv));
+    return _mm512_cvtss_f32(r);
+}
+/* What the avx512bf16 target assumes of the instruction (ops.h, LM_BF16_ACT): two roundings, the
+ * odd product first. 1 + 2^-24 + 2^-24 gives 1 that way (1 + 2^-23 with one rounding of the
+ * sum); 1 + 2^-24 (odd) + 1.5 * 2^-24 (even) gives 1 + 2^-23 (1 + 2^-22 with the even first). */
+static void test_dpbf16_semantics(const struct lm_cpu_ops *f) {
+    if (strcmp(f->name, "avx512bf16")) return;
+    const float u = ldexpf(1, -24);
+    float a = dpbf16_lane(1.0f, 1.0f, 1.0f, u, u), b = dpbf16_lane(1.0f, 1.5f, 1.0f, u, u);
+    CHECK(a == 1.0f, "VDPBF16PS: 1 + 2^-24 + 2^-24 = %.9g (1: two roundings; 1 + 2^-23: one)", a);
+    CHECK(b == 1.0f + ldexpf(1, -23), "VDPBF16PS: odd product first: got 1 + %.3g * 2^-23 (1: odd first, 2: even first)",
+          (b - 1.0f) / ldexpf(1, -23));
+}
+#else
+static void test_dpbf16_semantics(const struct lm_cpu_ops *f) { (void)f; }
+#endif
+
 /* The bf16 path of bfloat16 weights (ops.h, LM_BF16_ACT): the activation rounding against its
  * definition, the scalar reference against float64 over the rounded activations, and every
  * target's matmul against the reference bit for bit (odd k: the last column alone; every tile
@@ -447,6 +473,7 @@ int main(void) {
         ran++;
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", ran > 1 ? ", " : "", f->name);
         test_conversions(f);
+        test_dpbf16_semantics(f);
         for (int nt = 1; nt <= 3; nt++) {
             struct lm_pool *pool;
             lm_pool_create(nt, &pool);

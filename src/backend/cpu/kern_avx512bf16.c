@@ -1,7 +1,7 @@
 /* kern_avx512bf16.c: the avx512vnni kernels (kern_avx512vnni.c) for CPUs that also have
  * AVX512-BF16 (Intel Cooper Lake and Sapphire Rapids on, AMD Zen 4 on), chosen at run time by
  * ops_fast.c before avx512vnni. The only difference is the bf16 path of bfloat16 weights (ops.h,
- * LM_BF16_ACT, the default on these CPUs): its pair chain runs as VDPBF16PS, 32 products an
+ * LM_BF16_ACT, off unless LM_CPU_BF16_ACT=1): its pair chain runs as VDPBF16PS, 32 products an
  * instruction (kern_matmul.h, LM_SIMD_BF16); every other result has the other targets' bits. */
 #if defined(__x86_64__)
 #if defined(__clang__)

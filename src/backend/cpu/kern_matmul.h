@@ -1,6 +1,7 @@
 /* kern_matmul.h: the fast matmul of every weight dtype and layout, as a template included once
- * per vector target (kern_avx512.c, kern_avx2.c, kern_generic.c define LM_SIMD_LEVEL and KN(),
- * which names this target's copy of each function). No include guard: one inclusion per file.
+ * per vector target (kern_avx512bf16.c, kern_avx512vnni.c, kern_avx512.c, kern_avx2.c,
+ * kern_generic.c define LM_SIMD_LEVEL, and LM_SIMD_VNNI / LM_SIMD_BF16 where they apply). No
+ * include guard: one inclusion per file.
  *
  * Every y[t, r] is the chain acc = fma(w[r, l], x[t, l], acc), l = 0..k-1 in order, in one lane
  * of a vector register: the kernels vectorize across 16 rows of a packed group (ops.h,
@@ -17,6 +18,11 @@
  *     group into a float32 panel [k][16] (L2-resident; row-major weights are transposed 8 x 8 on
  *     the way under AVX2), then an outer-product tile of 6 tokens x 16 rows (12 accumulators,
  *     the BLIS shape) runs over every token: per column 2 loads, 6 broadcasts, 12 FMAs;
+ *   bf16 weights on the bf16 path (ops.h, LM_BF16_ACT): the activations are rounded to bfloat16
+ *     once per call; the tiles and panels above then take the columns in pairs, the odd one
+ *     first (P = 1), or, with AVX512-BF16 (LM_SIMD_BF16), interleave each pair of columns with
+ *     one vpermw and take 32 products a VDPBF16PS (tile_bfd for decode and batches, bf16 panels
+ *     of interleaved pairs and 12-token tiles for prefill: mkd_tile);
  *   Q8_0 on the int8 path (ops.h, LM_Q8_0_INT8; any n): the activations are quantized once per
  *     call (quant_act), then tiles of 4 groups x 1 token or 1 group x QI_T tokens take int8 dot
  *     products of 4 columns per lane (tile_q8i); row-major Q8_0 goes row by row (one token) or
@@ -770,23 +776,31 @@ static void bfd_panel(uint16_t *pan, const void *w, enum lm_dtype wt, long g, in
     for (int j = 0; j < G; j++) tail[j] = (k & 1) && g * G + j < m ? lm_bf16_to_f32(wr[(g * G + j) * k + k - 1]) : 0.0f;
 }
 
-/* The panel tile: y[t][16 rows] for T <= MKD_T tokens. */
-ALWAYS_INLINE void mkd_tile(const int T, float *y, long ldy, const uint16_t *xb, long ldxb, int k,
-                            const uint16_t *pan, int valid) {
+/* A block of MKD_T tokens' rounded activations packed for the panel tile: pair p of token t
+ * at xpk[p * MKD_T + t], so one step reads one cache line, not MKD_T rows. */
+static void bf_pack_row(const uint16_t *xb, uint32_t *xpk, long t, int k) {
+    uint32_t *dst = xpk + (t / MKD_T) * (long)(k / 2) * MKD_T + t % MKD_T;
+    for (long p = 0; p < k / 2; p++) memcpy(dst + p * MKD_T, xb + 2 * p, 4);
+}
+
+/* The panel tile: y[t][16 rows] for T <= MKD_T tokens (xpk: their packed block; xb: their rows,
+ * for an odd k's last column). */
+ALWAYS_INLINE void mkd_tile(const int T, float *y, long ldy, const uint32_t *xpk, const uint16_t *xb, long ldxb,
+                            int k, const uint16_t *pan, int valid) {
     __m512 acc[MKD_T];
     _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) acc[t] = V_ZERO();
     for (long p = 0; p < k / 2; p++) {
         __m512bh c = (__m512bh)_mm512_loadu_si512((const void *)(pan + p * 32));
         _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) acc[t] =
-            _mm512_dpbf16_ps(acc[t], c, bf_x2(xb + t * ldxb, p));
+            _mm512_dpbf16_ps(acc[t], c, (__m512bh)_mm512_set1_epi32((int)xpk[p * MKD_T + t]));
     }
     const vf tail = V_LOAD((const float *)(pan + (size_t)(k / 2) * 32));
     _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) bf_finish(y + t * ldy, acc[t], k, tail, xb + t * ldxb, valid);
 }
 
-#define MKD_CASE(T) case T: mkd_tile(T, y, ldy, xb, ldxb, k, pan, valid); break;
-static void mkd_tiles(int T, float *y, long ldy, const uint16_t *xb, long ldxb, int k, const uint16_t *pan,
-                      int valid) {
+#define MKD_CASE(T) case T: mkd_tile(T, y, ldy, xpk, xb, ldxb, k, pan, valid); break;
+static void mkd_tiles(int T, float *y, long ldy, const uint32_t *xpk, const uint16_t *xb, long ldxb, int k,
+                      const uint16_t *pan, int valid) {
     switch (T) {
         MKD_CASE(1) MKD_CASE(2) MKD_CASE(3) MKD_CASE(4) MKD_CASE(5) MKD_CASE(6)
         MKD_CASE(7) MKD_CASE(8) MKD_CASE(9) MKD_CASE(10) MKD_CASE(11) MKD_CASE(12)
@@ -824,6 +838,7 @@ struct mm_args {
     int pairs;        /* the bf16 path on FMAs: x holds bfloat16 values, pair order */
     const uint16_t *xb; /* the bf16 path on VDPBF16PS: x rounded, [n][ldxb] */
     long ldxb;
+    const uint32_t *xpk; /* and (panels) packed in blocks of MKD_T tokens (bf_pack_row) */
     long chunk;     /* groups a thread takes at a time */
     atomic_long next; /* the first group nobody has taken */
 };
@@ -873,8 +888,8 @@ static void mm_range(const struct mm_args *a, int ith, long g0, long g1) {
             const int valid = m - (int)g * G < G ? m - (int)g * G : G;
             bfd_panel(pan, a->w, a->wt, g, m, k);
             for (int t = 0; t < n; t += MKD_T)
-                mkd_tiles(n - t < MKD_T ? n - t : MKD_T, a->y + (long)t * m + g * G, m, a->xb + t * a->ldxb,
-                          a->ldxb, k, pan, valid);
+                mkd_tiles(n - t < MKD_T ? n - t : MKD_T, a->y + (long)t * m + g * G, m,
+                          a->xpk + (long)t * (k / 2), a->xb + t * a->ldxb, a->ldxb, k, pan, valid);
         }
         return;
     }
@@ -970,13 +985,17 @@ struct br_args {
     void *xr;   /* [n][ldr] of uint16 (VDPBF16PS) or float32 (FMA targets) */
     long ldr;
     int n, k;
+    uint32_t *xpk; /* VDPBF16PS panels: also packed by blocks of tokens (bf_pack_row), or NULL */
 };
 static void br_task(void *p, int ith, int nth) {
     const struct br_args *a = p;
     long i0, i1;
     lm_pool_split(a->n, ith, nth, 1, &i0, &i1);
 #ifdef LM_SIMD_BF16
-    for (long i = i0; i < i1; i++) bf_round_row(a->x + i * a->k, (uint16_t *)a->xr + i * a->ldr, a->k);
+    for (long i = i0; i < i1; i++) {
+        bf_round_row(a->x + i * a->k, (uint16_t *)a->xr + i * a->ldr, a->k);
+        if (a->xpk) bf_pack_row((uint16_t *)a->xr + i * a->ldr, a->xpk, i, a->k);
+    }
 #else
     for (long i = i0; i < i1; i++) bf_round_row(a->x + i * a->k, (float *)a->xr + i * a->ldr, a->k);
 #endif
@@ -1027,7 +1046,9 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
         /* The bf16 path: x rounded once into the calling thread's scratch, then the panels. */
 #ifdef LM_SIMD_BF16
         const long ldr = (k + 1) / 2 * 2;
-        const size_t xbytes = ((size_t)n * (size_t)ldr * 2 + 63) / 64 * 64;
+        const size_t rbytes = ((size_t)n * (size_t)ldr * 2 + 63) / 64 * 64;
+        const size_t kbytes = a.panels ? (size_t)(n + MKD_T - 1) / MKD_T * MKD_T * (size_t)(k / 2) * 4 : 0;
+        const size_t xbytes = rbytes + (kbytes + 63) / 64 * 64;
         const size_t pbytes = a.panels ? (size_t)nth * bfd_panel_bytes(k) : 0;
 #else
         const long ldr = k;
@@ -1039,13 +1060,16 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
             lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
             return;
         }
-        struct br_args r = {x, buf, ldr, n, k};
+        struct br_args r = {x, buf, ldr, n, k, NULL};
+#ifdef LM_SIMD_BF16
+        if (a.panels) r.xpk = (uint32_t *)(buf + rbytes);
+#endif
         if (par && (long)n * k >= MM_QA_PAR_MIN)
             lm_pool_run(pool, br_task, &r);
         else
             br_task(&r, 0, 1);
 #ifdef LM_SIMD_BF16
-        a.xb = (const uint16_t *)buf, a.ldxb = ldr;
+        a.xb = (const uint16_t *)buf, a.ldxb = ldr, a.xpk = r.xpk;
 #else
         a.x = (const float *)buf, a.pairs = 1;
 #endif

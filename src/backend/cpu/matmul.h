@@ -7,8 +7,9 @@
  * over l = 0..k-1 in order from 0, where w' is the weight's exact float32 value (bf16/f16
  * widened, Q8_0 dequantized: d * q is exact in float32), whatever n is and whichever path, tile
  * or thread computes it; the kernels vectorize across rows, never across l. Q8_0 weights on the
- * int8 path (ops.h, lm_cpu_q8_0_path) follow that path's chain over blocks instead, with the same
- * guarantees.
+ * int8 path (ops.h, lm_cpu_q8_0_path) follow that path's chain over blocks instead, and bf16
+ * weights on the bf16 path (lm_cpu_bf16_path) the chain over column pairs of VDPBF16PS, with the
+ * same guarantees.
  * Paths (all giving those bits; kern_matmul.h has the details):
  *   n < LM_MM_PANEL_MIN tokens on packed weights (decode, batched decode): weights widened in
  *     registers as they stream, register tiles of up to 4 groups x 1 token or 1 group x 6
@@ -17,9 +18,9 @@
  *     a group of 16 rows into a float32 panel (L2-resident) and runs an outer-product tile of 6
  *     tokens x 16 rows over every token (row-major weights, one token: transposed 8 x 8 in
  *     registers instead).
- * The code is kern_matmul.h, compiled once per vector target (kern_avx512.c, kern_avx2.c,
- * kern_avx512vnni.c, kern_generic.c); ops_fast.c picks one at run time. Every target gives the
- * same bits.
+ * The code is kern_matmul.h, compiled once per vector target (kern_avx512bf16.c,
+ * kern_avx512vnni.c, kern_avx512.c, kern_avx2.c, kern_generic.c); ops_fast.c picks one at run
+ * time. Every target gives the same bits.
  * Scratch: the calling thread keeps one buffer (lm_cpu_scratch); the steady state allocates
  * nothing. */
 #ifndef LM_BACKEND_CPU_MATMUL_H

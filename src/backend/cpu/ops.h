@@ -201,21 +201,24 @@ const char *lm_q8_0_path_name(enum lm_q8_0_path p);
  *     SDM, VDPBF16PS; the products of two bfloat16s are exact in float32); an odd k ends with
  *     acc = fma(w[r, k-1], x'[t, k-1], acc). CPUs with AVX512-BF16 (Intel Cooper Lake and
  *     Sapphire Rapids on, AMD Zen 4 on) run it as one instruction per 32 products (target
- *     "avx512bf16"), twice the float32 FMA's products; every other target computes the same
+ *     "avx512bf16"; the float32 FMA takes 16); every other target computes the same
  *     chain with FMAs, so the bits agree across targets and with the scalar reference, and the
  *     path stays batch invariant. One caveat: VDPBF16PS also flushes subnormal weights and
  *     sums to zero (DAZ/FTZ), which the FMA targets do not; only values under 1.2e-38 can tell
  *     them apart. This is llama.cpp's arithmetic for bf16 weights on such CPUs (its vec_dot
  *     type for GGML_TYPE_BF16 is bf16). The accuracy cost is the 8-bit mantissa of the
  *     activations (docs/perf-notes-cpu.md, "bf16 activations").
- * The default is LM_BF16_ACT where the fast kernels are "avx512bf16" (faster there), else
- * LM_BF16_F32; LM_CPU_BF16_ACT=0|1 (base/env.h spellings) in the environment at the first call
- * chooses either on any CPU. */
+ * The default is LM_BF16_F32 on every CPU: on the one AVX512-BF16 CPU measured (an Intel
+ * Sapphire Rapids Xeon), VDPBF16PS ran the bf16 path's prefill matmuls at 0.76-0.91x the
+ * float32 FMAs' speed (docs/perf-notes-cpu.md, "bf16 activations"); AMD Zen 4/5, whose
+ * VDPBF16PS is listed at the FMA's rate (so twice its products), are not measured.
+ * LM_CPU_BF16_ACT=1 (or 0; base/env.h spellings) in the environment at the first call
+ * chooses. */
 enum lm_bf16_path {
     LM_BF16_F32 = 0,
     LM_BF16_ACT = 1,
 };
-/* The current path (the environment's or the CPU's choice until lm_cpu_set_bf16_path). */
+/* The current path (the environment's choice until lm_cpu_set_bf16_path). */
 enum lm_bf16_path lm_cpu_bf16_path(void);
 /* Sets the path for every later matmul call of the process (tests and benchmarks). */
 void lm_cpu_set_bf16_path(enum lm_bf16_path p);

@@ -11,7 +11,7 @@
  * once on stderr.
  * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT, an on/off switch read
  * through base/env.h: 0/off/false/no asks for the dequantize path), and its bf16 path (ops.h,
- * lm_cpu_bf16_path: LM_CPU_BF16_ACT, default on where the kernels are avx512bf16). */
+ * lm_cpu_bf16_path: LM_CPU_BF16_ACT, default off). */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -111,14 +111,12 @@ void lm_cpu_set_q8_0_path(enum lm_q8_0_path p) { atomic_store(&g_q8_0_path, (int
 
 const char *lm_q8_0_path_name(enum lm_q8_0_path p) { return p == LM_Q8_0_INT8 ? "int8" : "dequant"; }
 
-/* The bf16 path (ops.h): -1 until the first call reads LM_CPU_BF16_ACT, whose default follows
- * the fast kernels (on where they are avx512bf16). */
+/* The bf16 path (ops.h): -1 until the first call reads LM_CPU_BF16_ACT (default off). */
 static atomic_int g_bf16_path = -1;
 static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT;
 
 static void read_bf16_env(void) {
-    const bool native = !strcmp(lm_cpu_ops_fast()->name, "avx512bf16");
-    int want = lm_env_flag("LM_CPU_BF16_ACT", native) ? LM_BF16_ACT : LM_BF16_F32;
+    int want = lm_env_flag("LM_CPU_BF16_ACT", false) ? LM_BF16_ACT : LM_BF16_F32;
     int expected = -1; /* lm_cpu_set_bf16_path may have chosen already */
     atomic_compare_exchange_strong(&g_bf16_path, &expected, want);
 }
