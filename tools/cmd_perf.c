@@ -54,13 +54,17 @@ static void usage(FILE *f) {
             "                    it reads host memory)\n"
             "  --scalar          use the plain scalar reference kernels\n"
             "                    (the fast CPU kernels are the best vector target of this CPU,\n"
-            "                    chosen at run time: avx512vnni, avx512, avx2, generic or neon;\n"
+            "                    chosen at run time: avx512bf16, avx512vnni, avx512, avx2,\n"
+            "                    generic or neon;\n"
             "                    the table's header names it; LM_CPU_KERNELS=avx2 in the\n"
             "                    environment asks for another; for q8_0 weights the header also\n"
             "                    names the matmul path: int8 (the default: activations quantized\n"
             "                    to Q8_0 blocks, int8 dot products, as llama.cpp) or dequant\n"
             "                    (weights widened to float32, float activations: LM_CPU_Q8_ACT=0\n"
-            "                    in the environment; it takes 0/1, off/on, false/true, no/yes))\n"
+            "                    in the environment; it takes 0/1, off/on, false/true, no/yes);\n"
+            "                    for bf16 weights it names the activations' type: f32 (the\n"
+            "                    default) or bf16 (LM_CPU_BF16_ACT=1: rounded to bf16 and\n"
+            "                    multiplied in pairs, as AVX512-BF16's vdpbf16ps does))\n"
             "  --device D        run on cpu (default), cuda or cuda:N (a GPU: weights and KV cache\n"
             "                    in bf16; pp copies the logits row back to the host as lm_seq does;\n"
             "                    decode (tg, any B) has the GPU choose greedy ids, as lumen serve\n"
@@ -468,10 +472,11 @@ int lm_cmd_perf(int argc, char **argv) {
                                                   : "mmap'd in place, prefaulted, NOT locked (mlock "
                                                     "refused: pages may be evicted)";
     const char *wshort = !info.weights_mapped ? "ram" : info.weights_locked ? "mmap+mlock" : "mmap";
-    /* Q8_0 weights on the CPU: which matmul path (backend/cpu/ops.h, LM_CPU_Q8_ACT). */
-    const char *q8path = (!params.device || !strcmp(params.device, "cpu")) && !strcmp(info.weight_dtype, "q8_0")
-                             ? lm_q8_0_path_name(lm_cpu_q8_0_path())
-                             : NULL;
+    /* Q8_0 and bf16 weights on the CPU: which matmul path (backend/cpu/ops.h, LM_CPU_Q8_ACT,
+     * LM_CPU_BF16_ACT). */
+    const bool cpu_mm = !params.device || !strcmp(params.device, "cpu");
+    const char *q8path = cpu_mm && !strcmp(info.weight_dtype, "q8_0") ? lm_q8_0_path_name(lm_cpu_q8_0_path()) : NULL;
+    const char *bf16path = cpu_mm && !strcmp(info.weight_dtype, "bf16") ? lm_bf16_path_name(lm_cpu_bf16_path()) : NULL;
 
     /* The read-bandwidth probe: 3 samples now, and one before each decode repetition (paired:
      * the machine is shared, so each decode figure is compared with a read made next to it). */
@@ -509,10 +514,11 @@ int lm_cmd_perf(int argc, char **argv) {
                lm_model_name(m), info.format, cfg->model_type, cfg->num_hidden_layers, cfg->hidden_size,
                cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim, cfg->vocab_size,
                info.n_params / 1e6);
-        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d thread%s%s%s\n",
+        printf("weights: %s, %.1f MiB, %s (loaded in %.2f s); kernels: %s, %d thread%s%s%s%s%s%s\n",
                info.weight_dtype, info.weight_bytes / (1024.0 * 1024.0), residency, load_s,
                info.kernels, info.n_threads, info.n_threads == 1 ? "" : "s",
-               q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "");
+               q8path ? "; q8_0 matmul: " : "", q8path ? q8path : "", bf16path ? "; bf16 matmul: " : "",
+               bf16path ? bf16path : "", bf16path ? " activations" : "");
         if (!tok) printf("tokenizer: none (no tokenizer.json): prompt ids drawn from 1 to vocab_size - 1\n");
         fflush(stdout);
     }
@@ -622,12 +628,14 @@ int lm_cmd_perf(int argc, char **argv) {
     if (!rc && json) {
         printf("{\"model\": \"%s\", \"format\": \"%s\", \"model_type\": \"%s\", \"params\": %ld, "
                "\"weight_dtype\": \"%s\", \"weight_bytes\": %zu, \"weights\": \"%s\", \"weights_mapped\": %s, "
-               "\"weights_locked\": %s, \"kernels\": \"%s\", \"q8_0_matmul\": %s%s%s, \"threads\": %d, "
+               "\"weights_locked\": %s, \"kernels\": \"%s\", \"q8_0_matmul\": %s%s%s, \"bf16_matmul\": %s%s%s, "
+               "\"threads\": %d, "
                "\"load_s\": %.3f, \"reps\": %d, \"depth\": %d, \"last_level_cache_bytes\": ",
                lm_model_name(m), info.format, cfg->model_type, info.n_params, info.weight_dtype,
                info.weight_bytes, wshort, info.weights_mapped ? "true" : "false",
                info.weights_locked ? "true" : "false", info.kernels, q8path ? "\"" : "",
-               q8path ? q8path : "null", q8path ? "\"" : "", info.n_threads, load_s, reps, depth);
+               q8path ? q8path : "null", q8path ? "\"" : "", bf16path ? "\"" : "", bf16path ? bf16path : "null",
+               bf16path ? "\"" : "", info.n_threads, load_s, reps, depth);
         if (llc)
             printf("%zu", llc);
         else
