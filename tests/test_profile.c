@@ -9,7 +9,8 @@
  * records (lumen serve --records) passes with the prompt_ids check. Then the two other corpora: the
  * qwen3-conversations preset (6 selected ShareGPT conversations, 2 turns each) and a Spec-Bench
  * subset (category qa), each checked through its run folder (summary.json, selection.jsonl,
- * report.html). The server is killed at the end (and dies with this process if the test
+ * report.html), and `lumen profile sweep` over concurrency 1,2; the manifests record the
+ * command line as typed. The server is killed at the end (and dies with this process if the test
  * crashes).
  * LM_LABEL: server */
 #include <arpa/inet.h>
@@ -198,6 +199,15 @@ int main(void) {
              LM_SOURCE_DIR, LM_LUMEN_BIN, port, sb_dir, dir);
     rc = system(cmd);
     CHECK(rc == 0, "lumen profile --dataset spec_bench exited with %d", rc);
+    char sw_dir[256];
+    snprintf(sw_dir, sizeof sw_dir, "%s/sweep", dir);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' profile sweep --url http://127.0.0.1:%d --concurrency 1,2 "
+             "--conversations 1 --warmup-requests 0 --max-tokens 4 --artifact-dir '%s' --quiet "
+             ">/dev/null",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sw_dir);
+    rc = system(cmd);
+    CHECK(rc == 0, "lumen profile sweep exited with %d", rc);
     stop_server();
     char path[512];
     snprintf(path, sizeof path, "%s/summary.json", sg_dir);
@@ -238,6 +248,19 @@ int main(void) {
     json_decref(sb);
     snprintf(path, sizeof path, "%s/report.html", sb_dir);
     CHECK(access(path, R_OK) == 0, "%s", path);
+    /* the manifest's command line is the one typed (lumen's CLI renames argv[0]) */
+    static const struct {
+        const char *dir, *want;
+    } k_lines[] = {{"spec_bench", "lumen profile --url http://127.0.0.1:"},
+                   {"sweep/concurrency-2", "lumen profile sweep --url http://127.0.0.1:"}};
+    for (size_t i = 0; i < sizeof k_lines / sizeof *k_lines; i++) {
+        snprintf(path, sizeof path, "%s/%s/manifest.json", dir, k_lines[i].dir);
+        json_t *man = json_load_file(path, 0, NULL);
+        const char *cl = json_string_value(json_object_get(man, "command_line"));
+        CHECK(cl && !strncmp(cl, k_lines[i].want, strlen(k_lines[i].want)),
+              "%s: command_line '%s', want '%s...'", path, cl ? cl : "(none)", k_lines[i].want);
+        json_decref(man);
+    }
 
     /* the summary */
     FILE *f = fopen(out_txt, "r");

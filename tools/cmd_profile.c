@@ -306,11 +306,11 @@ static size_t parse_list(const char *s, double lo, double hi, double *out, size_
     return n;
 }
 
-
-static char *command_line(int argc, char **argv) {
+/* The command line for the manifest: "lumen profile [sweep] ARGS...", shell-quoted. */
+static char *command_line(bool sweep, int argc, char **argv) {
     struct lm_buf b = {0};
-    lm_buf_puts(&b, "lumen");
-    for (int i = 0; i < argc; i++) {
+    lm_buf_puts(&b, sweep ? "lumen profile sweep" : "lumen profile");
+    for (int i = 1; i < argc; i++) { /* argv[0] is the command's name */
         lm_buf_putc(&b, ' ');
         const char *a = argv[i];
         if (*a && !a[strcspn(a, " \t\n'\"\\$`!*?&;|<>(){}[]")]) {
@@ -574,7 +574,7 @@ int lm_cmd_profile(int argc, char **argv) {
     if (!tok)
         fprintf(stderr, "lumen profile: note: no tokenizer (models/tiny-qwen3 not found; give "
                         "--tokenizer DIR): tokens are not counted\n");
-    char *cmd = command_line(sweep ? argc + 1 : argc, sweep ? argv - 1 : argv);
+    char *cmd = command_line(sweep, argc, argv);
     o.command_line = cmd;
     if (o.params.progress)
         fprintf(o.params.progress, "lumen profile: %s%s%s, %s\n", o.data.name, path ? " from " : "",
