@@ -80,14 +80,17 @@ int lm_cmd_logits(int argc, char **argv) {
         case 'k':
             k = strtol(optarg, &end, 10);
             if (*end || k < 1) {
-                fprintf(stderr, "lumen logits: --top-k must be a positive integer\n");
+                fprintf(stderr, "lumen logits: --top-k must be a positive integer, not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
         case 'j':
             params.n_threads = (int)strtol(optarg, &end, 10);
             if (*end || params.n_threads < 0) {
-                fprintf(stderr, "lumen logits: --threads must be a non-negative integer\n");
+                fprintf(stderr,
+                        "lumen logits: --threads must be a non-negative integer, not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;

@@ -435,7 +435,7 @@ int lm_cmd_perf(int argc, char **argv) {
             if (!strcmp(optarg, "json"))
                 json = true;
             else if (strcmp(optarg, "md")) {
-                fprintf(stderr, "lumen perf: -o must be md or json\n");
+                fprintf(stderr, "lumen perf: -o must be md or json, not '%s'\n", optarg);
                 return 2;
             }
             break;

@@ -134,14 +134,17 @@ int lm_cmd_synth(int argc, char **argv) {
             else if (!strcmp(optarg, "f32"))
                 dt = LM_DTYPE_F32;
             else {
-                fprintf(stderr, "lumen synth: --dtype must be bf16, f16 or f32\n");
+                fprintf(stderr, "lumen synth: --dtype must be bf16, f16 or f32, not '%s'%s\n",
+                        optarg,
+                        strcmp(optarg, "q8_0") ? "" : " (for q8_0: lumen build --dtype q8_0)");
                 return 2;
             }
             break;
         case 'r':
             seed = strtoull(optarg, &end, 10);
             if (*end) {
-                fprintf(stderr, "lumen synth: --seed must be a non-negative integer\n");
+                fprintf(stderr, "lumen synth: --seed must be a non-negative integer, not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
