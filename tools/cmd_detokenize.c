@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  --model PATH     model directory (its tokenizer.json is used) or GGUF file (the\n"
             "                   tokenizer in its metadata)\n"
             "  --tokenizer DIR  take tokenizer.json from DIR instead of the model directory\n"
+            "                   (then --model may be left out)\n"
             "  --skip-special   drop special tokens (<|im_end|>) from the output\n"
             "  -h, --help       show this help\n");
 }
@@ -44,7 +45,8 @@ int lm_cmd_detokenize(int argc, char **argv) {
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen detokenize: %s\n",
-                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind])
+                              : "--model DIR (or --tokenizer DIR) is required");
         usage(stderr);
         return 2;
     }

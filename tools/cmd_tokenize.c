@@ -48,6 +48,7 @@ static void usage(FILE *f) {
            "  --model PATH       model directory (its tokenizer.json is used) or GGUF file (the\n"
            "                     tokenizer in its metadata)\n"
            "  --tokenizer DIR    take tokenizer.json from DIR instead of the model directory\n"
+           "                     (then --model may be left out)\n"
            "  --special-as-text  encode special-token strings (<|im_start|>) in the text as plain\n"
            "                     text instead of as their special ids\n"
            "  -h, --help         show this help\n");
@@ -74,7 +75,8 @@ int lm_cmd_tokenize(int argc, char **argv) {
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen tokenize: %s\n",
-                optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
+                optind < argc ? lm_cmd_unexpected(argv[optind])
+                              : "--model DIR (or --tokenizer DIR) is required");
         usage(stderr);
         return 2;
     }
