@@ -49,7 +49,7 @@ static void usage(FILE *f) {
             "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales (about\n"
             "                  half the bytes; int8 activations), batches over 4 keep cuBLAS on a\n"
             "                  bf16 copy\n"
-            "  --device N      CUDA device index, N or cuda:N (default 0)\n"
+            "  --device N      CUDA device index, N, cuda or cuda:N (default 0)\n"
             "  -h, --help      show this help\n");
 }
 
@@ -340,12 +340,16 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'V': variants = true; break;
         case 'T': trace = true; break;
         case 'Q': q8 = true; break;
-        case 'd': {
-            const char *dv = strncmp(optarg, "cuda:", 5) == 0 ? optarg + 5 : optarg;
+        case 'd': { /* N, cuda:N, or cuda (device 0) as run, serve and perf take it */
+            const char *dv = !strcmp(optarg, "cuda")            ? "0"
+                             : strncmp(optarg, "cuda:", 5) == 0 ? optarg + 5
+                                                                : optarg;
             char *end = NULL;
             long v = strtol(dv, &end, 10);
-            if (!*dv || *end || v < 0 || v > 1024) {
-                fprintf(stderr, "lumen cudabench: --device: expected a GPU index N (or cuda:N), not '%s'\n", optarg);
+            if (!*dv || *end || v < 0 || v > 1023) {
+                fprintf(stderr,
+                        "lumen cudabench: --device takes a GPU index N, cuda or cuda:N, not '%s'\n",
+                        optarg);
                 return 2;
             }
             device = (int)v;
