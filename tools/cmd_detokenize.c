@@ -7,9 +7,6 @@
 #include "commands.h"
 #include "text/tokenizer.h"
 
-int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
-                          struct lm_tokenizer **out); /* cmd_tokenize.c */
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen detokenize --model DIR|FILE.gguf [--tokenizer DIR] [--skip-special]\n\n"

@@ -17,8 +17,6 @@
 #include "engine/generate.h"
 #include "family/model.h"
 
-int lm_cmd_parse_bool(const char *s); /* cmd_template.c */
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen run --model DIR|FILE.gguf [--tokenizer DIR] [--ids] [-n N] [--greedy]\n"

@@ -42,8 +42,6 @@ static void usage(FILE *f) {
             "  -h, --help                show this help\n");
 }
 
-/* Parses "true"/"false" (also 1/0). Returns -1 when neither. */
-int lm_cmd_parse_bool(const char *s);
 int lm_cmd_parse_bool(const char *s) {
     if (!strcmp(s, "true") || !strcmp(s, "1")) return 1;
     if (!strcmp(s, "false") || !strcmp(s, "0")) return 0;

@@ -12,11 +12,6 @@
 #include "format/gguf.h"
 #include "text/tokenizer.h"
 
-/* Loads DIR/tokenizer.json (DIR = --tokenizer if given, else --model), or, when --model is a
- * GGUF file and no --tokenizer is given, the tokenizer in its tokenizer.ggml.* metadata. */
-int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
-                          struct lm_tokenizer **out);
-
 int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
                           struct lm_tokenizer **out) {
     if (!tok_dir && lm_gguf_is_gguf(model_dir)) {

@@ -31,6 +31,15 @@ bool lm_cmd_device_ok(const char *cmd, const char *value);
  * tokenizer.json; then the thread's error says so and names --tokenizer DIR, as lm_model_open's
  * does, for lm_cmd_fail. */
 bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir);
+/* Parses "true"/"false" (also 1/0), as --enable-thinking takes them. Returns -1 when neither.
+ * (cmd_template.c) */
+int lm_cmd_parse_bool(const char *s);
+struct lm_tokenizer;
+/* Loads DIR/tokenizer.json (DIR = --tokenizer if given, else --model), or, when --model is a
+ * GGUF file and no --tokenizer is given, the tokenizer in its tokenizer.ggml.* metadata. Returns
+ * 0, or 1 after lm_cmd_fail's line. (cmd_tokenize.c) */
+int lm_cmd_load_tokenizer(const char *cmd, const char *model_dir, const char *tok_dir,
+                          struct lm_tokenizer **out);
 /* The path of `rel` (a folder when dir, else a file): as given when it exists from the current
  * folder, else next to the lumen binary or one folder up (build/lumen in a checkout); NULL when
  * none exists. Caller frees. */
