@@ -75,7 +75,7 @@ static void help(FILE *f) {
             "                   a client that stops sending its request (default 5, as uvicorn;\n"
             "                   0: never). A request being answered is never idle\n"
             "  --max-connections N  open connections at most (default 1024, lowered to what\n"
-            "                   ulimit -n allows); beyond it new connections wait or are closed,\n"
+            "                   ulimit -n allows); beyond it new connections are closed at once,\n"
             "                   with a log line\n"
             "  --records FILE   append one JSON line per generation request to FILE: ids, headers\n"
             "                   (X-Request-Id, X-Conversation-Id, X-Lumen-Phase, X-Lumen-Turn),\n"
