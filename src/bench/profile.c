@@ -391,7 +391,10 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
             snprintf(label, sizeof label, "%d", (int)values[i]);
             snprintf(sub, sizeof sub, "concurrency-%d", (int)values[i]);
         }
-        note(o, "lumen profile sweep: %s %s\n", what, label);
+        if (o->params.progress) { /* progress: silent under --quiet (notes and failures still print) */
+            fprintf(o->params.progress, "lumen profile sweep: %s %s\n", what, label);
+            fflush(o->params.progress);
+        }
         char *rd = lm_path_join(dir, sub);
         struct lm_bench_profile_result res;
         struct lm_bench_profile_opts quiet = *o; /* each run's tables go to its summary.txt */
