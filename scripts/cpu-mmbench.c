@@ -1,7 +1,8 @@
 /* cpu-mmbench.c: the fast CPU matmul alone (backend/cpu/ops.h), bf16 weights packed as a loaded
  * model's are, float32 chain (LM_BF16_F32) against the bf16 path (LM_BF16_ACT), on Qwen3-0.6B's
- * shapes: GMAC/s for n tokens, T threads (best of 5 calls after a warm-up). A development probe
- * for docs/perf-notes-cpu.md ("bf16 activations"). Usage: cpu-mmbench [THREADS] (default 2).
+ * shapes: GMAC/s for n tokens, T threads (the best of 5 timed rounds after a warm-up round, each
+ * round the mean of several calls). A development probe for docs/perf-notes-cpu.md ("bf16
+ * activations"). Usage: cpu-mmbench [THREADS] (default 2).
  * Built by scripts/device-prebuild.sh with LM_PREBUILD_MMBENCH=1, or by hand from a build dir:
  *   cc -O2 -Isrc scripts/cpu-mmbench.c BUILD/liblm_backend.a BUILD/liblm_base.a -lm -lpthread */
 #include <stdio.h>

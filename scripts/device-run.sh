@@ -113,7 +113,7 @@ for step in "$@"; do
     for t in ${CPU_TESTS:-test_kernels test_bf16_act test_quant}; do
       [ -x $CARRY/bin/$t ] || continue
       LM_CPU_BF16_ACT=0 timeout 600 $CARRY/bin/$t >"$OUT/$t.log" 2>&1; echo "$t exit $?"
-      grep -E "failed|checked|top-1|bf16 act matmul \(avx512bf16, 2" "$OUT/$t.log" | head -12
+      grep -E "failed|checked|top-1|matmul bf16 act \(avx512bf16, 2" "$OUT/$t.log" | head -12
     done
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     for a in 0 1; do echo "== LM_CPU_BF16_ACT=$a"

@@ -1008,6 +1008,43 @@ static void mm_run(struct lm_pool *pool, struct mm_args *a, bool par) {
         mm_task(a, 0, 1);
 }
 
+/* The bf16 path's inputs (ops.h, LM_BF16_ACT): a->x rounded to bfloat16 once, into the calling
+ * thread's scratch (VDPBF16PS: bf16 rows, and for panels the same packed by token blocks; FMA
+ * targets: float32 rows of the rounded values, taken in pair order), the panels after it. False
+ * when out of memory. */
+static bool bf16_prepare(struct lm_pool *pool, struct mm_args *a, bool par, int nth) {
+    const int n = a->n, k = a->k;
+#ifdef LM_SIMD_BF16
+    const long ldr = (k + 1) / 2 * 2;
+    const size_t rbytes = ((size_t)n * (size_t)ldr * 2 + 63) / 64 * 64;
+    const size_t blocks = (size_t)(n + MKD_T - 1) / MKD_T; /* token blocks of the packed copy */
+    const size_t kbytes = a->panels ? blocks * MKD_T * (size_t)(k / 2) * 4 : 0;
+    const size_t xbytes = rbytes + (kbytes + 63) / 64 * 64;
+    const size_t pbytes = a->panels ? (size_t)nth * bfd_panel_bytes(k) : 0;
+#else
+    const long ldr = k;
+    const size_t xbytes = ((size_t)n * (size_t)k * 4 + 63) / 64 * 64;
+    const size_t pbytes = a->panels ? (size_t)nth * G * (size_t)k * 4 : 0;
+#endif
+    char *buf = (char *)lm_cpu_scratch((xbytes + pbytes + 3) / 4);
+    if (!buf) return false;
+    struct br_args r = {a->x, buf, ldr, n, k, NULL};
+#ifdef LM_SIMD_BF16
+    if (a->panels) r.xpk = (uint32_t *)(buf + rbytes);
+#endif
+    if (par && (long)n * k >= MM_QA_PAR_MIN)
+        lm_pool_run(pool, br_task, &r);
+    else
+        br_task(&r, 0, 1);
+#ifdef LM_SIMD_BF16
+    a->xb = (const uint16_t *)buf, a->ldxb = ldr, a->xpk = r.xpk;
+#else
+    a->x = (const float *)buf, a->pairs = 1;
+#endif
+    a->scratch = (float *)(buf + xbytes);
+    return true;
+}
+
 static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void *w,
                         enum lm_dtype wt, int n, int k, int m) {
     assert(lm_dtype_unpacked(wt) != LM_DTYPE_Q8_0 || k % LM_Q8_0_BLOCK == 0);
@@ -1042,46 +1079,6 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
         return;
     }
     a.panels = n >= LM_MM_PANEL_MIN || !lm_dtype_is_packed(wt);
-    if (lm_dtype_unpacked(wt) == LM_DTYPE_BF16 && lm_cpu_bf16_path() == LM_BF16_ACT) {
-        /* The bf16 path: x rounded once into the calling thread's scratch, then the panels. */
-#ifdef LM_SIMD_BF16
-        const long ldr = (k + 1) / 2 * 2;
-        const size_t rbytes = ((size_t)n * (size_t)ldr * 2 + 63) / 64 * 64;
-        const size_t kbytes = a.panels ? (size_t)(n + MKD_T - 1) / MKD_T * MKD_T * (size_t)(k / 2) * 4 : 0;
-        const size_t xbytes = rbytes + (kbytes + 63) / 64 * 64;
-        const size_t pbytes = a.panels ? (size_t)nth * bfd_panel_bytes(k) : 0;
-#else
-        const long ldr = k;
-        const size_t xbytes = ((size_t)n * (size_t)k * 4 + 63) / 64 * 64;
-        const size_t pbytes = a.panels ? (size_t)nth * G * (size_t)k * 4 : 0;
-#endif
-        char *buf = (char *)lm_cpu_scratch((xbytes + pbytes + 3) / 4);
-        if (!buf) {
-            lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
-            return;
-        }
-        struct br_args r = {x, buf, ldr, n, k, NULL};
-#ifdef LM_SIMD_BF16
-        if (a.panels) r.xpk = (uint32_t *)(buf + rbytes);
-#endif
-        if (par && (long)n * k >= MM_QA_PAR_MIN)
-            lm_pool_run(pool, br_task, &r);
-        else
-            br_task(&r, 0, 1);
-#ifdef LM_SIMD_BF16
-        a.xb = (const uint16_t *)buf, a.ldxb = ldr, a.xpk = r.xpk;
-#else
-        a.x = (const float *)buf, a.pairs = 1;
-#endif
-        a.scratch = (float *)(buf + xbytes);
-        const long groups = (m + G - 1) / G;
-        long chunk = (groups + (long)nth * MM_CHUNKS - 1) / ((long)nth * MM_CHUNKS);
-        if (!a.panels) chunk = (chunk + 11) / 12 * 12;
-        a.chunk = chunk < 1 ? 1 : chunk;
-        atomic_init(&a.next, 0);
-        mm_run(pool, &a, par);
-        return;
-    }
     /* About MM_CHUNKS chunks a thread; streaming tiles want whole 4-group tiles (12 groups:
      * also whole 3-group Q8_0 tiles and 2-group pairs). */
     const long groups = (m + G - 1) / G;
@@ -1089,12 +1086,14 @@ static void mm_matmul(struct lm_pool *pool, float *y, const float *x, const void
     if (!a.panels) chunk = (chunk + 11) / 12 * 12;
     a.chunk = chunk < 1 ? 1 : chunk;
     atomic_init(&a.next, 0);
-    if (a.panels && wt != LM_DTYPE_F32_P16) {
-        a.scratch = lm_cpu_scratch((size_t)nth * G * (size_t)k);
-        if (!a.scratch) { /* no memory for panels: the scalar reference still gives the bits */
-            lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
-            return;
-        }
+    bool ok = true;
+    if (lm_dtype_unpacked(wt) == LM_DTYPE_BF16 && lm_cpu_bf16_path() == LM_BF16_ACT)
+        ok = bf16_prepare(pool, &a, par, nth);
+    else if (a.panels && wt != LM_DTYPE_F32_P16)
+        ok = (a.scratch = lm_cpu_scratch((size_t)nth * G * (size_t)k)) != NULL;
+    if (!ok) { /* no memory for panels: the scalar reference still gives the bits */
+        lm_cpu_ops_scalar()->matmul(NULL, y, x, w, wt, n, k, m);
+        return;
     }
     mm_run(pool, &a, par);
 }

@@ -87,51 +87,37 @@ static void choose(void) {
         fprintf(stderr, "lumen: LM_CPU_KERNELS=%s: this CPU cannot run that target; using %s\n", env, g_fast->name);
 }
 
-/* The Q8_0 path (ops.h): -1 until the first call reads LM_CPU_Q8_ACT (once, though the first
- * calls may come from every pool thread at once: one warning for a bad value). */
-static atomic_int g_q8_0_path = -1;
-static pthread_once_t g_q8_0_once = PTHREAD_ONCE_INIT;
+/* The matmul paths of the process (ops.h: Q8_0 from LM_CPU_Q8_ACT, bf16 from LM_CPU_BF16_ACT):
+ * -1 until the first call to either reads both switches, once (the first calls may come from
+ * every pool thread at once: one warning for a bad value). A path set before that
+ * (lm_cpu_set_*_path) stays. */
+static atomic_int g_q8_0_path = -1, g_bf16_path = -1;
+static pthread_once_t g_paths_once = PTHREAD_ONCE_INIT;
 
-static void read_q8_0_env(void) {
-    int want = lm_env_flag("LM_CPU_Q8_ACT", true) ? LM_Q8_0_INT8 : LM_Q8_0_DEQUANT;
-    int expected = -1; /* lm_cpu_set_q8_0_path may have chosen already */
-    atomic_compare_exchange_strong(&g_q8_0_path, &expected, want);
+static void read_paths_env(void) {
+    const int q8 = lm_env_flag("LM_CPU_Q8_ACT", true) ? LM_Q8_0_INT8 : LM_Q8_0_DEQUANT;
+    const int bf16 = lm_env_flag("LM_CPU_BF16_ACT", false) ? LM_BF16_ACT : LM_BF16_F32;
+    int expected = -1;
+    atomic_compare_exchange_strong(&g_q8_0_path, &expected, q8);
+    expected = -1;
+    atomic_compare_exchange_strong(&g_bf16_path, &expected, bf16);
 }
 
-enum lm_q8_0_path lm_cpu_q8_0_path(void) {
-    int p = atomic_load_explicit(&g_q8_0_path, memory_order_relaxed);
-    if (p < 0) {
-        pthread_once(&g_q8_0_once, read_q8_0_env);
-        p = atomic_load(&g_q8_0_path);
+static int path_of(atomic_int *p) {
+    int v = atomic_load_explicit(p, memory_order_relaxed);
+    if (v < 0) {
+        pthread_once(&g_paths_once, read_paths_env);
+        v = atomic_load(p);
     }
-    return (enum lm_q8_0_path)p;
+    return v;
 }
 
+enum lm_q8_0_path lm_cpu_q8_0_path(void) { return (enum lm_q8_0_path)path_of(&g_q8_0_path); }
 void lm_cpu_set_q8_0_path(enum lm_q8_0_path p) { atomic_store(&g_q8_0_path, (int)p); }
-
 const char *lm_q8_0_path_name(enum lm_q8_0_path p) { return p == LM_Q8_0_INT8 ? "int8" : "dequant"; }
 
-/* The bf16 path (ops.h): -1 until the first call reads LM_CPU_BF16_ACT (default off). */
-static atomic_int g_bf16_path = -1;
-static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT;
-
-static void read_bf16_env(void) {
-    int want = lm_env_flag("LM_CPU_BF16_ACT", false) ? LM_BF16_ACT : LM_BF16_F32;
-    int expected = -1; /* lm_cpu_set_bf16_path may have chosen already */
-    atomic_compare_exchange_strong(&g_bf16_path, &expected, want);
-}
-
-enum lm_bf16_path lm_cpu_bf16_path(void) {
-    int p = atomic_load_explicit(&g_bf16_path, memory_order_relaxed);
-    if (p < 0) {
-        pthread_once(&g_bf16_once, read_bf16_env);
-        p = atomic_load(&g_bf16_path);
-    }
-    return (enum lm_bf16_path)p;
-}
-
+enum lm_bf16_path lm_cpu_bf16_path(void) { return (enum lm_bf16_path)path_of(&g_bf16_path); }
 void lm_cpu_set_bf16_path(enum lm_bf16_path p) { atomic_store(&g_bf16_path, (int)p); }
-
 const char *lm_bf16_path_name(enum lm_bf16_path p) { return p == LM_BF16_ACT ? "bf16" : "f32"; }
 
 const struct lm_cpu_ops *lm_cpu_ops_fast(void) {
