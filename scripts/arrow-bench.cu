@@ -1,0 +1,436 @@
+/* arrow-bench.cu: what a dependency ("arrow") between two phases of a batch-1 decode step costs on
+ * one GPU, alone and beside a weight stream (docs/perf-notes.md v13). Standalone; build and run on
+ * the GPU machine:
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/arrow-bench scripts/arrow-bench.cu && /tmp/arrow-bench
+ *
+ * It prints four tables:
+ *   1. stream: DRAM read bandwidth of G blocks (one a multiprocessor), each streaming with
+ *      16-byte register loads (8 warps, U loads a lane in flight) or bulk copies into a ring of
+ *      S shared-memory stages of 16 KiB (cp.async.bulk + mbarrier, one thread);
+ *   2. chase: latency of one dependent load (a pointer chase, one thread) that hits L2 or misses to
+ *      DRAM, while the other multiprocessors stream with a given number of bytes in flight;
+ *   3. barrier: one all-to-all dependency among every multiprocessor (each block's thread 0 adds
+ *      to a counter with release semantics and spins with acquire loads until all have), plus
+ *      the read of a value another block wrote before it, alone and beside the stream;
+ *   4. cluster: the hardware cluster barrier (barrier.cluster) and a distributed-shared-memory
+ *      read, for clusters of 8 and 16 blocks, and how many such clusters fit at once.
+ * Times come from %globaltimer (ns) over many repetitions. An argument 1, 2 or 3 limits tables 1-3
+ * to that stream kind (register loads, bulk copies, cp.async). */
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+}
+
+constexpr int THREADS = 256, STAGE = 16384, MAXU = 16, MAXS = 12;
+
+struct Stream {
+    const uint8_t *buf;
+    size_t size;     /* bytes, a multiple of 1 MiB */
+    int kind;        /* 0: none, 1: register loads, 2: bulk copies, 3: cp.async (16 bytes a thread) */
+    int depth;       /* U (16-byte loads a lane in flight) or S (16 KiB stages) */
+    const volatile int *stop; /* stream until this is set (or for `bytes` when NULL) */
+    size_t bytes;    /* bytes a block streams when stop is NULL */
+    unsigned long long *stats; /* [0] bytes, [1] min start, [2] max end */
+};
+
+/* One block's stream: its warps (register loads) or its thread 0 (bulk copies), until stop or
+ * the block's byte budget. Warp w of block b reads chunks (i * nwarps + gw) of 512 * U bytes. */
+__device__ void run_stream(const Stream &s, int sb, int nsb, uint8_t *smem, uint64_t *bars, int first_warp) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long t0 = gtime(), n = 0;
+    if (s.kind == 1 && warp >= first_warp) {
+        const int nw = (THREADS / 32 - first_warp), gw = sb * nw + (warp - first_warp), NW = nsb * nw;
+        const int U = s.depth;
+        uint32_t acc = 0;
+        const size_t per = s.bytes / nw;
+        for (size_t i = 0;; i++) {
+            if (s.stop ? (i % 4 == 0 && *s.stop) : n >= per) break;
+            uint4 v[MAXU];
+            const size_t base = ((i * NW + gw) * (size_t)U * 512) % s.size;
+#pragma unroll
+            for (int u = 0; u < MAXU; u++)
+                if (u < U) v[u] = ld_stream16(s.buf + (base + u * 512 + lane * 16) % s.size);
+#pragma unroll
+            for (int u = 0; u < MAXU; u++)
+                if (u < U) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+            n += (size_t)U * 512;
+        }
+        if (acc == 0x12345678u) smem[0] = 1; /* keep the loads */
+        n = lane == 0 ? n : 0;
+    } else if (s.kind == 2 && threadIdx.x == first_warp * 32) {
+        const int S = s.depth;
+        for (int i = 0; i < S; i++) mbar_init(&bars[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        const size_t per = s.bytes;
+        size_t issued = 0, k = 0;
+        auto src = [&](size_t c) { return s.buf + ((c * nsb + sb) * (size_t)STAGE) % s.size; };
+        for (int i = 0; i < S; i++) bulk_load(smem + (size_t)i * STAGE, src(k++), STAGE, &bars[i]), issued += STAGE;
+        for (size_t c = 0;; c++) {
+            const int i = (int)(c % S);
+            mbar_wait(&bars[i], (unsigned)((c / S) & 1));
+            n += STAGE;
+            if (s.stop ? (*s.stop != 0) : issued >= per) {
+                for (size_t d = c + 1; d < k; d++) mbar_wait(&bars[d % S], (unsigned)((d / S) & 1)), n += STAGE;
+                break;
+            }
+            bulk_load(smem + (size_t)i * STAGE, src(k++), STAGE, &bars[i]);
+            issued += STAGE;
+        }
+    } else if (s.kind == 3 && warp >= first_warp) {
+        /* cp.async.cg 16 bytes a thread into a ring of S stages of 16 KiB, one commit group a
+         * stage; each thread waits for its own oldest group (cp.async.wait_group S - 1). */
+        const int S = s.depth, nt = (THREADS - first_warp * 32), tid = threadIdx.x - first_warp * 32;
+        const size_t per = s.bytes;
+        auto src = [&](size_t c) { return s.buf + ((c * nsb + sb) * (size_t)STAGE) % s.size; };
+        size_t k = 0, done = 0;
+        auto issue = [&](int slot) {
+            const uint8_t *g = src(k++);
+            for (int o = tid * 16; o < STAGE; o += nt * 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem + (size_t)slot * STAGE + o)), "l"(g + o)
+                             : "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        for (int i = 0; i < S; i++) issue(i);
+        for (size_t c = 0;; c++) {
+            switch (S) { /* the oldest group has landed */
+            case 1: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+            case 2: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+            case 4: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+            case 8: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+            default: asm volatile("cp.async.wait_group 11;" ::: "memory"); break;
+            }
+            done += STAGE;
+            if (s.stop ? (c % 4 == 0 && *s.stop != 0) : done >= per) break;
+            issue((int)(c % S));
+        }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        n = tid == 0 ? done : 0;
+    } else {
+        return;
+    }
+    const unsigned long long t1 = gtime();
+    atomicAdd(&s.stats[0], n);
+    atomicMin(&s.stats[1], t0);
+    atomicMax(&s.stats[2], t1);
+}
+
+/* Table 1: every block streams s.bytes. */
+__global__ void __launch_bounds__(THREADS, 1) k_stream(Stream s) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ uint64_t bars[MAXS];
+    run_stream(s, blockIdx.x, gridDim.x, smem, bars, 0);
+}
+
+/* Table 2: block 0's thread 0 chases `hops` pointers (after a warm pass and a 20 us settle),
+ * the other blocks stream until it is done. */
+__global__ void __launch_bounds__(THREADS, 1) k_chase(Stream s, const unsigned *chain, int hops, int *stop,
+                                                      unsigned long long *out) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ uint64_t bars[MAXS];
+    if (blockIdx.x > 0) {
+        run_stream(s, blockIdx.x - 1, gridDim.x - 1, smem, bars, 0);
+        return;
+    }
+    if (threadIdx.x) return;
+    unsigned p = 0;
+    for (int i = 0; i < hops; i++) p = __ldcg(chain + p); /* warm */
+    const unsigned long long w = gtime();
+    while (gtime() - w < 20000) {
+    }
+    const unsigned long long t0 = gtime();
+    for (int i = 0; i < hops; i++) p = __ldcg(chain + p);
+    const unsigned long long t1 = gtime();
+    out[0] = t1 - t0;
+    out[1] = p;
+    __threadfence();
+    *(volatile int *)stop = 1;
+}
+
+/* Table 3: `rounds` all-to-all dependencies among all blocks; warps 1.. stream beside them. */
+__global__ void __launch_bounds__(THREADS, 1) k_barrier(Stream s, unsigned *cnt, unsigned *data, int rounds,
+                                                        int with_data, unsigned long long *out) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ uint64_t bars[MAXS];
+    __shared__ volatile int done;
+    if (threadIdx.x == 0) done = 0;
+    __syncthreads();
+    if (threadIdx.x >= 32) {
+        Stream t = s;
+        t.stop = &done;
+        run_stream(t, blockIdx.x, gridDim.x, smem, bars, 1);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        const unsigned G = gridDim.x;
+        unsigned sink = 0;
+        const unsigned long long w = gtime();
+        while (gtime() - w < 20000) {
+        }
+        /* One untimed round lines every block up. */
+        red_release(cnt, 1);
+        while (ld_acquire(cnt) < G) {
+        }
+        const unsigned long long t0 = gtime();
+        for (int r = 1; r <= rounds; r++) {
+            if (with_data) data[blockIdx.x * 32] = r; /* this block's output of the phase */
+            red_release(cnt, 1);
+            while (ld_acquire(cnt) < (unsigned)(r + 1) * G) {
+            }
+            if (with_data) sink += __ldcg(data + ((blockIdx.x + 1) % G) * 32); /* a peer's output */
+        }
+        const unsigned long long t1 = gtime();
+        if (blockIdx.x == 0) out[0] = t1 - t0, out[1] = sink;
+        done = 1;
+    }
+}
+
+/* Table 4: `rounds` cluster barriers, and `rounds` dependent reads of a peer block's shared memory. */
+__global__ void __launch_bounds__(THREADS, 1) k_cluster(int rounds, unsigned long long *out) {
+    __shared__ unsigned slot[32];
+    if (threadIdx.x < 32) slot[threadIdx.x] = threadIdx.x == 0 ? 0 : threadIdx.x;
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    unsigned rank, size;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    const unsigned long long t0 = gtime();
+    for (int r = 0; r < rounds; r++)
+        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    const unsigned long long t1 = gtime();
+    unsigned p = 0;
+    if (threadIdx.x == 0) {
+        uint32_t peer;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer) : "r"(smem_u32(slot)), "r"((rank + 1) % size));
+        for (int r = 0; r < rounds; r++) {
+            unsigned v;
+            asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(peer + 4 * (p & 31)) : "memory");
+            p = v + (v == 0); /* slot 0 holds 0: go to 1; slot i holds i: stay (a dependent chain) */
+        }
+    }
+    const unsigned long long t2 = gtime();
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = t1 - t0, out[1] = t2 - t1, out[2] = p;
+}
+
+static int g_sms;
+
+static Stream make_stream(const uint8_t *buf, size_t size, int kind, int depth, unsigned long long *stats) {
+    Stream s{};
+    s.buf = buf, s.size = size, s.kind = kind, s.depth = depth, s.stats = stats;
+    return s;
+}
+static void reset_stats(unsigned long long *st) {
+    unsigned long long h[3] = {0, ~0ull, 0};
+    CK(cudaMemcpy(st, h, sizeof h, cudaMemcpyHostToDevice));
+}
+static double stats_gbs(unsigned long long *st) {
+    unsigned long long h[3];
+    CK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
+    return h[2] > h[1] ? (double)h[0] / (double)(h[2] - h[1]) : 0; /* bytes/ns = GB/s */
+}
+static const char *kind_name(int k) { return k == 0 ? "none" : k == 1 ? "reg" : k == 2 ? "bulk" : "cp.async"; }
+static double inflight_mb(int kind, int depth, int blocks, int warps) {
+    if (kind == 1) return (double)blocks * warps * 32 * 16 * depth / 1e6;
+    if (kind >= 2) return (double)blocks * depth * STAGE / 1e6;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const int only = argc > 1 ? atoi(argv[1]) : 0; /* a stream kind alone (1-3), or all */
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    g_sms = prop.multiProcessorCount;
+    printf("arrow-bench: %s, %d SMs, L2 %d MiB\n", prop.name, g_sms, prop.l2CacheSize >> 20);
+    const size_t BUF = (size_t)2 << 30;
+    uint8_t *buf;
+    CK(cudaMalloc(&buf, BUF));
+    CK(cudaMemset(buf, 1, BUF));
+    unsigned long long *st, *out;
+    CK(cudaMalloc(&st, 64));
+    CK(cudaMalloc(&out, 64));
+    int *stop;
+    CK(cudaMalloc(&stop, 4));
+    const int SMEM = MAXS * STAGE; /* 192 KiB: one block a multiprocessor */
+    for (auto fn : {(const void *)k_stream, (const void *)k_chase, (const void *)k_barrier})
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+
+    /* 1. stream bandwidth */
+    printf("\n1. stream: DRAM read bandwidth (G blocks, one a multiprocessor)\n");
+    printf("| kind | depth | G | in flight MB | GB/s total | GB/s a block |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    const int Gs[] = {1, 8, 33, 66, 132};
+    const int regU[] = {4, 16}, bulkS[] = {2, 4, 8, 12};
+    for (int kind = 1; kind <= 3; kind++)
+        for (int di = 0; di < (kind == 1 ? 2 : 4); di++)
+            for (int G : Gs) {
+                if (G > g_sms) continue;
+                const int depth = kind == 1 ? regU[di] : bulkS[di];
+            if (only && kind != only) continue;
+                Stream s = make_stream(buf, BUF, kind, depth, st);
+                s.bytes = (size_t)(G == 1 ? 64 : 24) << 20;
+                k_stream<<<G, THREADS, SMEM>>>(s); /* warm */
+                CK(cudaDeviceSynchronize());
+                reset_stats(st);
+                k_stream<<<G, THREADS, SMEM>>>(s);
+                CK(cudaDeviceSynchronize());
+                const double gbs = stats_gbs(st);
+                printf("| %s | %d | %d | %.2f | %.0f | %.1f |\n", kind_name(kind), depth, G,
+                       inflight_mb(kind, depth, G, 8), gbs, gbs / G);
+            }
+
+    /* 2. chase latency beside a stream */
+    printf("\n2. chase: one dependent load (ns), the other %d multiprocessors streaming\n", g_sms - 1);
+    printf("| stream | depth | in flight MB | stream GB/s | L2 hit ns | DRAM ns |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    const int NL2 = 1024, NDR = 1 << 16, HOPS = 2000;
+    unsigned *chain_l2, *chain_dr;
+    {
+        /* A random cycle over n nodes 128 bytes (32 words) apart within `span` bytes. */
+        auto make = [&](int n, size_t span, unsigned **dev) {
+            const size_t words = span / 4, step = words / n;
+            std::vector<unsigned> perm(n), h(words, 0);
+            for (int i = 0; i < n; i++) perm[i] = i;
+            srand(7);
+            for (int i = n - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
+            for (int i = 0; i < n; i++) h[(size_t)perm[i] * step] = (unsigned)((size_t)perm[(i + 1) % n] * step);
+            CK(cudaMalloc(dev, span));
+            CK(cudaMemcpy(*dev, h.data(), span, cudaMemcpyHostToDevice));
+            /* node 0 must be on the cycle: it is (perm covers 0..n-1) */
+        };
+        make(NL2, (size_t)NL2 * 128, &chain_l2);
+        make(NDR, (size_t)1 << 30, &chain_dr);
+    }
+    struct { int kind, depth; } mix[] = {{0, 0}, {1, 1}, {1, 2}, {1, 4}, {1, 8}, {1, 16}, {2, 1}, {2, 2}, {2, 4}, {2, 8}, {2, 12},
+                                     {3, 1}, {3, 2}, {3, 4}, {3, 8}, {3, 12}};
+    for (auto m : mix) {
+        if (only && m.kind && m.kind != only) continue;
+        double ns[2] = {0, 0}, gbs = 0;
+        for (int which = 0; which < 2; which++) {
+            Stream s = make_stream(buf, BUF, m.kind, m.depth, st);
+            s.stop = stop;
+            CK(cudaMemset(stop, 0, 4));
+            reset_stats(st);
+            k_chase<<<g_sms, THREADS, SMEM>>>(s, which ? chain_dr : chain_l2, HOPS, stop, out);
+            CK(cudaDeviceSynchronize());
+            unsigned long long h[2];
+            CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+            ns[which] = (double)h[0] / HOPS;
+            if (which == 0) gbs = stats_gbs(st);
+        }
+        printf("| %s | %d | %.2f | %.0f | %.0f | %.0f |\n", kind_name(m.kind), m.depth,
+               inflight_mb(m.kind, m.depth, g_sms - 1, 8), gbs, ns[0], ns[1]);
+    }
+
+    /* 3. all-to-all dependency */
+    printf("\n3. barrier: one all-to-all dependency among %d blocks (us a round), warps 1-7 streaming\n", g_sms);
+    printf("| stream | depth | in flight MB | stream GB/s | counter only | + a peer's value |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    unsigned *cnt, *data;
+    CK(cudaMalloc(&cnt, 4));
+    CK(cudaMalloc(&data, (size_t)g_sms * 128));
+    const int ROUNDS = 2000;
+    for (auto m : mix) {
+        if (only && m.kind && m.kind != only) continue;
+        double us[2] = {0, 0}, gbs = 0;
+        for (int wd = 0; wd < 2; wd++) {
+            Stream s = make_stream(buf, BUF, m.kind, m.depth, st);
+            CK(cudaMemset(cnt, 0, 4));
+            reset_stats(st);
+            k_barrier<<<g_sms, THREADS, SMEM>>>(s, cnt, data, ROUNDS, wd, out);
+            CK(cudaDeviceSynchronize());
+            unsigned long long h[1];
+            CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+            us[wd] = (double)h[0] / ROUNDS / 1e3;
+            if (wd == 0) gbs = stats_gbs(st);
+        }
+        printf("| %s | %d | %.2f | %.0f | %.2f | %.2f |\n", kind_name(m.kind), m.depth,
+               inflight_mb(m.kind, m.depth, g_sms, 7), gbs, us[0], us[1]);
+    }
+
+    /* 4. clusters */
+    printf("\n4. cluster: hardware barrier and distributed shared memory (one block of %d threads a multiprocessor)\n", THREADS);
+    printf("| cluster size | clusters that fit | blocks | barrier us | DSMEM dependent read ns |\n| ---: | ---: | ---: | ---: | ---: |\n");
+    CK(cudaFuncSetAttribute((const void *)k_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute((const void *)k_cluster, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    for (int cs : {2, 4, 8, 16}) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = SMEM;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        cfg.gridDim = dim3(cs);
+        int fit = 0;
+        cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, (const void *)k_cluster, &cfg);
+        if (e != cudaSuccess) {
+            printf("| %d | (%s) | - | - | - |\n", cs, cudaGetErrorString(e));
+            cudaGetLastError();
+            continue;
+        }
+        cfg.gridDim = dim3(fit * cs);
+        const int R = 5000;
+        e = cudaLaunchKernelEx(&cfg, k_cluster, R, out);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            printf("| %d | %d | %d | (%s) | - |\n", cs, fit, fit * cs, cudaGetErrorString(e));
+            cudaGetLastError();
+            continue;
+        }
+        unsigned long long h[2];
+        CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+        printf("| %d | %d | %d | %.3f | %.0f |\n", cs, fit, fit * cs, (double)h[0] / R / 1e3, (double)h[1] / R);
+    }
+    return 0;
+}
