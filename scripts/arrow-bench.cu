@@ -2,7 +2,7 @@
  * one GPU, alone and beside a weight stream (docs/perf-notes.md v13). Standalone; build and run on
  * the GPU machine:
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/arrow-bench scripts/arrow-bench.cu && /tmp/arrow-bench
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/arrow-bench scripts/arrow-bench.cu && /tmp/arrow-bench
  *
  * It prints four tables:
  *   1. stream: DRAM read bandwidth of G blocks (one a multiprocessor), each streaming with
@@ -17,12 +17,12 @@
  *      read, for clusters of 8 and 16 blocks, and how many such clusters fit at once.
  * Times come from %globaltimer (ns) over many repetitions. An argument 1, 2 or 3 limits tables 1-3
  * to that stream kind (register loads, bulk copies, cp.async). */
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "backend/cuda/common.cuh" /* ld_stream16: the GEMV's weight load */
 
 #define CK(x)                                                                                     \
     do {                                                                                          \
@@ -37,13 +37,6 @@ __device__ __forceinline__ unsigned long long gtime() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-__device__ __forceinline__ uint4 ld_stream16(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;

@@ -938,45 +938,6 @@ static void test_model(void) {
 
     lm_cuda_qwen3_set_options(g_m, true, true, 8);
 
-    /* 1b. The decoder layers as one kernel (lm_cuda_decode_layers) at batch 1: every decode step's
-     * logits bit-identical to the per-layer kernels' (the alone runs above), with graphs and
-     * without, and each copy depth. */
-    {
-        const char *why = NULL;
-        const bool fits = lm_cuda_qwen3_set_mega(g_m, true, &why);
-        CHECK(fits, "tiny model does not fit the layer-stack kernel: %s", why ? why : "?");
-        const char *infl = getenv("LM_CUDA_MEGA_INFLIGHT");
-        int diff_bits = 0, steps = 0;
-        for (int graphs = 1; graphs >= 0 && fits; graphs--) {
-            lm_cuda_qwen3_set_options(g_m, graphs, true, 8);
-            lm_cuda_qwen3_set_mega(g_m, true, NULL);
-            for (int i = 0; i < nc; i++) {
-                struct ref_case *c = &cs[i];
-                const int G = (int)c->greedy.n;
-                struct dseq s;
-                dseq_init(&s);
-                int32_t next;
-                rc = prefill(&s, c->prompt.v, (int)c->prompt.n, 8, logits, &next);
-                CHECK(rc == LM_OK, "%s: prefill: %s", c->name, lm_error_message());
-                for (int t = 0; t + 1 < G && !rc; t++) {
-                    struct dseq *sp = &s;
-                    int32_t id = c->greedy.v[t];
-                    rc = decode(&sp, 1, &id, NULL, &next, logits);
-                    CHECK(rc == LM_OK, "%s: layer-stack decode: %s", c->name, lm_error_message());
-                    diff_bits += memcmp(logits, alone[i] + (size_t)(t + 1) * V, sizeof(float) * V) != 0;
-                    steps++;
-                }
-                free(s.bt);
-            }
-        }
-        fprintf(stderr, "model: layer-stack kernel (inflight %s): %d of %d decode steps' logits differ "
-                "from the per-layer kernels\n", infl ? infl : "default", diff_bits, steps);
-        CHECK(diff_bits == 0, "layer-stack kernel: %d of %d steps' logits differ from the per-layer "
-              "kernels", diff_bits, steps);
-        lm_cuda_qwen3_set_mega(g_m, false, NULL);
-    }
-    lm_cuda_qwen3_set_options(g_m, true, true, 8);
-
     /* 2. Batched decode on the GEMV path (5 sequences): ids equal and logits bit-identical to the
      * alone runs; then graphs off must give the same bits. */
     for (int graphs = 1; graphs >= 0; graphs--) {

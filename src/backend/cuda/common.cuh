@@ -112,6 +112,15 @@ static __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/* 16 bytes of weights that are read once: skip L1 (the non-coherent path: never for data a
+ * kernel of the same chain writes). */
+static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
 static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
 static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
@@ -136,44 +145,5 @@ static __device__ __forceinline__ float warp_max(float v) {
 }
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-/* ---- the batch-1..8 GEMV's activation layout, dot product and epilogue (gemv.cu; layers.cu
- * computes the same outputs bit for bit) ---- */
-
-/* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
- * lane l's EL elements (l*EL .. l*EL+EL-1) sit as EL/4 float4s, at 4*l, 128 + 4*l, ..., so a
- * warp's float4 reads are contiguous and conflict-free. (EL = 8: the v1 layout.) */
-template <int EL>
-static __device__ __forceinline__ int gemv_slot(int k) {
-    constexpr int CH = 32 * EL;
-    const int e = k % CH;
-    return (k - e) + ((e >> 2) % (EL / 4)) * 128 + (e / EL) * 4 + (e & 3);
-}
-
-/* a + the 8 products of a lane's 16 bytes of bf16 weights q with its 8 staged activations (xa:
- * elements 0-3, xb: 4-7), in element order: the GEMV's per-row summation order. */
-static __device__ __forceinline__ float gemv_dot8(float a, uint4 q, float4 xa, float4 xb) {
-    a = fmaf(bf_lo(q.x), xa.x, a);
-    a = fmaf(bf_hi(q.x), xa.y, a);
-    a = fmaf(bf_lo(q.y), xa.z, a);
-    a = fmaf(bf_hi(q.y), xa.w, a);
-    a = fmaf(bf_lo(q.z), xb.x, a);
-    a = fmaf(bf_hi(q.z), xb.y, a);
-    a = fmaf(bf_lo(q.w), xb.z, a);
-    return fmaf(bf_hi(q.w), xb.w, a);
-}
-
-/* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
- * Explicitly rounded operations, so that no instantiation contracts them differently. */
-template <int EPI>
-static __device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, float v_next, int r) {
-    if (EPI == LM_CUDA_EPI_STORE) {
-        if (j < M) yrow[j] = v;
-    } else if (EPI == LM_CUDA_EPI_ADD) {
-        if (j < M) yrow[j] = __fadd_rn(yrow[j], v);
-    } else if ((r & 1) == 0 && j + 1 < M) {
-        yrow[j >> 1] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), v_next);
-    }
-}
 
 #endif

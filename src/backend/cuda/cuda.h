@@ -225,58 +225,6 @@ lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const struct lm_cuda
  * written by the host copy before the step's first kernel, and by earlier steps). */
 lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n, bool fused);
 
-/* ---- the decoder layers of a batch-1 decode step as one kernel (layers.cu) ---- */
-
-/* One decoder layer's weights and cache for lm_cuda_decode_layers (device pointers). */
-struct lm_cuda_layer_w {
-    const uint16_t *wqkv;          /* [qkv_rows, hidden] bf16: q, k, v projections stacked */
-    const uint16_t *wo;            /* [hidden, q_dim] */
-    const uint16_t *wgu;           /* [2 inter, hidden], rows gate_0, up_0, gate_1, up_1, ... */
-    const uint16_t *wd;            /* [hidden, inter] */
-    const float *in_ln, *post_ln;  /* [hidden] RMSNorm weights (input_layernorm, post_attention_layernorm) */
-    const float *q_norm, *k_norm;  /* [head_dim] */
-    uint16_t *k_cache, *v_cache;   /* this layer's paged K/V pools (as lm_cuda_attn) */
-};
-
-struct lm_cuda_layers {
-    int n_layers, hidden, q_dim, qkv_rows, inter; /* q_dim = n_heads * head_dim */
-    const struct lm_cuda_layer_w *layers;         /* DEVICE array [n_layers] */
-    float *x;    /* [hidden] the residual stream: the embedding in, the last layer's output out */
-    float *qkv;  /* [qkv_rows] scratch */
-    float *att;  /* [q_dim] scratch: attn.out must point here, float32 */
-    float *h;    /* [inter] scratch: SwiGLU output */
-    float eps;   /* the layers' RMSNorm epsilon */
-    struct lm_cuda_attn attn; /* token 0's attention arguments; q_norm, k_norm, k_cache and
-                                 v_cache are taken from layers[l]; no split (n_splits <= 1) */
-    unsigned *sync;  /* DEVICE [2] unsigned, zero before the first launch; each launch leaves them
-                        zero */
-    int inflight;    /* weight copies (of up to 24 KiB) a multiprocessor keeps in flight, 1 to 8 */
-    int copy_mode;   /* 0: bulk copies (cp.async.bulk, one thread); 1: cp.async, 16 bytes a lane */
-    unsigned long long *trace; /* NULL, or DEVICE [grid][5 n_layers][4]: per block and phase (5 l + p:
-                                  q/k/v, attention, o_proj, gate/up, down) the %globaltimer (ns) on
-                                  entry, when its wait returned, when its weights were in shared
-                                  memory, and when it finished (0 where a block skips a step) */
-};
-
-/* Runs every decoder layer of one decode step of ONE token (batch 1) as one persistent kernel
- * instead of 5 kernels a layer: one block a multiprocessor (a cooperative launch), each owning a
- * fixed slice of rows of every weight matrix, which a copy warp streams into a ring of 8
- * shared-memory slots of 24 KiB (bulk copies, cp.async.bulk, at most `inflight` in flight) ahead
- * of the phase that needs it, while 8 compute warps run the phases q/k/v (RMSNorm fused) ->
- * attention (the 8-warp decode kernel's body, attn_dec_run, on blocks 0 .. n_kv_heads - 1) ->
- * o_proj + residual -> gate/up (RMSNorm, SwiGLU) -> down + residual, each phase waiting for the
- * previous one on a grid-wide counter (release/acquire). Every output has the bits of
- * lm_cuda_gemv and lm_cuda_attention's decode path at one token (the same per-row order), so
- * the step's logits do not change. docs/perf-notes.md v13.
- * LM_ERR_SHAPE when the shapes do not fit (lm_cuda_decode_layers_fits). */
-lm_status lm_cuda_decode_layers(struct lm_cuda_ctx *c, const struct lm_cuda_layers *L);
-
-/* Whether lm_cuda_decode_layers takes these shapes on this device: head_dim 16 or 128 with
- * groups of 1, 2 or 4 query heads, rows of at most 24 KiB, every phase's slice of a
- * multiprocessor within the 8 ring slots, and the shared memory within the device's limit.
- * Fills why (if not NULL, cap bytes) with the reason when it does not. */
-bool lm_cuda_decode_layers_fits(struct lm_cuda_ctx *c, const struct lm_cuda_layers *L, char *why, size_t cap);
-
 /* ---- choosing tokens ---- */
 
 /* Per-row sampling parameters, as engine/sampler.h: temperature <= 0 is greedy (argmax, ties to

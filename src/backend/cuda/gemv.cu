@@ -4,15 +4,6 @@
 
 namespace {
 
-/* 16 bytes of weights that are read once: skip L1. */
-__device__ __forceinline__ uint4 ld_stream16(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 /* ---- GEMV ---- */
 
 constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
@@ -27,6 +18,29 @@ enum { GEMV_BF16, GEMV_Q8 };
 template <int F> struct gemv_fmt {
     static constexpr int EL = F == GEMV_Q8 ? 16 : 8, CH = 32 * EL;
 };
+
+/* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
+ * lane l's EL elements (l*EL .. l*EL+EL-1) sit as EL/4 float4s, at 4*l, 128 + 4*l, ..., so a
+ * warp's float4 reads are contiguous and conflict-free. (EL = 8: the v1 layout.) */
+template <int EL>
+__device__ __forceinline__ int gemv_slot(int k) {
+    constexpr int CH = 32 * EL;
+    const int e = k % CH;
+    return (k - e) + ((e >> 2) % (EL / 4)) * 128 + (e / EL) * 4 + (e & 3);
+}
+
+/* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
+ * Explicitly rounded operations, so that no instantiation contracts them differently. */
+template <int EPI>
+__device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, float v_next, int r) {
+    if (EPI == LM_CUDA_EPI_STORE) {
+        if (j < M) yrow[j] = v;
+    } else if (EPI == LM_CUDA_EPI_ADD) {
+        if (j < M) yrow[j] = __fadd_rn(yrow[j], v);
+    } else if ((r & 1) == 0 && j + 1 < M) {
+        yrow[j >> 1] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), v_next);
+    }
+}
 
 /* ---- timeline trace (lm_cuda_ctx_trace): per block, when it started, when its wait on the
  * predecessor returned, when x was staged, when it finished (%globaltimer, ns) ---- */
@@ -245,9 +259,24 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                         xb[t] = gemv_smem[(t * Kp >> 2) + c * 64 + 32 + lane];
                     }
 #pragma unroll
-                    for (int r = 0; r < R; r++)
+                    for (int r = 0; r < R; r++) {
+                        const uint4 q = wv[u][r];
+                        const float f0 = bf_lo(q.x), f1 = bf_hi(q.x), f2 = bf_lo(q.y), f3 = bf_hi(q.y);
+                        const float f4 = bf_lo(q.z), f5 = bf_hi(q.z), f6 = bf_lo(q.w), f7 = bf_hi(q.w);
 #pragma unroll
-                        for (int t = 0; t < T; t++) acc[t][r] = gemv_dot8(acc[t][r], wv[u][r], xa[t], xb[t]);
+                        for (int t = 0; t < T; t++) {
+                            float a = acc[t][r];
+                            a = fmaf(f0, xa[t].x, a);
+                            a = fmaf(f1, xa[t].y, a);
+                            a = fmaf(f2, xa[t].z, a);
+                            a = fmaf(f3, xa[t].w, a);
+                            a = fmaf(f4, xb[t].x, a);
+                            a = fmaf(f5, xb[t].y, a);
+                            a = fmaf(f6, xb[t].z, a);
+                            a = fmaf(f7, xb[t].w, a);
+                            acc[t][r] = a;
+                        }
+                    }
                 }
             }
         }

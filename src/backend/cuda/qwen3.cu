@@ -88,14 +88,6 @@ struct lm_cuda_qwen3 {
     float *split_part;
     unsigned *split_count;
     int n_classes; /* context classes of the decode graphs: <= 512 positions, <= 1024, ... */
-    /* batch-1 decode layers as one kernel (lm_cuda_decode_layers; docs/perf-notes.md v13) */
-    lm_cuda_layer_w *mega_layers; /* device [NL] */
-    unsigned *mega_sync;          /* device [2] */
-    bool mega_fits, mega_use;
-    int mega_inflight, mega_copy;
-    unsigned long long *mega_trace; /* LM_CUDA_MEGA_TRACE=N: device [sm][5 NL][4], reported at step N */
-    int mega_trace_step, mega_steps;
-    char mega_why[256];           /* why it does not fit, when it does not */
     /* staging */
     char *in_dev, *in_host;
     int32_t *ids_host;
@@ -270,105 +262,6 @@ static lm_status check_matrix(const lm_cuda_matrix &x, int rows, int cols, const
     return LM_OK;
 }
 
-/* The arguments of lm_cuda_decode_layers for a decode step of one token with attention
- * arguments a (whose per-layer fields the kernel takes from mega_layers). */
-static lm_cuda_layers mega_args(const lm_cuda_qwen3 *m, const lm_cuda_attn &a) {
-    lm_cuda_layers P;
-    memset(&P, 0, sizeof P);
-    P.n_layers = m->NL, P.hidden = m->H, P.q_dim = m->Q, P.qkv_rows = m->QKV, P.inter = m->I;
-    P.layers = m->mega_layers;
-    P.x = m->x, P.qkv = m->qkv, P.att = m->att, P.h = m->h;
-    P.eps = m->cfg.rms_norm_eps;
-    P.attn = a;
-    P.sync = m->mega_sync;
-    P.inflight = m->mega_inflight;
-    P.copy_mode = m->mega_copy;
-    P.trace = m->mega_trace;
-    return P;
-}
-
-static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n);
-
-/* The layer table and counters of lm_cuda_decode_layers, and whether this model fits it.
- * LM_CUDA_MEGA=0/1 turns it off/on (base/env.h spellings; lm_cuda_qwen3_set_mega for A/B in one
- * process); LM_CUDA_MEGA_INFLIGHT (1-8, default 2) sets the copies a multiprocessor keeps in
- * flight. */
-static lm_status mega_setup(lm_cuda_qwen3 *m) {
-    std::vector<lm_cuda_layer_w> h((size_t)m->NL);
-    for (int l = 0; l < m->NL; l++) {
-        const layer_dev &w = m->layers[l];
-        lm_cuda_layer_w &o = h[(size_t)l];
-        o.wqkv = w.wqkv.bf, o.wo = w.wo.bf, o.wgu = w.wgu.bf, o.wd = w.wd.bf;
-        o.in_ln = w.in_ln, o.post_ln = w.post_ln, o.q_norm = w.q_norm, o.k_norm = w.k_norm;
-        o.k_cache = m->k_pool + (size_t)l * m->layer_elems;
-        o.v_cache = m->v_pool + (size_t)l * m->layer_elems;
-    }
-    LM_TRY(dev_alloc_t(m, &m->mega_layers, (size_t)m->NL));
-    LM_TRY(lm_cuda_upload(m->mega_layers, h.data(), sizeof(lm_cuda_layer_w) * h.size()));
-    LM_TRY(dev_alloc_t(m, &m->mega_sync, 2));
-    LM_TRY(lm_cuda_memset(m->mega_sync, 0, 2 * sizeof(unsigned)));
-    static const bool on = lm_env_flag("LM_CUDA_MEGA", false);
-    static const int inflight = [] {
-        const char *e = getenv("LM_CUDA_MEGA_INFLIGHT");
-        const int v = e && *e ? atoi(e) : 2;
-        if (v < 1 || v > 8) {
-            fprintf(stderr, "lumen: LM_CUDA_MEGA_INFLIGHT=%s is outside 1..8; using 2\n", e);
-            return 2;
-        }
-        return v;
-    }();
-    m->mega_inflight = inflight;
-    static const int copy = lm_env_flag("LM_CUDA_MEGA_CPASYNC", false) ? 1 : 0;
-    m->mega_copy = copy;
-    const char *tr = getenv("LM_CUDA_MEGA_TRACE");
-    m->mega_trace_step = tr && *tr ? atoi(tr) : 0;
-    if (m->mega_trace_step > 0)
-        LM_TRY(dev_alloc_t(m, &m->mega_trace, (size_t)m->ctx->sm_count * 5 * m->NL * 4));
-    m->mega_use = on;
-    const layout L = make_layout(1, 1, 1, m->W);
-    const lm_cuda_layers P = mega_args(m, make_attn(m, L, true, 0, 1));
-    m->mega_fits = lm_cuda_decode_layers_fits(m->ctx, &P, m->mega_why, sizeof m->mega_why);
-    return LM_OK;
-}
-
-/* LM_CUDA_MEGA_TRACE: per phase of a layer, averaged over the layers, the critical path of the
- * traced step (to stderr): span = the phase's last block finishing after the previous phase's;
- * dep = the blocks' waits returning after the previous phase's last block finished; ready = the
- * weights in shared memory and x staged after the wait; compute = ready to finished. */
-static void mega_report(const lm_cuda_qwen3 *m) {
-    const int G = m->ctx->sm_count, NP = 5 * m->NL, nkv = m->cfg.n_kv_heads;
-    std::vector<unsigned long long> t((size_t)G * NP * 4);
-    if (lm_cuda_download(t.data(), m->mega_trace, t.size() * 8)) return;
-    auto at = [&](int b, int k, int i) { return (double)t[((size_t)b * NP + k) * 4 + i]; };
-    double span[5] = {0}, dep[5] = {0}, ready[5] = {0}, comp[5] = {0};
-    double prev_end = 0;
-    for (int b = 0; b < G; b++) prev_end = b ? std::min(prev_end, at(b, 0, 0)) : at(b, 0, 0);
-    const double t0 = prev_end;
-    for (int k = 0; k < NP; k++) {
-        const int p = k % 5, nb = p == 1 ? nkv : G;
-        double end = 0, d = 0, r = 0, c = 0;
-        for (int b = 0; b < G; b++) end = std::max(end, at(b, k, 3));
-        for (int b = 0; b < nb; b++) {
-            d += at(b, k, 1) - prev_end;
-            r += at(b, k, 2) - at(b, k, 1);
-            c += at(b, k, 3) - at(b, k, 2);
-        }
-        span[p] += end - prev_end, dep[p] += d / nb, ready[p] += r / nb, comp[p] += c / nb;
-        prev_end = end;
-    }
-    static const char *names[5] = {"q/k/v", "attention", "o_proj", "gate/up", "down"};
-    fprintf(stderr, "layer-stack trace (step %d, %d blocks, copies %s, %d in flight): us a layer, mean of %d "
-            "layers; whole kernel %.1f us\n| phase | span | dep | ready | compute |\n| --- | ---: | ---: | ---: | ---: |\n",
-            m->mega_trace_step, G, m->mega_copy ? "cp.async" : "bulk", m->mega_inflight, m->NL, (prev_end - t0) / 1e3);
-    double tot = 0;
-    for (int p = 0; p < 5; p++) {
-        fprintf(stderr, "| %s | %.2f | %.2f | %.2f | %.2f |\n", names[p], span[p] / m->NL / 1e3, dep[p] / m->NL / 1e3,
-                ready[p] / m->NL / 1e3, comp[p] / m->NL / 1e3);
-        tot += span[p];
-    }
-    fprintf(stderr, "| layer | %.2f | | | |\n", tot / m->NL / 1e3);
-}
-
 static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     const lm_cuda_qwen3_config &c = w->cfg;
     lm_cuda_qwen3_params &p = m->p;
@@ -508,7 +401,6 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     if (split_kv)
         while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
     m->graphs.assign((size_t)(m->MO + 16) * 2 * m->n_classes, graph_slot{NULL});
-    LM_TRY(mega_setup(m));
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -555,14 +447,6 @@ extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);
     m->q8_use = on;
-}
-
-extern "C" bool lm_cuda_qwen3_set_mega(struct lm_cuda_qwen3 *m, bool on, const char **why) {
-    cudaStreamSynchronize(m->ctx->stream);
-    drop_graphs(m);
-    m->mega_use = on;
-    if (why) *why = m->mega_fits ? NULL : m->mega_why;
-    return m->mega_fits;
 }
 
 /* ---- the forward pass ---- */
@@ -643,14 +527,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     if (rc) return rc;
 
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
-    /* Batch-1 decode within one context class of the 8-warp kernel: the layers as one kernel. */
-    const bool mega = decode && nt == 1 && gemv && cls == 0 && a.n_splits <= 1 && m->mega_use &&
-                      m->mega_fits && !(m->layers[0].wqkv.q && m->q8_use);
-    if (mega) {
-        const lm_cuda_layers P = mega_args(m, a);
-        LM_TRY(lm_cuda_decode_layers(c, &P));
-    }
-    for (int l = 0; l < m->NL && !mega; l++) {
+    for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
         if (gemv) {
@@ -829,7 +706,6 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                               cudaMemcpyDeviceToHost, c->stream));
     LM_TRY(lm_cuda_ctx_sync(c));
     memcpy(b->out_ids, m->ids_host, sizeof(int32_t) * no);
-    if (m->mega_trace && nt == 1 && decode && m->mega_use && ++m->mega_steps == m->mega_trace_step) mega_report(m);
     return LM_OK;
 }
 

@@ -135,12 +135,6 @@ void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, i
 /* Whether the GEMV reads a Q8_0 checkpoint's quants (true, the default) or its bf16 copy, for
  * A/B measurements (`lumen cudabench --q8 --variants`). Drops the captured graphs. */
 void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on);
-/* Whether batch-1 decode steps (contexts of up to 512 positions, bf16 weights) run every decoder
- * layer as one persistent kernel (lm_cuda_decode_layers; same bits as the per-layer kernels) or
- * as 5 kernels a layer; the default comes from LM_CUDA_MEGA. Drops the captured graphs. Returns
- * whether this model's shapes fit that kernel (if not, steps keep the per-layer kernels and *why,
- * when why is not NULL, says what does not fit; borrowed, valid until destroy). */
-bool lm_cuda_qwen3_set_mega(struct lm_cuda_qwen3 *m, bool on, const char **why);
 
 /* The model's CUDA context (stream, kernel options such as lm_cuda_ctx_set_gemv_rows). Borrowed,
  * valid until destroy. */
