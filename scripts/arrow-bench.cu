@@ -14,7 +14,9 @@
  *      to a counter with release semantics and spins with acquire loads until all have), plus
  *      the read of a value another block wrote before it, alone and beside the stream;
  *   4. cluster: the hardware cluster barrier (barrier.cluster) and a distributed-shared-memory
- *      read, for clusters of 8 and 16 blocks, and how many such clusters fit at once.
+ *      read, for clusters of 8 and 16 blocks, and how many such clusters fit at once;
+ *   5. staging: a GEMV's dependency as it meets it: weight loads issued, the dependency, the
+ *      activations staged into shared memory through L2 or by one bulk copy, the weights used.
  * Times come from %globaltimer (ns) over many repetitions. An argument 1, 2 or 3 limits tables 1-3
  * to that stream kind (register loads, bulk copies, cp.async). */
 #include <cstdint>
@@ -259,6 +261,63 @@ __global__ void __launch_bounds__(THREADS, 1) k_cluster(int rounds, unsigned lon
     if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = t1 - t0, out[1] = t2 - t1, out[2] = p;
 }
 
+/* Table 5: a GEMV step's dependency as k_gemv meets it: each round every warp issues U 16-byte
+ * weight loads a lane (the next matrix's first batch), the block waits on the all-to-all counter,
+ * stages `xb` bytes of activations (written by another block before the round) into shared
+ * memory, by every thread through L2 (mode 0), by one bulk copy (mode 1) or not (2), then uses the
+ * weights. Per round: barrier + staging + the weights' arrival. */
+__global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_t wsize, int U, unsigned *cnt,
+                                                      float *x, int xb, int mode, int rounds,
+                                                      unsigned long long *out) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ uint64_t bar;
+    __shared__ unsigned sink;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        sink = 0;
+    }
+    __syncthreads();
+    float *xs = reinterpret_cast<float *>(smem);
+    const int gw = blockIdx.x * 8 + warp, NW = G * 8, nx = xb / 4;
+    uint32_t acc = 0;
+    unsigned long long t0 = 0;
+    for (int r = 0; r <= rounds; r++) {
+        if (r == 1) t0 = gtime(); /* round 0 lines the blocks up */
+        uint4 v[MAXU];
+        const size_t base = (((size_t)r * NW + gw) * (size_t)U * 512) % wsize;
+#pragma unroll
+        for (int u = 0; u < MAXU; u++)
+            if (u < U) v[u] = ld_stream16(wbuf + (base + u * 512 + lane * 16) % wsize);
+        /* this block's share of the activations the next round reads */
+        if (threadIdx.x < 32) x[(blockIdx.x * 32 + threadIdx.x) % nx] = (float)r;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            red_release(cnt, 1);
+            while (ld_acquire(cnt) < (unsigned)(r + 1) * G) {
+            }
+        }
+        __syncthreads();
+        if (mode == 0) {
+            for (int i = threadIdx.x; i < nx; i += THREADS) xs[i] = __ldcg(x + i);
+        } else if (mode == 1 && threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            bulk_load(xs, x, (unsigned)xb, &bar);
+            mbar_wait(&bar, (unsigned)(r & 1));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < MAXU; u++)
+            if (u < U) acc ^= v[u].x ^ v[u].w;
+        if (threadIdx.x == 0) sink += __float_as_uint(xs[r % nx]);
+    }
+    const unsigned long long t1 = gtime();
+    if (acc == 0x12345678u) sink += 1;
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = t1 - t0, out[1] = sink;
+}
+
 static int g_sms;
 
 static Stream make_stream(const uint8_t *buf, size_t size, int kind, int depth, unsigned long long *stats) {
@@ -424,6 +483,27 @@ int main(int argc, char **argv) {
         unsigned long long h[2];
         CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
         printf("| %d | %d | %d | %.3f | %.0f |\n", cs, fit, fit * cs, (double)h[0] / R / 1e3, (double)h[1] / R);
+    }
+    /* 5. staging after the dependency */
+    printf("\n5. staging: a round = U weight loads a lane issued, the all-to-all dependency, x staged, the weights used (us a round)\n");
+    printf("| U | none | 4 KiB through L2 | 4 KiB bulk | 12 KiB through L2 | 12 KiB bulk |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    CK(cudaFuncSetAttribute((const void *)k_stage, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    float *xact;
+    CK(cudaMalloc(&xact, 12288));
+    CK(cudaMemset(xact, 0, 12288));
+    for (int U : {0, 4, 8, 12}) {
+        double us[5];
+        const int xbs[5] = {128, 4096, 4096, 12288, 12288}, modes[5] = {2, 0, 1, 0, 1};
+        for (int i = 0; i < 5; i++) {
+            CK(cudaMemset(cnt, 0, 4));
+            const int R = 1000;
+            k_stage<<<g_sms, THREADS, SMEM>>>(buf, BUF, U, cnt, xact, xbs[i], modes[i], R, out);
+            CK(cudaDeviceSynchronize());
+            unsigned long long h[1];
+            CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+            us[i] = (double)h[0] / R / 1e3;
+        }
+        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", U, us[0], us[1], us[2], us[3], us[4]);
     }
     return 0;
 }

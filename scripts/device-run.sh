@@ -8,7 +8,8 @@
 # a larger shape), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
-# kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on).
+# kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on), arrow
+# (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh.
 set -uo pipefail
@@ -103,6 +104,9 @@ for step in "$@"; do
       env $( [ $1 = q8_0-bf16copy ] && echo LM_CUDA_Q8=0 ) timeout 300 $LUMEN perf --device cuda --model $2 -p 512 -n 128 \
         -r ${PERF_REPS:-3} --no-bw --batch ${Q8_BATCH:-1,4,64} 2>&1 | grep -E " (pp|tg)[0-9]|^weights"
     done 2>&1 | tee "$OUT/q8big.log" ;;
+  arrow)
+    nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/arrow-bench scripts/arrow-bench.cu &&
+      timeout 300 /tmp/arrow-bench 2>&1 | tee "$OUT/arrow.log" ;;
   cpu)
     # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried
     # test_kernels, test_bf16_act and test_quant (LM_PREBUILD_TARGETS), then lumen perf on the

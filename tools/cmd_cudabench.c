@@ -210,7 +210,9 @@ static int cmp_launch(const void *a, const void *b) {
 
 /* Runs a few tg steps with the GEMV trace on and prints, per matrix shape, the average over the
  * step's launches of each phase (us): the block started before its predecessor's last block
- * ended (lead), waited, then had weights (stall after the wait), ran to its end. */
+ * ended (lead), waited, then had weights (stall after the wait), ran to its end; end-wait: the
+ * median block's wait returned this long after the predecessor GEMV's last block ended (for
+ * o_proj that includes the attention kernel between them). */
 static lm_status trace_step(struct bench *b, int tg, const char *name) {
     struct lm_cuda_ctx *ctx = lm_cuda_qwen3_ctx(b->m);
     const int cap = 1 << 18;
@@ -277,13 +279,13 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
     printf("\nGEMV timeline, %s (one batch-1 step, %d launches; us, medians over blocks, averaged over "
            "layers; 'lead' = first block start before the previous GEMV's last block end)\n",
            name, nl);
-    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead", "start-wait",
-           "wait-ready", "ready-end", "span");
-    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: |\n");
+    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead", "start-wait",
+           "end-wait", "wait-ready", "ready-end", "span");
+    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: | --------: |\n");
     bool *counted = calloc((size_t)nl, sizeof *counted); /* launches already in a shape's row */
     for (int j = 1; j < nl; j++) {
         if (counted[j]) continue;
-        double a[5] = {0}, cnt = 0;
+        double a[6] = {0}, cnt = 0;
         const int blocks = L[j].n;
         for (int q = j; q < nl; q++) { /* launch 0 has no predecessor in the step: not counted */
             if (L[q].m != L[j].m || L[q].k != L[j].k) continue;
@@ -293,11 +295,12 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
             a[2] += (L[q].ready_med - L[q].wait_med) / 1e3;
             a[3] += (L[q].end_med - L[q].ready_med) / 1e3;
             a[4] += (L[q].end_max - prev_end) / 1e3;
+            a[5] += (L[q].wait_med - prev_end) / 1e3;
             cnt++;
             counted[q] = true;
         }
-        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9.2f | %9.2f |\n", L[j].m, L[j].k, cnt, blocks,
-               a[0] / cnt, a[1] / cnt, a[2] / cnt, a[3] / cnt, a[4] / cnt);
+        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9.2f | %9.2f | %9.2f |\n", L[j].m, L[j].k, cnt,
+               blocks, a[0] / cnt, a[1] / cnt, a[5] / cnt, a[2] / cnt, a[3] / cnt, a[4] / cnt);
     }
     printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
     fflush(stdout);
