@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(THREADS, 1) k_cluster(int rounds, unsigned lon
  * memory, by every thread through L2 (mode 0), by one bulk copy (mode 1) or not (2), then uses the
  * weights. Per round: barrier + staging + the weights' arrival. */
 __global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_t wsize, int U, unsigned *cnt,
-                                                      float *x, int xb, int mode, int rounds,
+                                                      float *x, int xb, int mode, int rounds, int pf,
                                                       unsigned long long *out) {
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ uint64_t bar;
@@ -287,6 +287,11 @@ __global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_
         if (r == 1) t0 = gtime(); /* round 0 lines the blocks up */
         uint4 v[MAXU];
         const size_t base = (((size_t)r * NW + gw) * (size_t)U * 512) % wsize;
+        if (pf) { /* the next round's weights into L2 (one prefetch a 128-byte line) */
+            const size_t nb = (((size_t)(r + 1) * NW + gw) * (size_t)U * 512) % wsize;
+            for (int i = lane; i < U * 4; i += 32)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(wbuf + (nb + (size_t)i * 128) % wsize));
+        }
 #pragma unroll
         for (int u = 0; u < MAXU; u++)
             if (u < U) v[u] = ld_stream16(wbuf + (base + u * 512 + lane * 16) % wsize);
@@ -486,24 +491,26 @@ int main(int argc, char **argv) {
     }
     /* 5. staging after the dependency */
     printf("\n5. staging: a round = U weight loads a lane issued, the all-to-all dependency, x staged, the weights used (us a round)\n");
-    printf("| U | none | 4 KiB through L2 | 4 KiB bulk | 12 KiB through L2 | 12 KiB bulk |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| U | next round's weights prefetched to L2 | none | 4 KiB through L2 | 4 KiB bulk | 12 KiB through L2 | 12 KiB bulk |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
     CK(cudaFuncSetAttribute((const void *)k_stage, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     float *xact;
     CK(cudaMalloc(&xact, 12288));
     CK(cudaMemset(xact, 0, 12288));
+    for (int pf = 0; pf < 2; pf++)
     for (int U : {0, 4, 8, 12}) {
+        if (pf && !U) continue;
         double us[5];
         const int xbs[5] = {128, 4096, 4096, 12288, 12288}, modes[5] = {2, 0, 1, 0, 1};
         for (int i = 0; i < 5; i++) {
             CK(cudaMemset(cnt, 0, 4));
             const int R = 1000;
-            k_stage<<<g_sms, THREADS, SMEM>>>(buf, BUF, U, cnt, xact, xbs[i], modes[i], R, out);
+            k_stage<<<g_sms, THREADS, SMEM>>>(buf, BUF, U, cnt, xact, xbs[i], modes[i], R, pf, out);
             CK(cudaDeviceSynchronize());
             unsigned long long h[1];
             CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
             us[i] = (double)h[0] / R / 1e3;
         }
-        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", U, us[0], us[1], us[2], us[3], us[4]);
+        printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", U, pf ? "yes" : "no", us[0], us[1], us[2], us[3], us[4]);
     }
     return 0;
 }
