@@ -5,12 +5,14 @@
  * names the file; the markdown table keeps every '|' of every line in the header's columns
  * (counted on screen: "±" is one column, two bytes) and its rule row has a cell per column; the
  * "% of read" footnote is printed exactly when the weights are smaller than the last-level cache
- * the json reports; a GGUF file (q8_0, built here) still runs, and LM_CPU_Q8_ACT picks its matmul
+ * the json reports; the json's median is the middle of its samples (3 and 4 repetitions); a GGUF
+ * file (q8_0, built here) still runs, and LM_CPU_Q8_ACT picks its matmul
  * path from 0/1, off/on, false/true, no/yes in any case, while another value keeps the default
  * (int8) after one warning that names the variable and the value. Also `lumen logits` (ids only)
  * on the folder without a tokenizer, and its --top-k limit.
  * LM_LABEL: model */
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +65,7 @@ static void check_table(const char *text, const char *what) {
         }
         l = *e ? e + 1 : e;
     }
-    CHECK(n_head == 10 && rows >= 2, "%s: a table of 9 columns with rows (%d bars, %d lines)", what,
+    CHECK(n_head == 11 && rows >= 2, "%s: a table of 10 columns with rows (%d bars, %d lines)", what,
           n_head, rows);
     /* the rule row: a cell of dashes per column, right-aligned columns end with ':' */
     CHECK(rule && !strncmp(rule, "| -", 3) && strstr(rule, "-: |"), "%s: the rule row", what);
@@ -124,6 +126,37 @@ int main(void) {
           "%lld-byte cache:\n%s",
           (long long)weights, (long long)json_integer_value(llc), out.p);
     json_decref(j);
+
+    /* The median: the middle sample of an odd count, the mean of the two middle ones of an even
+     * count (computed here from the json's samples, which keep the order they were taken in). */
+    for (int reps = 3; reps <= 4; reps++) {
+        snprintf(cmd, sizeof cmd, "'%s' perf --model '%s/notok' -t 1 -p 8 -n 2 -r %d --no-bw -o json",
+                 LM_LUMEN_BIN, g_dir, reps);
+        rc = run(cmd, &out, &err);
+        j = rc == 0 ? json_loads(out.p, 0, &je) : NULL;
+        CHECK(j != NULL, "perf -r %d -o json: rc %d\n%s", reps, rc, err.p);
+        json_t *res = json_object_get(j, "results");
+        for (size_t i = 0; i < json_array_size(res); i++) {
+            json_t *t = json_object_get(json_array_get(res, i), "tokens_per_s");
+            json_t *smp = json_object_get(t, "samples");
+            double v[4];
+            const int n = (int)json_array_size(smp);
+            CHECK(n == reps, "-r %d: %d samples", reps, n);
+            if (n != reps) continue;
+            for (int k = 0; k < n; k++) v[k] = json_real_value(json_array_get(smp, k));
+            for (int a = 0; a < n; a++) /* sort */
+                for (int b = a + 1; b < n; b++)
+                    if (v[b] < v[a]) {
+                        const double tmp = v[a];
+                        v[a] = v[b], v[b] = tmp;
+                    }
+            const double want = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+            const double got = json_real_value(json_object_get(t, "median"));
+            CHECK(fabs(got - want) <= 1e-3 * fabs(want) + 1e-3, "-r %d: median %.4f, the samples' %.4f", reps,
+                  got, want);
+        }
+        json_decref(j);
+    }
 
     /* A q8_0 GGUF (tokenizer inside) and LM_CPU_Q8_ACT. */
     snprintf(cmd, sizeof cmd, "'%s' build --model '%s' --out '%s/q8.gguf' --dtype q8_0 >/dev/null",

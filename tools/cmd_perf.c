@@ -2,11 +2,11 @@
  * llama-bench (pp<P>: a P-token prompt; tg<N>: N decode steps of one token after an untimed
  * prefill of --depth tokens; tg<N> x B: N steps of B sequences decoded together in one batched
  * forward per step). Each test runs once untimed (warm-up) and then --reps times; the table gives
- * the mean ± standard deviation and the min - max tokens per second. Beside each decode figure it
- * prints the weight bandwidth achieved (the bytes of weights one step reads, times steps per
- * second) and that as a share of a read bandwidth measured in the same run: the same number of
- * threads summing a 512 MiB array (huge pages), each thread as 4 streams, sampled just before
- * each decode repetition. When the weights are smaller than the CPU's last-level cache they
+ * the mean ± standard deviation, the median and the min - max tokens per second. Beside each
+ * decode figure it prints the weight bandwidth achieved (the bytes of weights one step reads,
+ * times steps per second) and that as a share of a read bandwidth measured in the same run: the
+ * same number of threads summing a 512 MiB array (huge pages), each thread as 4 streams, sampled
+ * just before each decode repetition. When the weights are smaller than the CPU's last-level cache they
  * stay in cache between steps, and a footnote says why that share can exceed 100%.
  * It feeds token ids only, so a model folder without tokenizer.json is measured with ids drawn
  * below config.json's vocab_size. */
@@ -30,10 +30,10 @@ static void usage(FILE *f) {
             "                  [-r 3] [-d 0] [--batch 1] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
             "                  [--device cpu|cuda|cuda:N]\n\n"
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
-            "prints a table of tokens per second (mean ± std over the repetitions, and the\n"
-            "min - max), the weight bandwidth each decode test achieves, and a read bandwidth\n"
-            "measured in the same run (\"%% of read\": above 100%% when the weights fit in the CPU's\n"
-            "last-level cache; a footnote then says so).\n\n"
+            "prints a table of tokens per second (mean ± std over the repetitions, the median\n"
+            "and the min - max), the weight bandwidth each decode test achieves, and a read\n"
+            "bandwidth measured in the same run (\"%% of read\": above 100%% when the weights fit\n"
+            "in the CPU's last-level cache; a footnote then says so).\n\n"
             "  --model PATH      Hugging Face model folder or GGUF file\n"
             "  --tokenizer DIR   folder with tokenizer.json (optional: without one, prompt ids\n"
             "                    are drawn below config.json's vocab_size)\n"
@@ -98,10 +98,15 @@ static void fill_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
 }
 
 struct stats {
-    double mean, std, lo, hi;
+    double mean, std, median, lo, hi; /* median: the middle sample (the mean of the two middle ones) */
     double *samples;
     int n;
 };
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static void summarize(double *x, int n, struct stats *s) {
     s->samples = x;
@@ -117,6 +122,15 @@ static void summarize(double *x, int n, struct stats *s) {
     double v = 0;
     for (int i = 0; i < n; i++) v += (x[i] - s->mean) * (x[i] - s->mean);
     s->std = n > 1 ? sqrt(v / (n - 1)) : 0;
+    /* The median of a sorted copy (x keeps the order the samples were taken in). */
+    double *y = n > 0 ? malloc(sizeof *y * (size_t)n) : NULL;
+    s->median = 0;
+    if (y) {
+        memcpy(y, x, sizeof *y * (size_t)n);
+        qsort(y, (size_t)n, sizeof *y, cmp_double);
+        s->median = n % 2 ? y[n / 2] : (y[n / 2 - 1] + y[n / 2]) / 2;
+        free(y);
+    }
 }
 
 /* ---- read bandwidth ---- */
@@ -275,13 +289,14 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
 /* Columns wide enough for every figure up to 9,999,999.99 tokens/s (GPU batches reach ~100,000):
  * the rows print as each test ends, before the later figures are known. */
 #define WIDEST_MEAN_STD "9999999.99 ± 999999.99"
+#define WIDEST_MEDIAN "9999999.99"
 #define WIDEST_RANGE "9999999.99 - 9999999.99"
 
-enum { N_COLS = 9 };
+enum { N_COLS = 10 };
 static const char *const k_headers[N_COLS] = {"model", "dtype", "weights", "threads", "test",
-                                              "t/s (mean ± std)", "t/s (min - max)", "weights GB/s",
-                                              "% of read"};
-static const bool k_right[N_COLS] = {false, false, false, true, false, true, true, true, true};
+                                              "t/s (mean ± std)", "t/s (median)", "t/s (min - max)",
+                                              "weights GB/s", "% of read"};
+static const bool k_right[N_COLS] = {false, false, false, true, false, true, true, true, true, true};
 
 /* Columns on screen of a UTF-8 string (one per code point: the table holds no wide characters;
  * printf's widths count bytes, and "±" is two). */
@@ -361,8 +376,8 @@ static size_t llc_bytes(void) {
 }
 
 static void json_stats(const struct stats *s) {
-    printf("{\"mean\": %.4f, \"std\": %.4f, \"min\": %.4f, \"max\": %.4f, \"samples\": [", s->mean, s->std,
-           s->lo, s->hi);
+    printf("{\"mean\": %.4f, \"std\": %.4f, \"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"samples\": [",
+           s->mean, s->std, s->median, s->lo, s->hi);
     for (int i = 0; i < s->n; i++) printf(i ? ", %.4f" : "%.4f", s->samples[i]);
     printf("]}");
 }
@@ -538,7 +553,7 @@ int lm_cmd_perf(int argc, char **argv) {
         char name[64];
         test_name(name, sizeof name, p, n, t ? batches[t - 1] : 0, depth);
         fit(width, (const char *const[N_COLS]){lm_model_name(m), info.weight_dtype, wshort, threads_s, name,
-                                               WIDEST_MEAN_STD, WIDEST_RANGE, "", ""});
+                                               WIDEST_MEAN_STD, WIDEST_MEDIAN, WIDEST_RANGE, "", ""});
     }
     double *samples = calloc((size_t)reps * MAX_ROWS, sizeof *samples);
     double *rep_bw = calloc((size_t)reps, sizeof *rep_bw);
@@ -584,13 +599,14 @@ int lm_cmd_perf(int argc, char **argv) {
                 md_row(k_headers, width);
                 md_rule(width);
             }
-            char ms[64], range[64], gb[32] = "", pct[32] = "";
+            char ms[64], med[32], range[64], gb[32] = "", pct[32] = "";
             snprintf(ms, sizeof ms, "%.2f ± %.2f", r->tps.mean, r->tps.std);
+            snprintf(med, sizeof med, "%.2f", r->tps.median);
             snprintf(range, sizeof range, "%.2f - %.2f", r->tps.lo, r->tps.hi);
             if (r->batch) snprintf(gb, sizeof gb, "%.1f", r->gbps);
             if (r->batch && probe.p) snprintf(pct, sizeof pct, "%.0f%%", r->pct);
             md_row((const char *const[N_COLS]){lm_model_name(m), info.weight_dtype, wshort, threads_s, r->test, ms,
-                                               range, gb, pct},
+                                               med, range, gb, pct},
                    width);
             fflush(stdout);
         }
