@@ -158,8 +158,8 @@ static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float 
 }
 
 /* Every row count, epilogue and norm setting of one [m, k] weight set against the scalar
- * reference (ref_gemv over the bf16 rows, or ref_gemv_q8act), then batch invariance: row 2 of a 5-row call
- * equals a 1-row call bit for bit, for every rows-per-warp setting and with PDL on or off, for the
+ * reference (ref_gemv over the bf16 rows, or ref_gemv_q8act), then batch invariance: row 2 of a
+ * 5-row call equals a 1-row call bit for bit, for every rows-per-warp setting and with PDL on or off, for the
  * store and SwiGLU epilogues. x: [11, k] on the host (dx on the device), nw / dnw: [k]. Returns
  * the worst relative error. */
 static double check_gemv(const char *what, const struct dgemv *w, const float *x, const float *dx,

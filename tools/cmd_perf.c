@@ -6,8 +6,8 @@
  * decode figure it prints the weight bandwidth achieved (the bytes of weights one step reads,
  * times steps per second) and that as a share of a read bandwidth measured in the same run: the
  * same number of threads summing a 512 MiB array (huge pages), each thread as 4 streams, sampled
- * just before each decode repetition. When the weights are smaller than the CPU's last-level cache they
- * stay in cache between steps, and a footnote says why that share can exceed 100%.
+ * just before each decode repetition. When the weights are smaller than the CPU's last-level
+ * cache they stay in cache between steps, and a footnote says why that share can exceed 100%.
  * It feeds token ids only, so a model folder without tokenizer.json is measured with ids drawn
  * below config.json's vocab_size. */
 #include <getopt.h>
@@ -20,6 +20,7 @@
 
 #include "backend/cpu/ops.h"
 #include "base/threadpool.h"
+#include "bench/stats.h"
 #include "commands.h"
 #include "family/family.h"
 #include "family/model.h"
@@ -98,39 +99,21 @@ static void fill_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
 }
 
 struct stats {
-    double mean, std, median, lo, hi; /* median: the middle sample (the mean of the two middle ones) */
+    double mean, std, median, lo, hi;
     double *samples;
     int n;
 };
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
+/* The samples' mean, sample standard deviation (n - 1, as llama-bench), median, min and max; the
+ * median as the profiler computes its p50 (bench/stats.h: the mean of the two middle samples of an
+ * even count). x keeps the order the samples were taken in. */
 static void summarize(double *x, int n, struct stats *s) {
+    struct lm_bench_stats b;
+    lm_bench_stats_compute(x, (size_t)n, &b);
     s->samples = x;
     s->n = n;
-    s->mean = 0;
-    s->lo = INFINITY;
-    s->hi = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        s->mean += x[i] / n;
-        s->lo = fmin(s->lo, x[i]);
-        s->hi = fmax(s->hi, x[i]);
-    }
-    double v = 0;
-    for (int i = 0; i < n; i++) v += (x[i] - s->mean) * (x[i] - s->mean);
-    s->std = n > 1 ? sqrt(v / (n - 1)) : 0;
-    /* The median of a sorted copy (x keeps the order the samples were taken in). */
-    double *y = n > 0 ? malloc(sizeof *y * (size_t)n) : NULL;
-    s->median = 0;
-    if (y) {
-        memcpy(y, x, sizeof *y * (size_t)n);
-        qsort(y, (size_t)n, sizeof *y, cmp_double);
-        s->median = n % 2 ? y[n / 2] : (y[n / 2 - 1] + y[n / 2]) / 2;
-        free(y);
-    }
+    s->mean = b.mean, s->median = b.p50, s->lo = b.min, s->hi = b.max;
+    s->std = n > 1 ? b.std * sqrt((double)n / (n - 1)) : 0; /* b.std is the population's */
 }
 
 /* ---- read bandwidth ---- */

@@ -28,8 +28,8 @@ const char *lm_cmd_unexpected(const char *arg);
  * exits with 2). Whether the device exists is lm_model_open's to say. */
 bool lm_cmd_device_ok(const char *cmd, const char *value);
 /* True when no --tokenizer was given (`tok_dir` NULL) and `model` is a folder without
- * tokenizer.json; then the thread's error says so and names --tokenizer DIR, as lm_model_open's
- * does, for lm_cmd_fail. */
+ * tokenizer.json; then the thread's error is lm_model_open's (lm_model_missing_tokenizer), for
+ * lm_cmd_fail. */
 bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir);
 /* Parses "true"/"false" (also 1/0), as --enable-thinking takes them. Returns -1 when neither.
  * (cmd_template.c) */

@@ -8,6 +8,7 @@
 
 #include "base/file.h"
 #include "base/status.h"
+#include "family/model.h"
 #include "commands.h"
 
 /* Declarations of the command entry points (defined in tools/cmd_*.c). */
@@ -58,11 +59,7 @@ bool lm_cmd_lacks_tokenizer(const char *model, const char *tok_dir) {
     char *path = lm_path_join(model, "tokenizer.json");
     bool lacks = !lm_file_exists(path);
     free(path);
-    if (lacks)
-        lm_errorf(LM_ERR_MISSING,
-                  "%s: the model folder has no tokenizer.json; pass --tokenizer DIR "
-                  "with a folder that holds one",
-                  model);
+    if (lacks) lm_model_missing_tokenizer(model);
     return lacks;
 }
 

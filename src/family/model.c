@@ -297,6 +297,13 @@ done:
     return finish_open(m, &hf, rc, out);
 }
 
+lm_status lm_model_missing_tokenizer(const char *dir) {
+    return lm_errorf(LM_ERR_MISSING,
+                     "%s: the model folder has no tokenizer.json; pass --tokenizer DIR with a folder "
+                     "that holds one",
+                     dir);
+}
+
 lm_status lm_model_open(const char *dir, const struct lm_model_open_params *params,
                         struct lm_model **out) {
     *out = NULL;
@@ -324,12 +331,8 @@ lm_status lm_model_open(const char *dir, const struct lm_model_open_params *para
         if (!lm_file_exists(tpath) && p.tokenizer_optional && !p.tokenizer_dir) {
             free(tpath);
         } else if (!lm_file_exists(tpath)) {
-            rc = p.tokenizer_dir
-                     ? lm_errorf(LM_ERR_MISSING, "%s: file not found", tpath)
-                     : lm_errorf(LM_ERR_MISSING,
-                                 "%s: the model folder has no tokenizer.json; pass --tokenizer DIR "
-                                 "with a folder that holds one",
-                                 dir);
+            rc = p.tokenizer_dir ? lm_errorf(LM_ERR_MISSING, "%s: file not found", tpath)
+                                 : lm_model_missing_tokenizer(dir);
             free(tpath);
             goto done;
         } else {

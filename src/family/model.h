@@ -81,6 +81,10 @@ struct lm_model_open_params lm_model_default_open_params(void);
 lm_status lm_model_open(const char *dir, const struct lm_model_open_params *params,
                         struct lm_model **out);
 void lm_model_close(struct lm_model *m);
+/* The error lm_model_open gives for a model folder `dir` without tokenizer.json (and no
+ * tokenizer_dir): records "DIR: the model folder has no tokenizer.json; pass --tokenizer DIR ..."
+ * as the thread's error and returns LM_ERR_MISSING. For the CLI's checks before opening. */
+lm_status lm_model_missing_tokenizer(const char *dir);
 
 /* Borrowed views, valid until lm_model_close. */
 const struct lm_model_config *lm_model_config(const struct lm_model *m);

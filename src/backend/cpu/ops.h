@@ -101,8 +101,9 @@ struct lm_cpu_ops {
      * order, acc = fma(w[r, l], x[t, l], acc) from 0, with w widened exactly (the scalar
      * reference computes the same chain with fmaf, so on FMA hardware both give the same bits).
      * Q8_0 and bfloat16 weights have a second chain each, chosen per process (lm_cpu_q8_0_path,
-     * lm_cpu_bf16_path below), with the same guarantees. The fast version splits the m weight rows over the pool and tiles tokens so that each
-     * weight row is read once per block of tokens. Batch invariance (the engine's batching
+     * lm_cpu_bf16_path below), with the same guarantees. The fast version splits the m weight
+     * rows over the pool and tiles tokens so that each weight row is read once per block of
+     * tokens. Batch invariance (the engine's batching
      * relies on it): row i of y depends only on row i of x and on w, bit for bit, whatever n
      * and the other rows are (tests/test_batch.c checks n = 1..16 against n = 1). */
     void (*matmul)(struct lm_pool *pool, float *y, const float *x, const void *w,

@@ -5,10 +5,10 @@
  * the first call asks the CPU (cpuid through __builtin_cpu_supports, which also checks that the
  * OS saves the AVX / AVX-512 registers) and keeps the best target it can run:
  * avx512bf16 > avx512vnni > avx512 > avx2 > generic (neon on AArch64).
- * LM_CPU_KERNELS=avx512bf16|avx512vnni|avx512|avx2|generic|neon in the environment (any case) asks for one;
- * a target this build lacks or this CPU cannot run is passed over for the best one, and ->name
- * says which ran; either case, and a name that is no target of this build (a typo), is reported
- * once on stderr.
+ * LM_CPU_KERNELS=avx512bf16|avx512vnni|avx512|avx2|generic|neon in the environment (any case)
+ * asks for one; a target this build lacks or this CPU cannot run is passed over for the best
+ * one, and ->name says which ran; either case, and a name that is no target of this build (a
+ * typo), is reported once on stderr.
  * Also the process's Q8_0 path (ops.h, lm_cpu_q8_0_path: LM_CPU_Q8_ACT, an on/off switch read
  * through base/env.h: 0/off/false/no asks for the dequantize path), and its bf16 path (ops.h,
  * lm_cpu_bf16_path: LM_CPU_BF16_ACT, default off). */

@@ -74,8 +74,7 @@ struct lm_cuda_qwen3 {
     std::vector<void *> allocs;
     std::vector<layer_dev> layers;
     dmat embed, lm_head;
-    bool q8;     /* Q8_0 quants were uploaded (a Q8_0 checkpoint, unless LM_CUDA_Q8=0) */
-    bool q8_use; /* the GEMV reads them (lm_cuda_qwen3_set_q8; default true) */
+    bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
     float *norm, *inv_freq;
     uint16_t *k_pool, *v_pool;
     size_t layer_elems; /* elements of one layer's K (or V) pool */
@@ -155,7 +154,8 @@ static void to_q8_rows(int8_t *q, uint16_t *s, const lm_cuda_matrix &src, int ro
 }
 
 /* Uploads the matrices `parts` stacked (interleave = false) or row-interleaved (true): as bf16,
- * and when every part is Q8_0 and m->q8, also as quants and scales. */
+ * and when every part is Q8_0 (unless LM_CUDA_Q8=0: lm_cuda_q8_enabled), also as quants and
+ * scales. */
 static lm_status upload_matrix(lm_cuda_qwen3 *m, dmat *out, const lm_cuda_matrix *parts, int n,
                                bool interleave, const char *name) {
     const int cols = parts[0].cols;
@@ -185,7 +185,7 @@ static lm_status upload_matrix(lm_cuda_qwen3 *m, dmat *out, const lm_cuda_matrix
     free(host);
     if (!rc) m->weight_bytes += bytes;
     out->q = NULL, out->s = NULL;
-    bool all_q8 = m->q8;
+    bool all_q8 = lm_cuda_q8_enabled();
     for (int i = 0; i < n; i++) all_q8 = all_q8 && parts[i].dtype == LM_DTYPE_Q8_0;
     if (rc || !all_q8) return rc;
     const size_t qb = (size_t)rows * cols, sb = (size_t)rows * (cols / 32) * 2;
@@ -302,9 +302,8 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     snprintf(m->device_name, sizeof m->device_name, "%s", info.name);
 
     /* Weights. */
-    /* Q8_0 checkpoints keep their quants for the GEMV (upload_matrix has checked that their rows
-     * are whole blocks); LM_CUDA_Q8=0 reads the bf16 copy instead (for A/B measurements). */
-    m->q8 = lm_cuda_q8_enabled();
+    /* Q8_0 checkpoints keep their quants for the GEMV (upload_matrix: whole blocks, and unless
+     * LM_CUDA_Q8=0, which reads the bf16 copy instead, for A/B measurements). */
     m->q8_use = true;
     if (!w->embed_tokens.data || w->embed_tokens.rows != c.vocab || w->embed_tokens.cols != c.hidden)
         return lm_errorf(LM_ERR_SHAPE, "CUDA qwen3: embed_tokens must be [%d, %d]", c.vocab, c.hidden);
