@@ -153,8 +153,8 @@ struct dgemv {
 
 static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float *x, int n, int k, int m,
                           const float *nw, enum lm_cuda_epilogue epi) {
-    return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi)
-                : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi);
+    return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi, NULL)
+                : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi, NULL);
 }
 
 /* Every row count, epilogue and norm setting of one [m, k] weight set against the scalar
@@ -256,7 +256,7 @@ static void test_gemv(void) {
         lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free((void *)dw.bf);
     }
     g_rng = rng_before_last;
-    CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 12, NULL, 1, 12, 4, NULL, 0, LM_CUDA_EPI_STORE) == LM_ERR_SHAPE,
+    CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 12, NULL, 1, 12, 4, NULL, 0, LM_CUDA_EPI_STORE, NULL) == LM_ERR_SHAPE,
           "gemv with k = 12 must be refused");
     fprintf(stderr, "gemv: worst rel err %.3g\n", worst);
 }
@@ -303,9 +303,140 @@ static void test_gemv_q8(void) {
         free(x), free(nw), free(wf), free(q), free(sc);
         lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free((void *)dw.q), lm_cuda_free((void *)dw.s);
     }
-    CHECK(lm_cuda_gemv_q8(g_ctx, NULL, 1, NULL, 48, NULL, NULL, 1, 48, 4, NULL, 0, LM_CUDA_EPI_STORE) ==
+    CHECK(lm_cuda_gemv_q8(g_ctx, NULL, 1, NULL, 48, NULL, NULL, 1, 48, 4, NULL, 0, LM_CUDA_EPI_STORE, NULL) ==
               LM_ERR_SHAPE, "gemv_q8 with k = 48 (not whole blocks) must be refused");
     fprintf(stderr, "gemv_q8: worst rel err %.3g (against the same quantization on the CPU)\n", worst);
+    g_rng = saved;
+}
+
+/* Fixed point of lm_cuda_fix_io: value * 2^32 rounded to an int64, and back as the kernels do
+ * (int64 -> float32 rounded to nearest, times 2^-32). */
+static int64_t to_fix(double v) { return (int64_t)llrint(v * LM_CUDA_FIX_ONE); }
+static float from_fix(int64_t a) { return (float)a * (float)(1.0 / LM_CUDA_FIX_ONE); }
+
+/* lm_cuda_mlp1 against the CPU: rmsnorm, the gate/up GEMV with its SwiGLU epilogue, and the down
+ * matmul, all scalar float32 (ref_gemv), for shapes that take each DU the kernel is built for
+ * (on a 132-multiprocessor H200: 3, 1, 2, 4, 8, 6, 1; hidden sizes off 256 too, as the tiny
+ * model's 32), 8 rows; the accumulator starts non-zero (it adds); two runs give the same bits
+ * (integer atomics), and rows alone or in threes the same bits as in 8. Then lm_cuda_gemv's fix: x + add (store),
+ * y + add (residual add), the zeroed accumulator, and the refusals. Own random state. */
+static void test_mlp1(void) {
+    static const int shapes[][2] = {{1024, 3072}, {32, 96}, {264, 1600}, {512, 4160}, {256, 8256},
+                                    {256, 4800}, {1000, 768}};
+    const uint64_t saved = g_rng;
+    g_rng = 0x51ed270b27a6f3c5ull;
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int k = shapes[si][0], inter = shapes[si][1], N = 8;
+        if (!lm_cuda_mlp1_fits(g_ctx, k, inter)) {
+            struct lm_cuda_device_info di;
+            /* Qwen3-0.6B's MLP must take the kernel on any device of 128 or more multiprocessors. */
+            CHECK(si > 0 || lm_cuda_device_info(0, &di) != LM_OK || di.sm_count < 128,
+                  "mlp1: Qwen3-0.6B's 1,024 x 3,072 MLP does not fit on %d multiprocessors", di.sm_count);
+            fprintf(stderr, "mlp1: k=%d inter=%d does not fit this device's multiprocessors: skipped\n", k, inter);
+            continue;
+        }
+        float *x = malloc(sizeof(float) * N * k), *nw = malloc(sizeof(float) * k);
+        uint16_t *wgu = malloc(2 * (size_t)2 * inter * k), *wd = malloc(2 * (size_t)k * inter);
+        float *h = malloc(sizeof(float) * N * inter), *ref = malloc(sizeof(float) * N * k);
+        int64_t *init = malloc(sizeof(int64_t) * N * k), *got = malloc(sizeof(int64_t) * N * k);
+        int64_t *again = malloc(sizeof(int64_t) * N * k);
+        fill(x, (long)N * k, 1.0f);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+        for (long i = 0; i < 2L * inter * k; i++) wgu[i] = lm_f32_to_bf16(0.05f * frand());
+        for (long i = 0; i < (long)k * inter; i++) wd[i] = lm_f32_to_bf16(0.05f * frand());
+        for (int i = 0; i < N * k; i++) init[i] = to_fix(4.0 * frand());
+        ref_gemv(h, inter, x, wgu, N, k, 2 * inter, nw, 1e-6f, LM_CUDA_EPI_SWIGLU);
+        ref_gemv(ref, k, h, wd, N, inter, k, NULL, 0, LM_CUDA_EPI_STORE);
+        float *dx = dev_from(x, sizeof(float) * N * k), *dnw = dev_from(nw, sizeof(float) * k);
+        uint16_t *dwgu = dev_from(wgu, 2 * (size_t)2 * inter * k), *dwd = dev_from(wd, 2 * (size_t)k * inter);
+        int64_t *dacc = dev(sizeof(int64_t) * N * k);
+        /* n = 8 twice (the same bits), then rows 2.. alone (n = 1) and in threes (n = 3, the
+         * 4-row kernel with a padding row): each row's bits as in the 8-row run. */
+        static const int runs[][2] = {{0, 8}, {0, 8}, {2, 1}, {5, 3}};
+        for (int ri = 0; ri < 4; ri++) {
+            const int r0 = runs[ri][0], n = runs[ri][1];
+            lm_cuda_upload(dacc, init + (size_t)r0 * k, sizeof(int64_t) * n * k);
+            lm_status rc = lm_cuda_mlp1(g_ctx, dacc, dx + (size_t)r0 * k, n, dwgu, dwd, k, inter, dnw, 1e-6f);
+            CHECK(rc == LM_OK, "mlp1 k=%d inter=%d n=%d: %s", k, inter, n, lm_error_message());
+            sync_ok("mlp1");
+            lm_cuda_download(ri ? again : got, dacc, sizeof(int64_t) * n * k);
+            if (ri)
+                CHECK(!memcmp(got + (size_t)r0 * k, again, sizeof(int64_t) * n * k),
+                      "mlp1 k=%d inter=%d: rows %d..%d (n = %d) differ from the same rows of an 8-row run",
+                      k, inter, r0, r0 + n - 1, n);
+        }
+        float *y = malloc(sizeof(float) * k);
+        for (int t = 0; t < N; t++) {
+            for (int i = 0; i < k; i++)
+                y[i] = (float)((double)(got[(size_t)t * k + i] - init[(size_t)t * k + i]) / LM_CUDA_FIX_ONE);
+            const double e = rel_l2(y, ref + (size_t)t * k, k);
+            if (e > worst) worst = e;
+            CHECK(e <= 1e-5, "mlp1 k=%d inter=%d row %d: rel err %.3g", k, inter, t, e);
+        }
+        free(x), free(nw), free(wgu), free(wd), free(h), free(ref), free(init), free(got), free(again), free(y);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dwgu), lm_cuda_free(dwd), lm_cuda_free(dacc);
+    }
+    CHECK(!lm_cuda_mlp1_fits(g_ctx, 1020, 3072) && !lm_cuda_mlp1_fits(g_ctx, 1024, 3004) &&
+              !lm_cuda_mlp1_fits(g_ctx, 1024, 8 * 8 * 1031) && !lm_cuda_mlp1_fits(g_ctx, 2048, 6144),
+          "mlp1 must refuse a hidden size off 8, intermediate sizes off its block split, and "
+          "blocks over its shared memory");
+    CHECK(lm_cuda_mlp1(g_ctx, NULL, NULL, 1, NULL, NULL, 1020, 3072, NULL, 0) == LM_ERR_SHAPE &&
+              lm_cuda_mlp1(g_ctx, NULL, NULL, 9, NULL, NULL, 1024, 3072, NULL, 0) == LM_ERR_SHAPE,
+          "mlp1 with k = 1020 or 9 rows must be refused");
+    fprintf(stderr, "mlp1: worst rel err %.3g against the CPU's rmsnorm, SwiGLU GEMV and down matmul\n", worst);
+
+    /* lm_cuda_gemv's fix: one row, k = 1024, m = 520. */
+    {
+        const int k = 1024, m = 520;
+        float *x = malloc(sizeof(float) * 2 * k), *nw = malloc(sizeof(float) * k), *xs = malloc(sizeof(float) * k);
+        float *y0 = malloc(sizeof(float) * m), *ys = malloc(sizeof(float) * m), *ref = malloc(sizeof(float) * m);
+        float *y = malloc(sizeof(float) * m);
+        uint16_t *w = malloc(2 * (size_t)m * k);
+        int64_t *add = malloc(sizeof(int64_t) * k), *zero = malloc(sizeof(int64_t) * 300);
+        fill(x, 2 * k, 1.0f);
+        fill(y0, m, 1.0f);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(0.05f * frand());
+        for (int i = 0; i < k; i++) add[i] = to_fix(0.5 * frand());
+        for (int i = 0; i < k; i++) xs[i] = x[i] + from_fix(add[i]);
+        float *dx = dev_from(x, sizeof(float) * 2 * k), *dnw = dev_from(nw, sizeof(float) * k);
+        float *dy = dev(sizeof(float) * m);
+        uint16_t *dw = dev_from(w, 2 * (size_t)m * k);
+        int64_t *dadd = dev_from(add, sizeof(int64_t) * k), *dzero = dev(sizeof(int64_t) * 300);
+        poison(dzero, sizeof(int64_t) * 300);
+        /* store: W . rmsnorm(x + add), and 257 accumulator words cleared (the rest untouched) */
+        const struct lm_cuda_fix_io fs = {dadd, dzero, 257};
+        ref_gemv(ref, m, xs, w, 1, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
+        poison(dy, sizeof(float) * m);
+        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, &fs) == LM_OK,
+              "gemv with fix: %s", lm_error_message());
+        sync_ok("gemv fix store");
+        lm_cuda_download(y, dy, sizeof(float) * m);
+        double e = rel_l2(y, ref, m);
+        CHECK(e <= 1e-5, "gemv fix (store, x + add): rel err %.3g", e);
+        lm_cuda_download(zero, dzero, sizeof(int64_t) * 300);
+        int bad = 0;
+        for (int i = 0; i < 300; i++) bad += i < 257 ? zero[i] != 0 : zero[i] != -1;
+        CHECK(bad == 0, "gemv fix: %d accumulator words wrong (257 cleared, 43 untouched)", bad);
+        /* residual add: (y + add) + W . x, add over y's m elements */
+        const struct lm_cuda_fix_io fa = {dadd, NULL, 0};
+        for (int j = 0; j < m; j++) ys[j] = y0[j] + from_fix(add[j]);
+        memcpy(ref, ys, sizeof(float) * m);
+        ref_gemv(ref, m, x, w, 1, k, m, NULL, 0, LM_CUDA_EPI_ADD);
+        lm_cuda_upload(dy, y0, sizeof(float) * m);
+        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, NULL, 0, LM_CUDA_EPI_ADD, &fa) == LM_OK,
+              "gemv with fix (add): %s", lm_error_message());
+        sync_ok("gemv fix add");
+        lm_cuda_download(y, dy, sizeof(float) * m);
+        e = rel_l2(y, ref, m);
+        CHECK(e <= 1e-5, "gemv fix (residual add, y + add): rel err %.3g", e);
+        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, NULL, 0, LM_CUDA_EPI_SWIGLU, &fa) == LM_ERR_SHAPE,
+              "gemv fix with the SwiGLU epilogue must be refused");
+        free(x), free(nw), free(xs), free(y0), free(ys), free(ref), free(y), free(w), free(add), free(zero);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dy), lm_cuda_free(dw), lm_cuda_free(dadd),
+            lm_cuda_free(dzero);
+    }
     g_rng = saved;
 }
 
@@ -1080,6 +1211,7 @@ int main(void) {
     g_ref = lm_cpu_ops_scalar();
     test_gemv();
     test_gemv_q8();
+    test_mlp1();
     test_gemm();
     test_rows();
     test_attention();

@@ -9,7 +9,8 @@
  * - --micro: each linear layer's GEMV kernel against the copy bandwidth, the decode attention
  *   (8-warp and v6 kernels) and the argmax;
  * - --variants: tg<N> with CUDA graphs and programmatic dependent launch on/off, with 1 or 2
- *   weight rows per warp, with the v6 decode attention, and batch 2, 4, 8 on the GEMV vs the
+ *   weight rows per warp, with the v6 decode attention, with the MLP as two GEMV launches
+ *   instead of lm_cuda_mlp1, and batch 2, 4, 8 on the GEMV vs the
  *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
  *   were removed after measurement.)
  * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace).
@@ -40,9 +41,9 @@ static void usage(FILE *f) {
             "  --in N          prompt tokens per sequence in the throughput test (default 128)\n"
             "  --out N         decode steps in the throughput test (default 128)\n"
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
-            "  --variants      time tg<N> with graphs / PDL / rows-per-warp variants (with\n"
-            "                  --q8 also the GEMV over the bf16 copy)\n"
-            "  --trace         timeline of the GEMV blocks in a batch-1 decode step (per\n"
+            "  --variants      time tg<N> with graphs / PDL / rows-per-warp / two-launch MLP\n"
+            "                  variants (with --q8 also the GEMV over the bf16 copy)\n"
+            "  --trace         timeline of the GEMV and MLP blocks in a batch-1 decode step (per\n"
             "                  matrix, averaged over layers: when blocks start, pass their wait\n"
             "                  on the preceding kernel, have x staged, finish)\n"
             "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
@@ -542,20 +543,23 @@ int lm_cmd_cudabench(int argc, char **argv) {
             bool graphs, pdl;
             int rows;
             bool v6attn;
-            bool bf16; /* with --q8: the GEMV ignores the quants (reads the bf16 copy) */
-        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false},
-                  {"default, v6 decode attention", true, true, 0, true, false},
-                  {"graphs, no PDL", true, false, 0, false, false},
-                  {"no graphs, PDL", false, true, 0, false, false},
-                  {"no graphs, no PDL", false, false, 0, false, false},
-                  {"default, 1 row/warp", true, true, 1, false, false},
-                  {"default, 2 rows/warp", true, true, 2, false, false},
-                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true},
-                  {"graphs + PDL (default, again)", true, true, 0, false, false}};
+            bool bf16;  /* with --q8: the GEMV ignores the quants (reads the bf16 copy) */
+            bool mlp2;  /* the MLP as two GEMV launches, not lm_cuda_mlp1 */
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false, false},
+                  {"default, v6 decode attention", true, true, 0, true, false, false},
+                  {"graphs, no PDL", true, false, 0, false, false, false},
+                  {"no graphs, PDL", false, true, 0, false, false, false},
+                  {"no graphs, no PDL", false, false, 0, false, false, false},
+                  {"default, 1 row/warp", true, true, 1, false, false, false},
+                  {"default, 2 rows/warp", true, true, 2, false, false, false},
+                  {"default, MLP as two GEMVs", true, true, 0, false, false, true},
+                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true, false},
+                  {"graphs + PDL (default, again)", true, true, 0, false, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             if (vs[i].bf16 && !q8) continue;
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
             lm_cuda_qwen3_set_q8(b.m, !vs[i].bf16);
+            lm_cuda_qwen3_set_mlp1(b.m, !vs[i].mlp2 && lm_cuda_qwen3_default_params().mlp1);
             lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), vs[i].rows);
             lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), !vs[i].v6attn);
             double med, lo, hi;
@@ -566,6 +570,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_gemv_rows(lm_cuda_qwen3_ctx(b.m), 0);
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
         lm_cuda_qwen3_set_q8(b.m, true);
+        lm_cuda_qwen3_set_mlp1(b.m, lm_cuda_qwen3_default_params().mlp1);
         /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
         static const int smallb[] = {2, 3, 4, 8};
         for (int k = 0; k < 4 && !st; k++)

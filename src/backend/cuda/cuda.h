@@ -121,15 +121,34 @@ enum lm_cuda_epilogue {
                            y[t, i] = silu(acc[t, 2i]) * acc[t, 2i+1]; m must be even */
 };
 
+/* A pending term of the residual stream in fixed point, which lm_cuda_mlp1 leaves behind: the
+ * stream's true value is x[j] + add[j] / LM_CUDA_FIX_ONE (add: int64, value * 2^32; range
+ * +-2^31, resolution 2^-32). lm_cuda_mlp1's blocks each add their share of a sum with one 64-bit
+ * integer atomic, so the total does not depend on the order they land in, as float atomics would
+ * (the serving engine's seeded sampling stays reproducible). */
+#define LM_CUDA_FIX_ONE 4294967296.0
+struct lm_cuda_fix_io {
+    const int64_t *add; /* NULL, or [n, width] device int64 (rows dense): the pending terms of
+                           the residual stream, added (after conversion) where the launch reads
+                           it: to x (width k) before the norm and product, or, with
+                           LM_CUDA_EPI_ADD, to y (width m) before the residual add (y then holds
+                           the sums, and add is consumed) */
+    int64_t *zero;      /* NULL, or [zero_n] device int64 the launch sets to 0 (an accumulator a
+                           later lm_cuda_mlp1 adds into) after its wait on the predecessor */
+    int zero_n;
+};
+
 /* acc[t, j] = sum_k xn[t, k] * w[j, k] for t < n, j < m, then the epilogue into y [n, ldy].
  * x: [n, ldx] float32; w: [m, k] bf16 (16-byte aligned, k a multiple of 8: LM_ERR_SHAPE
  * otherwise); 1 <= n (any n: rows are taken 8 at a time, the weights are read once per 8).
  * norm_w: NULL, or [k] float32 RMSNorm weights: then xn = norm_w * (x / sqrt(mean(x^2) + eps))
  * per row, as the CPU rmsnorm (Zhang & Sennrich 2019), else xn = x.
- * Accumulation is float32 in a fixed order per output, independent of n. */
+ * Accumulation is float32 in a fixed order per output, independent of n.
+ * fix: NULL, or the pending fixed-point residual terms to fold in (the epilogue store or add;
+ * LM_ERR_SHAPE otherwise) and an accumulator to clear. */
 lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                        const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
-                       enum lm_cuda_epilogue epi);
+                       enum lm_cuda_epilogue epi, const struct lm_cuda_fix_io *fix);
 
 /* lm_cuda_gemv with Q8_0 weights (GGUF's block format, split for 16-byte loads): wq [m, k] int8
  * quants (16-byte aligned), wd [m, k / 32] float16 scales, weight (j, i) = wd[j, i / 32] *
@@ -139,7 +158,31 @@ lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x,
  * weight against bf16's 2: batch-1 decode of a Q8_0 model (docs/perf-notes.md v11). */
 lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           const int8_t *wq, const uint16_t *wd, int n, int k, int m,
-                          const float *norm_w, float eps, enum lm_cuda_epilogue epi);
+                          const float *norm_w, float eps, enum lm_cuda_epilogue epi,
+                          const struct lm_cuda_fix_io *fix);
+
+/* The MLP of 1 to 8 tokens as one kernel (decode on the GEMV path: one dependency a layer
+ * instead of two, and the block's weights copied to shared memory before its wait, so that they
+ * stream while the attention and o_proj run): acc[t, j] += fix(sum_i wd[j, i] * silu(g_ti) * u_ti) for t < n, j < k, with
+ * g_ti = xn_t . wgu[2i] and u_ti = xn_t . wgu[2i + 1] (the interleaved gate/up rows of
+ * lm_cuda_gemv's SwiGLU epilogue) and xn_t = norm_w * x_t / rms(x_t) (norm_w NULL: xn = x).
+ * x: [n, k] float32 (the residual stream with no pending term: fold one in first through
+ * lm_cuda_gemv's fix); wgu: [2 * inter, k] bf16; wd: [k, inter] bf16 (down_proj, row-major);
+ * acc: [n, k] int64 in LM_CUDA_FIX_ONE units, which the caller cleared (lm_cuda_fix_io.zero)
+ * and later folds into the stream (lm_cuda_fix_io.add).
+ * Each of inter / (8 * du) blocks owns 8 * du consecutive units i; gate/up sums run in
+ * lm_cuda_gemv's order, so g_ti and u_ti equal its SwiGLU epilogue's bits; down_proj's sums are
+ * split over the blocks (split-K) and the blocks' float32 partial sums are added in fixed point:
+ * the result equals the two-launch path within float32 rounding of the partial sums, is
+ * deterministic, and a row's bits do not depend on n (batch invariance, as lm_cuda_gemv).
+ * LM_ERR_SHAPE unless lm_cuda_mlp1_fits and 1 <= n <= 8. */
+lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n, const uint16_t *wgu,
+                       const uint16_t *wd, int k, int inter, const float *norm_w, float eps);
+/* Whether lm_cuda_mlp1 takes this shape on c's device: k a multiple of 8, inter = 8 * du * blocks
+ * with du in {1, 2, 3, 4, 6, 8} and blocks <= multiprocessors (the smallest such du), and a
+ * block's weights (48 * du * k bytes) plus 8 rows of x within 200 KiB of shared memory
+ * (Qwen3-0.6B: 3,072 = 8 x 3 x 128, 148 KiB a block at 1 row; 1.7B's 2,048 x 6,144 does not). */
+bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter);
 
 /* Whether a Q8_0 checkpoint keeps its quants on the device for lm_cuda_gemv_q8: true unless the
  * environment sets LM_CUDA_Q8=0 (or off: base/env.h; then the GEMV reads the bf16 copy, for A/B

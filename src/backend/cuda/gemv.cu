@@ -29,16 +29,68 @@ __device__ __forceinline__ int gemv_slot(int k) {
     return (k - e) + ((e >> 2) % (EL / 4)) * 128 + (e / EL) * 4 + (e & 3);
 }
 
+/* The pending fixed-point term of the residual stream (lm_cuda_fix_io, device side). */
+struct gemv_fix {
+    const long long *add;
+    long long *zero;
+    int zero_n;
+};
+
+/* Residual element j of a row plus the pending fixed-point term (add: NULL, or the row's),
+ * read through L2: both are a predecessor's output. */
+__device__ __forceinline__ float gemv_resid(const float *row, int j, const long long *add) {
+    const float v = __ldcg(row + j);
+    return add ? __fadd_rn(v, __fmul_rn(__ll2float_rn(__ldcg(add + j)), (float)(1.0 / LM_CUDA_FIX_ONE))) : v;
+}
+
+/* silu(g) * u with every operation rounded explicitly (SwiGLU, Shazeer 2020). */
+__device__ __forceinline__ float swiglu_rn(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 /* Output j of a row: store, residual add, or SwiGLU of the pair (v, v_next) when r is even.
  * Explicitly rounded operations, so that no instantiation contracts them differently. */
 template <int EPI>
-__device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, float v_next, int r) {
+__device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, float v_next, int r,
+                                           const long long *add) {
     if (EPI == LM_CUDA_EPI_STORE) {
         if (j < M) yrow[j] = v;
     } else if (EPI == LM_CUDA_EPI_ADD) {
-        if (j < M) yrow[j] = __fadd_rn(yrow[j], v);
+        if (j < M) yrow[j] = __fadd_rn(gemv_resid(yrow, j, add), v);
     } else if ((r & 1) == 0 && j + 1 < M) {
-        yrow[j >> 1] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), v_next);
+        yrow[j >> 1] = swiglu_rn(v, v_next);
+    }
+}
+
+/* acc[t][r] += the products of a lane's 8 bf16 weights of row r (q[r], elements c * 256 + lane * 8
+ * .. + 7) with staged row t (xs: T rows of Kp floats at gemv_slot<8>), in element order: the
+ * one summation order of every bf16 row sum (k_gemv, k_mlp1). */
+template <int T, int R>
+__device__ __forceinline__ void gemv_chunk_bf16(float (&acc)[T][R], const uint4 (&q)[R], const float4 *xs,
+                                                int c, int Kp, int lane) {
+    float4 xa[T], xb[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        xa[t] = xs[(t * Kp >> 2) + c * 64 + lane];
+        xb[t] = xs[(t * Kp >> 2) + c * 64 + 32 + lane];
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float f0 = bf_lo(q[r].x), f1 = bf_hi(q[r].x), f2 = bf_lo(q[r].y), f3 = bf_hi(q[r].y);
+        const float f4 = bf_lo(q[r].z), f5 = bf_hi(q[r].z), f6 = bf_lo(q[r].w), f7 = bf_hi(q[r].w);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float a = acc[t][r];
+            a = fmaf(f0, xa[t].x, a);
+            a = fmaf(f1, xa[t].y, a);
+            a = fmaf(f2, xa[t].z, a);
+            a = fmaf(f3, xa[t].w, a);
+            a = fmaf(f4, xb[t].x, a);
+            a = fmaf(f5, xb[t].y, a);
+            a = fmaf(f6, xb[t].z, a);
+            a = fmaf(f7, xb[t].w, a);
+            acc[t][r] = a;
+        }
     }
 }
 
@@ -61,20 +113,103 @@ __device__ __forceinline__ void trace_put(unsigned long long *trace, const void 
     e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
 }
 
+/* The norm weights a thread multiplies its staged elements by (k = u * 256 + tid, the first NWP
+ * chunks), into registers before the wait: they never depend on the predecessor, and a load into
+ * a register does not stall the thread before its wait (v7's shared-memory stores did). Chunks
+ * beyond NWP (hidden sizes over 1,024) load after the wait. */
+template <int NWP>
+__device__ __forceinline__ void gemv_norm_prefetch(float (&nwv)[NWP], const float *__restrict__ nw, int K) {
+#pragma unroll
+    for (int u = 0; u < NWP; u++) {
+        const int k = u * 256 + threadIdx.x;
+        nwv[u] = nw && k < K ? __ldg(nw + k) : 0.f;
+    }
+}
+
+/* Stages T rows of x * norm_w (xadd: their pending fixed-point terms [T, K], or NULL; rows from
+ * nrows on as zeros) in shared memory
+ * at gemv_slot<EL> (the RMSNorm's 1/rms is applied to the sums at the end), each thread summing
+ * the squares of its elements of x as it goes (in chunk order; then the warp's xor tree into
+ * ss_part, then the 8 warps in order in gemv_inv: one order for every T, so 1 and n rows give the
+ * same bits); ends with a block barrier. Element k = c * 256 + tid of each row: SU chunks of every
+ * row are loaded into registers before any is stored, so the whole staging costs one L2 round trip
+ * per SU chunks (x is a plain pointer the compiler must assume may alias shared memory: without
+ * the explicit batch it would not move a load above the previous store). x is read through L2
+ * (.cg), never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
+template <int T, int EL, int NWP>
+__device__ __forceinline__ void gemv_stage(float *xs, const float *x, int ldx, int K, int Kp,
+                                           const float *__restrict__ nw, const float (&nwv)[NWP],
+                                           const long long *xadd, float (&sq)[T],
+                                           float (&ss_part)[T][GEMV_WARPS], int nrows) {
+    constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    const int n256 = Kp >> 8, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int t = 0; t < T; t++) sq[t] = 0.f;
+    for (int c0 = 0; c0 < n256; c0 += SU) {
+        float v[T][SU];
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int u = 0; u < SU; u++) {
+                const int k = (c0 + u) * 256 + threadIdx.x;
+                v[t][u] = k >= K || t >= nrows ? 0.f
+                          : xadd ? gemv_resid(x + (size_t)t * ldx, k, xadd + (size_t)t * K)
+                                 : __ldcg(x + (size_t)t * ldx + k);
+            }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int u = 0; u < SU; u++)
+                if (c0 + u < n256) {
+                    const int k = (c0 + u) * 256 + threadIdx.x;
+                    float val = v[t][u];
+                    if (nw) {
+                        sq[t] = fmaf(val, val, sq[t]);
+                        const float nk = c0 == 0 && u < NWP ? nwv[u < NWP ? u : 0] : (k < K ? __ldg(nw + k) : 0.f);
+                        val = __fmul_rn(val, nk);
+                    }
+                    xs[t * Kp + gemv_slot<EL>(k)] = val;
+                }
+    }
+    if (nw)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float w = warp_sum(sq[t]);
+            if (lane == 0) ss_part[t][warp] = w;
+        }
+    __syncthreads();
+}
+
+/* 1 / rms of each staged row (1 without a norm), from gemv_stage's per-warp sums in warp order. */
+template <int T>
+__device__ __forceinline__ void gemv_inv(float (&inv)[T], const float (&ss_part)[T][GEMV_WARPS], int K,
+                                         const float *nw, float eps) {
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        inv[t] = 1.f;
+        if (nw) {
+            float ss = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) ss = __fadd_rn(ss, ss_part[t][w]);
+            inv[t] = 1.0f / sqrtf(ss / (float)K + eps);
+        }
+    }
+}
+
 /* T activation rows, R weight rows per warp, U chunks (of CH weights a warp, 512 bytes) loaded
  * per batch; F: the format (gemv_fmt): w is bf16, or int8 quants with ws their float16 scales. */
 template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
-           unsigned long long *trace) {
+           gemv_fix fix, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
     constexpr bool Q8 = F == GEMV_Q8;
     constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float ss_part[T][GEMV_WARPS]; /* each warp's share of a row's sum of squares */
-    const int nch = (K + CH - 1) / CH, Kp = nch * CH, n256 = Kp >> 8;
+    const int nch = (K + CH - 1) / CH, Kp = nch * CH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
     /* Row groups of this warp: strided over the whole grid. */
@@ -100,70 +235,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     /* The weights never depend on the previous kernel: start streaming them before waiting. */
     const unsigned long long t0 = trace ? gtime() : 0;
     if (rg < end) load(rg, 0);
-    /* The norm weights this thread multiplies its staged elements by (k = c * 256 + tid, the
-     * first NWP chunks), into registers before the wait: they never depend on the predecessor,
-     * and a load into a register does not stall the thread before its wait (v7's shared-memory
-     * stores did). Chunks beyond NWP (hidden sizes over 1,024) load after the wait. */
     constexpr int NWP = 4;
     float nwv[NWP];
-#pragma unroll
-    for (int u = 0; u < NWP; u++) {
-        const int k = u * 256 + threadIdx.x;
-        nwv[u] = nw && k < K ? __ldg(nw + k) : 0.f;
-    }
-
-    /* Stage x * norm_w in shared memory (the RMSNorm's 1/rms is applied to the sums at the end),
-     * each thread summing the squares of its elements of x as it goes (in chunk order; then the
-     * warp's xor tree, then the 8 warps in order: one order for every T, so 1 and n rows give
-     * the same bits). Element k = c * 256 + tid of each row: SU chunks of every row are loaded into registers
-     * before any is stored, so the whole staging costs one L2 round trip per SU chunks (x is a
-     * plain pointer the compiler must assume may alias shared memory: without the explicit
-     * batch it would not move a load above the previous store). x is read through L2 (.cg),
-     * never the non-coherent path: under PDL this kernel runs while its predecessor writes x. */
-    constexpr int SU = T == 1 ? 16 : T <= 4 ? 8 : 4;
+    gemv_norm_prefetch(nwv, nw, K);
     float sq[T];
-#pragma unroll
-    for (int t = 0; t < T; t++) sq[t] = 0.f;
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
+    if (fix.zero && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < fix.zero_n; i += GEMV_THREADS) fix.zero[i] = 0;
     /* The residual this lane adds to in its first row group, read in the same round trip as x
      * (not after the sums). Lane t * R + r owns output (t, row r of the group). */
     float yold = 0.f;
     if (EPI == LM_CUDA_EPI_ADD && rg < end && lane < T * R) {
         const int j = rg * R + lane % R;
-        if (j < M) yold = __ldcg(y + (size_t)(lane / R) * ldy + j);
+        if (j < M) yold = gemv_resid(y + (size_t)(lane / R) * ldy, j, fix.add ? fix.add + (size_t)(lane / R) * M : NULL);
     }
-    for (int c0 = 0; c0 < n256; c0 += SU) {
-        float v[T][SU];
-#pragma unroll
-        for (int t = 0; t < T; t++)
-#pragma unroll
-            for (int u = 0; u < SU; u++) {
-                const int k = (c0 + u) * 256 + threadIdx.x;
-                v[t][u] = k < K ? __ldcg(x + (size_t)t * ldx + k) : 0.f; /* L2: x is fresh */
-            }
-#pragma unroll
-        for (int t = 0; t < T; t++)
-#pragma unroll
-            for (int u = 0; u < SU; u++)
-                if (c0 + u < n256) {
-                    const int k = (c0 + u) * 256 + threadIdx.x;
-                    float val = v[t][u];
-                    if (nw) {
-                        sq[t] = fmaf(val, val, sq[t]);
-                        const float nk = c0 == 0 && u < NWP ? nwv[u < NWP ? u : 0] : (k < K ? __ldg(nw + k) : 0.f);
-                        val = __fmul_rn(val, nk);
-                    }
-                    xs[t * Kp + gemv_slot<EL>(k)] = val;
-                }
-    }
-    if (nw)
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            const float w = warp_sum(sq[t]);
-            if (lane == 0) ss_part[t][warp] = w;
-        }
-    __syncthreads();
+    gemv_stage<T, EL>(xs, x, ldx, K, Kp, nw, nwv, EPI == LM_CUDA_EPI_ADD ? NULL : fix.add, sq, ss_part, T);
     /* GEMV_Q8: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
      * rounding with float32 scales (backend/cpu/quant.h lm_q8_0_quantize_act): amax, d = amax /
      * 127, q = roundf(x * (1 / d)). One thread a lane slot of 16 elements; the two slots of a
@@ -203,16 +290,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     pdl_trigger(); /* the next kernel may start streaming its weights */
     const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        inv[t] = 1.f;
-        if (nw) {
-            float ss = 0.f;
-#pragma unroll
-            for (int w = 0; w < GEMV_WARPS; w++) ss = __fadd_rn(ss, ss_part[t][w]);
-            inv[t] = 1.0f / sqrtf(ss / (float)K + eps);
-        }
-    }
+    gemv_inv(inv, ss_part, K, nw, eps);
 
     bool have = rg < end, first = true;
     for (; rg < end; rg += stride) {
@@ -252,31 +330,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                         }
                     }
                 } else {
-                    float4 xa[T], xb[T];
-#pragma unroll
-                    for (int t = 0; t < T; t++) {
-                        xa[t] = gemv_smem[(t * Kp >> 2) + c * 64 + lane];
-                        xb[t] = gemv_smem[(t * Kp >> 2) + c * 64 + 32 + lane];
-                    }
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        const uint4 q = wv[u][r];
-                        const float f0 = bf_lo(q.x), f1 = bf_hi(q.x), f2 = bf_lo(q.y), f3 = bf_hi(q.y);
-                        const float f4 = bf_lo(q.z), f5 = bf_hi(q.z), f6 = bf_lo(q.w), f7 = bf_hi(q.w);
-#pragma unroll
-                        for (int t = 0; t < T; t++) {
-                            float a = acc[t][r];
-                            a = fmaf(f0, xa[t].x, a);
-                            a = fmaf(f1, xa[t].y, a);
-                            a = fmaf(f2, xa[t].z, a);
-                            a = fmaf(f3, xa[t].w, a);
-                            a = fmaf(f4, xb[t].x, a);
-                            a = fmaf(f5, xb[t].y, a);
-                            a = fmaf(f6, xb[t].z, a);
-                            a = fmaf(f7, xb[t].w, a);
-                            acc[t][r] = a;
-                        }
-                    }
+                    gemv_chunk_bf16<T, R>(acc, wv[u], gemv_smem, c, Kp, lane);
                 }
             }
         }
@@ -293,7 +347,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                     if (EPI == LM_CUDA_EPI_ADD && first) {
                         if (j0 + r < M) y[(size_t)t * ldy + j0 + r] = __fadd_rn(yold, acc[t][r]);
                     } else {
-                        gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r);
+                        gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r,
+                                         fix.add ? fix.add + (size_t)t * M : NULL);
                     }
                 }
         first = false;
@@ -301,8 +356,134 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, t0, t1, t2);
 }
 
-/* Chunks of 256 weights a lane loads before using any: enough bytes in flight per SM even when a
- * small matrix gives each SM only one block (o_proj, down_proj at batch 1). */
+/* ---- the decode MLP as one kernel (lm_cuda_mlp1) ---- */
+
+/* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* Dynamic shared memory of k_mlp1: T staged rows of x (float32, k rounded up to 256), the
+ * block's gate/up rows [2 * NJ, k] and down_proj columns [k, NJ] (bf16). */
+size_t mlp1_smem_bytes(int T, int du, int k) {
+    const size_t nj = 8 * (size_t)du;
+    return (size_t)T * ((k + 255) / 256 * 256) * sizeof(float) + 3 * nj * (size_t)k * sizeof(uint16_t);
+}
+
+/* T activation rows (rows from n on are zeros that nothing reads). Block b owns the NJ = 8 * DU
+ * intermediate units i in [b * NJ, (b + 1) * NJ): its 2 * NJ consecutive rows of the interleaved
+ * gate/up matrix and NJ columns of down_proj, all copied into shared memory (cp.async, no
+ * registers held) before the wait, so that they stream while the preceding kernels run and the
+ * next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
+ * 2 * DU * w + 2 * DU - 1 in k_gemv's order (the same bits as its SwiGLU epilogue), and thread t
+ * the down_proj rows t, t + 256, ... over the block's units in unit order, converts each
+ * activation row's sum to fixed point and adds it to acc with one 64-bit atomic: integer
+ * addition, so the total does not depend on the order the blocks' atomics land in, nor (every
+ * row's sums being its own) on T. */
+template <int T, int DU>
+__global__ void __launch_bounds__(GEMV_THREADS, 1)
+    k_mlp1(long long *acc, const float *x, int n, const uint16_t *__restrict__ wgu,
+           const uint16_t *__restrict__ wd, int K, int I, const float *__restrict__ nw, float eps,
+           unsigned long long *trace) {
+    constexpr int R = 2 * DU, NJ = 8 * DU;
+    extern __shared__ float4 gemv_smem[];
+    __shared__ float ss_part[T][GEMV_WARPS];
+    __shared__ float hs[T][NJ];
+    const int nch = (K + 255) >> 8, Kp = nch * 256, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i0 = blockIdx.x * NJ;
+    float *xs = reinterpret_cast<float *>(gemv_smem);
+    uint16_t *wg = reinterpret_cast<uint16_t *>(xs + T * Kp); /* [2 * NJ][K] */
+    uint16_t *wdn = wg + (size_t)2 * NJ * K;                   /* [K][NJ] */
+    const unsigned long long t0 = trace ? gtime() : 0;
+    {
+        const uint16_t *g = wgu + (size_t)2 * i0 * K; /* the block's rows are contiguous */
+        for (int i = threadIdx.x; i < 2 * NJ * K / 8; i += GEMV_THREADS) cp_async16(wg + i * 8, g + i * 8);
+        for (int i = threadIdx.x; i < K * DU; i += GEMV_THREADS) {
+            const int row = i / DU, d = i % DU;
+            cp_async16(wdn + row * NJ + d * 8, wd + (size_t)row * I + i0 + d * 8);
+        }
+    }
+    pdl_trigger(); /* the next kernel's blocks may start (and stream their weights) beside these */
+    constexpr int NWP = 4;
+    float nwv[NWP], sq[T], inv[T];
+    gemv_norm_prefetch(nwv, nw, K);
+    pdl_wait();
+    const unsigned long long t1 = trace ? gtime() : 0;
+    gemv_stage<T, 8>(xs, x, K, K, Kp, nw, nwv, NULL, sq, ss_part, n);
+    gemv_inv(inv, ss_part, K, nw, eps);
+    cp_async_wait_all();
+    __syncthreads();
+    const unsigned long long t2 = trace ? gtime() : 0;
+    float a[T][R];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) a[t][r] = 0.f;
+    const uint16_t *wr = wg + (size_t)warp * R * K + lane * 8;
+    for (int c = 0; c < nch; c++) {
+        if (c * 256 + lane * 8 >= K) break; /* a lane's 8 weights are all in or all out */
+        uint4 q[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) q[r] = *reinterpret_cast<const uint4 *>(wr + (size_t)r * K + c * 256);
+        gemv_chunk_bf16<T, R>(a, q, gemv_smem, c, Kp, lane);
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) a[t][r] = __fmul_rn(warp_sum(a[t][r]), inv[t]);
+    if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int i = 0; i < DU; i++) hs[t][warp * DU + i] = swiglu_rn(a[t][2 * i], a[t][2 * i + 1]);
+    __syncthreads();
+    unsigned long long *acc_u = reinterpret_cast<unsigned long long *>(acc);
+    for (int row = threadIdx.x; row < K; row += GEMV_THREADS) {
+        float v[T];
+#pragma unroll
+        for (int t = 0; t < T; t++) v[t] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DU; d++) {
+            const uint4 w = *reinterpret_cast<const uint4 *>(wdn + row * NJ + d * 8);
+            const float f[8] = {bf_lo(w.x), bf_hi(w.x), bf_lo(w.y), bf_hi(w.y),
+                                bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w)};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+#pragma unroll
+                for (int t = 0; t < T; t++) v[t] = fmaf(f[e], hs[t][d * 8 + e], v[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t < n)
+                atomicAdd(acc_u + (size_t)t * K + row,
+                          (unsigned long long)__float2ll_rn(__fmul_rn(v[t], (float)LM_CUDA_FIX_ONE)));
+    }
+    if (trace && threadIdx.x == 0) trace_put(trace, wgu, K, 2 * I, t0, t1, t2);
+}
+
+/* DU of lm_cuda_mlp1 for this shape: the smallest built one whose grid (inter / (8 * DU) blocks)
+ * fits one block a multiprocessor and whose shared memory (at 8 rows) fits a block, or 0. */
+int mlp1_du(int k, int inter, int sm_count) {
+    if (k < 8 || k % 8 || inter < 8) return 0;
+    static const int dus[] = {1, 2, 3, 4, 6, 8};
+    for (int du : dus)
+        if (inter % (8 * du) == 0 && inter / (8 * du) <= sm_count)
+            return mlp1_smem_bytes(8, du, k) <= 200 * 1024 ? du : 0;
+    return 0;
+}
+
+template <int DU>
+cudaError_t launch_mlp1(const lm_cuda_ctx *c, long long *acc, const float *x, int n, const uint16_t *wgu,
+                        const uint16_t *wd, int k, int inter, const float *nw, float eps) {
+    auto fn = n <= 1 ? k_mlp1<1, DU> : n <= 2 ? k_mlp1<2, DU> : n <= 4 ? k_mlp1<4, DU> : k_mlp1<8, DU>;
+    const size_t smem = mlp1_smem_bytes(n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8, DU, k);
+    lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* raises the shared-memory limit */
+    return lm_launch(c, dim3(inter / (8 * DU)), dim3(GEMV_THREADS), smem, fn, acc, x, n, wgu, wd, k, inter,
+                     nw, eps, c->trace);
+}
+
 template <int T, int R>
 constexpr int gemv_u() {
     return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
@@ -325,7 +506,7 @@ struct gemv_w {
 
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                          gemv_w w, int k, int m, const float *nw, float eps) {
+                          gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     auto fn = k_gemv<T, R, U, EPI, F>;
     const size_t smem = gemv_smem_bytes<F>(T, k);
     const int n_rg = (m + R - 1) / R;
@@ -333,51 +514,61 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
     const int grid = need < cap ? need : cap;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, c->trace);
+                     eps, fix, c->trace);
 }
 
 template <int T, int R, int EPI, int F>
 cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
-                        int k, int m, const float *nw, float eps) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+                        int k, int m, const float *nw, float eps, gemv_fix fix) {
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
 }
 
 template <int T, int EPI, int F>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
-                               int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
+                               int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     } else {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     }
 }
 
 template <int EPI, int F>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
-                          int ldx, gemv_w w, int k, int m, const float *nw, float eps) {
+                          int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
-    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps);
+    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     }
 }
 
 /* Both formats' entry: rows 8 at a time (fewer when k needs more shared memory). */
 template <int F>
 lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w, int n,
-                   int k, int m, const float *norm_w, float eps, enum lm_cuda_epilogue epi) {
+                   int k, int m, const float *norm_w, float eps, enum lm_cuda_epilogue epi,
+                   const lm_cuda_fix_io *fio) {
     if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: SwiGLU needs an even number of rows, not %d", m);
+    gemv_fix fix = {NULL, NULL, 0};
+    if (fio) {
+        if (fio->add && epi == LM_CUDA_EPI_SWIGLU)
+            return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: a pending fixed-point residual needs a store "
+                             "or add epilogue, not SwiGLU");
+        if (fio->zero_n < 0 || (fio->zero_n && !fio->zero))
+            return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: zero_n = %d without a buffer", fio->zero_n);
+        fix = gemv_fix{(const long long *)fio->add, (long long *)fio->zero, fio->zero_n};
+    }
     /* Rows per warp: 2 when that still gives every multiprocessor a block, else 1 (v1 measured 1
      * best at batch 1 for every matrix of Qwen3-0.6B). */
     int R = c->gemv_rows;
@@ -394,19 +585,22 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
         const int T = n - t0 < per ? n - t0 : per;
         const float *xt = x + (size_t)t0 * ldx;
         float *yt = y + (size_t)t0 * ldy;
+        gemv_fix ft = fix; /* the pending terms of these rows: [n, k] for x, [n, m] for y */
+        if (ft.add) ft.add += (size_t)t0 * (epi == LM_CUDA_EPI_ADD ? m : k);
         cudaError_t e;
         switch (epi) {
         case LM_CUDA_EPI_STORE:
-            e = gemv_dispatch<LM_CUDA_EPI_STORE, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_STORE, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
             break;
         case LM_CUDA_EPI_ADD:
-            e = gemv_dispatch<LM_CUDA_EPI_ADD, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_ADD, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
             break;
         default:
-            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps);
+            e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
             break;
         }
         if (e != cudaSuccess) return lm_cuda_fail(e, "gemv launch");
+        fix.zero = NULL, fix.zero_n = 0;
     }
     return LM_OK;
 }
@@ -415,24 +609,52 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
 
 extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                                   const uint16_t *w, int n, int k, int m, const float *norm_w,
-                                  float eps, enum lm_cuda_epilogue epi) {
+                                  float eps, enum lm_cuda_epilogue epi, const struct lm_cuda_fix_io *fix) {
     if (n < 1 || k < 8 || m < 1 || k % 8 || ((uintptr_t)w & 15))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemv: [%d, %d] x [%d, %d]^T: k must be a positive multiple of 8 and "
                          "the weights 16-byte aligned",
                          n, k, m, k);
-    return gemv_run<GEMV_BF16>(c, y, ldy, x, ldx, gemv_w{w, NULL}, n, k, m, norm_w, eps, epi);
+    return gemv_run<GEMV_BF16>(c, y, ldy, x, ldx, gemv_w{w, NULL}, n, k, m, norm_w, eps, epi, fix);
 }
 
 extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                                      const int8_t *wq, const uint16_t *wd, int n, int k, int m,
-                                     const float *norm_w, float eps, enum lm_cuda_epilogue epi) {
+                                     const float *norm_w, float eps, enum lm_cuda_epilogue epi,
+                                     const struct lm_cuda_fix_io *fix) {
     if (n < 1 || k < 32 || m < 1 || k % 32 || ((uintptr_t)wq & 15) || ((uintptr_t)wd & 1))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemv (Q8_0): [%d, %d] x [%d, %d]^T: k must be a positive multiple of "
                          "32 (whole Q8_0 blocks), the quants 16-byte and the scales 2-byte aligned",
                          n, k, m, k);
-    return gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi);
+    return gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi, fix);
+}
+
+extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {
+    return mlp1_du(k, inter, c->sm_count) > 0;
+}
+
+extern "C" lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n,
+                                  const uint16_t *wgu, const uint16_t *wd, int k, int inter,
+                                  const float *norm_w, float eps) {
+    const int du = mlp1_du(k, inter, c->sm_count);
+    if (!du || n < 1 || n > 8 || ((uintptr_t)wgu & 15) || ((uintptr_t)wd & 15) || ((uintptr_t)acc & 7))
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA mlp1: %d rows, hidden %d, intermediate %d: needs 1 to 8 rows, a hidden "
+                         "size a multiple of 8 (at most 6,400), an intermediate size of 8 x {1, 2, 3, "
+                         "4, 6, 8} x at most %d blocks, and 16-byte aligned weights",
+                         n, k, inter, c->sm_count);
+    long long *a = (long long *)acc;
+    cudaError_t e;
+    switch (du) {
+    case 1: e = launch_mlp1<1>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    case 2: e = launch_mlp1<2>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    case 3: e = launch_mlp1<3>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    case 4: e = launch_mlp1<4>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    case 6: e = launch_mlp1<6>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    default: e = launch_mlp1<8>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
+    }
+    return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "mlp1 launch");
 }
 
 extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {

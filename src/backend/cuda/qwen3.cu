@@ -75,6 +75,9 @@ struct lm_cuda_qwen3 {
     std::vector<layer_dev> layers;
     dmat embed, lm_head;
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
+    bool mlp_q8; /* some layer's gate/up or down_proj has Q8_0 quants */
+    bool mlp1_fits; /* lm_cuda_mlp1_fits(hidden, intermediate) */
+    int64_t *fix_acc; /* [NL][8][H] the decode MLP's fixed-point residual terms (lm_cuda_mlp1) */
     float *norm, *inv_freq;
     uint16_t *k_pool, *v_pool;
     size_t layer_elems; /* elements of one layer's K (or V) pool */
@@ -235,6 +238,8 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.graphs = true;
     p.pdl = true;
     p.gemv_max_rows = 4; /* v3: cuBLAS wins at 8 rows, the GEMV at 1, 2 and (barely) 4 */
+    static const bool mlp1 = lm_env_flag("LM_CUDA_MLP1", true); /* read (and warned about) once */
+    p.mlp1 = mlp1;
     return p;
 }
 
@@ -371,6 +376,10 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     /* Activations for max_tokens rows (logits for max_seqs rows). */
     const size_t T = (size_t)p.max_tokens, MO = (size_t)m->MO, R = T > MO ? T : MO;
     LM_TRY(dev_alloc_t(m, &m->x, T * m->H));
+    LM_TRY(dev_alloc_t(m, &m->fix_acc, (size_t)m->NL * 8 * m->H));
+    LM_TRY(lm_cuda_memset(m->fix_acc, 0, sizeof(int64_t) * (size_t)m->NL * 8 * m->H));
+    m->mlp1_fits = lm_cuda_mlp1_fits(m->ctx, m->H, m->I);
+    for (const layer_dev &d : m->layers) m->mlp_q8 = m->mlp_q8 || d.wgu.q || d.wd.q;
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
     LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
     LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
@@ -442,6 +451,12 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
 }
 
+extern "C" void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->p.mlp1 = on;
+}
+
 extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);
@@ -453,9 +468,9 @@ extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
 /* lm_cuda_gemv over W's Q8_0 quants when it has them, else over its bf16 rows. */
 static lm_status gemv_any(const lm_cuda_qwen3 *m, lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           const dmat &w, int n, int k, int rows, const float *nw, float eps,
-                          lm_cuda_epilogue epi) {
-    return w.q && m->q8_use ? lm_cuda_gemv_q8(c, y, ldy, x, ldx, w.q, w.s, n, k, rows, nw, eps, epi)
-               : lm_cuda_gemv(c, y, ldy, x, ldx, w.bf, n, k, rows, nw, eps, epi);
+                          lm_cuda_epilogue epi, const lm_cuda_fix_io *fix = NULL) {
+    return w.q && m->q8_use ? lm_cuda_gemv_q8(c, y, ldy, x, ldx, w.q, w.s, n, k, rows, nw, eps, epi, fix)
+               : lm_cuda_gemv(c, y, ldy, x, ldx, w.bf, n, k, rows, nw, eps, epi, fix);
 }
 
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
@@ -525,12 +540,24 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     c->pdl = pdl;
     if (rc) return rc;
 
+    /* On the GEMV path, each layer's MLP is one kernel (lm_cuda_mlp1), which leaves layer l's
+     * down_proj output in fix_acc[l] for the next GEMVs to fold in: the next q/k/v (which also
+     * clears fix_acc[l + 1]) and o_proj (which writes the sums back to x), or the lm_head. Where
+     * rows are gathered for the logits, the last layer runs the two-launch MLP instead, so that x
+     * is whole for the gather. */
+    const bool mlp1 = gemv && m->p.mlp1 && m->mlp1_fits && !(m->q8_use && m->mlp_q8);
+    const int mlp1_layers = !mlp1 ? 0 : out_identity || no == 0 ? m->NL : m->NL - 1;
+    auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * 8 * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
+        const bool fused = l < mlp1_layers, pending = l && l - 1 < mlp1_layers;
+        const lm_cuda_fix_io fq = {pending ? acc_of(l - 1) : NULL, fused ? acc_of(l) : NULL, fused ? nt * H : 0};
+        const lm_cuda_fix_io fo = {fq.add, NULL, 0};
         if (gemv) {
-            LM_TRY(gemv_any(m, c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE));
+            LM_TRY(gemv_any(m, c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE,
+                            pending || fused ? &fq : NULL));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
             LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, nt, H, QKV, false));
@@ -541,8 +568,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(lm_cuda_qk_norm_rope_store(c, &a, nt));
             LM_TRY(lm_cuda_attention(c, &a, nt, false));
         }
-        if (gemv) {
-            LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD));
+        if (gemv) LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD, pending ? &fo : NULL));
+        if (fused) {
+            LM_TRY(lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
+        } else if (gemv) {
             LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
         } else {
@@ -559,7 +588,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         src = m->xo;
     }
     if (no <= m->p.gemv_max_rows) {
-        LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE));
+        const bool pending = mlp1_layers == m->NL; /* then out_identity: src is x */
+        const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
+        LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE,
+                        pending ? &ff : NULL));
     } else {
         LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, src, m->norm, NULL, no, H, eps));
         LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, no, H, V, false));

@@ -11,7 +11,10 @@
  *   from the CPU's by bf16 rounding (about 1e-3 relative), not by float32 rounding.
  * - Up to gemv_max_rows tokens a call (decode at batch 1-4) run the linear layers as GEMV with
  *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
- *   whatever else is in the batch. Larger calls (prefill, large batches) use cuBLAS with bf16
+ *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, params.mlp1): down_proj
+ *   is split over the intermediate dimension and its partial sums are added as 64-bit fixed point
+ *   (deterministic; within float32 rounding of the two-launch MLP), which the next GEMV folds into
+ *   the residual stream: 3 kernels a layer besides the attention. Larger calls (prefill, large batches) use cuBLAS with bf16
  *   activations and float32 accumulation, like other GPU engines: results then match at bf16
  *   tolerance, not bit for bit.
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
@@ -99,6 +102,9 @@ struct lm_cuda_qwen3_params {
     bool pdl;          /* programmatic dependent launch between kernels (default true) */
     int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 4,
                           at most 8; 0 = cuBLAS always) */
+    bool mlp1;         /* one-token steps run each layer's MLP as one kernel (lm_cuda_mlp1: split-K
+                          down_proj with fixed-point atomics) where the shape fits and the MLP is
+                          bf16 (default true; LM_CUDA_MLP1=0 in the environment: false, for A/B) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
@@ -132,6 +138,8 @@ void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info
 
 /* Changes how later steps run (drops captured graphs): graphs on/off, PDL on/off, GEMV limit. */
 void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
+/* Turns lm_cuda_qwen3_params.mlp1 on or off for later steps (drops the captured graphs). */
+void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on);
 /* Whether the GEMV reads a Q8_0 checkpoint's quants (true, the default) or its bf16 copy, for
  * A/B measurements (`lumen cudabench --q8 --variants`). Drops the captured graphs. */
 void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on);
