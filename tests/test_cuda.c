@@ -151,10 +151,14 @@ struct dgemv {
     const uint16_t *hs;
 };
 
+static lm_status run_gemv_fix(const struct dgemv *w, float *y, int ldy, const float *x, int n, int k, int m,
+                              const float *nw, enum lm_cuda_epilogue epi, const struct lm_cuda_fix_io *fix) {
+    return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi, fix)
+                : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi, fix);
+}
 static lm_status run_gemv(const struct dgemv *w, float *y, int ldy, const float *x, int n, int k, int m,
                           const float *nw, enum lm_cuda_epilogue epi) {
-    return w->q ? lm_cuda_gemv_q8(g_ctx, y, ldy, x, k, w->q, w->s, n, k, m, nw, 1e-6f, epi, NULL)
-                : lm_cuda_gemv(g_ctx, y, ldy, x, k, w->bf, n, k, m, nw, 1e-6f, epi, NULL);
+    return run_gemv_fix(w, y, ldy, x, n, k, m, nw, epi, NULL);
 }
 
 /* Every row count, epilogue and norm setting of one [m, k] weight set against the scalar
@@ -314,11 +318,109 @@ static void test_gemv_q8(void) {
 static int64_t to_fix(double v) { return (int64_t)llrint(v * LM_CUDA_FIX_ONE); }
 static float from_fix(int64_t a) { return (float)a * (float)(1.0 / LM_CUDA_FIX_ONE); }
 
+/* One lm_cuda_gemv(_q8) launch with a fix into dy [n, m], downloaded to y, each row within 1e-5
+ * of ref. */
+static void fix_run_check(const struct dgemv *dw, float *dy, const float *dx, float *y, const float *ref, int n,
+                          int k, int m, const float *dnw, enum lm_cuda_epilogue epi,
+                          const struct lm_cuda_fix_io *fix, const char *what) {
+    const char *fmt = dw->q ? "gemv_q8 fix" : "gemv fix";
+    lm_status rc = run_gemv_fix(dw, dy, m, dx, n, k, m, dnw, epi, fix);
+    CHECK(rc == LM_OK, "%s (%s): %s", fmt, what, lm_error_message());
+    sync_ok(what);
+    lm_cuda_download(y, dy, sizeof(float) * n * m);
+    for (int t = 0; t < n; t++) {
+        const double e = rel_l2(y + (size_t)t * m, ref + (size_t)t * m, m);
+        CHECK(e <= 1e-5, "%s (%s) k=%d m=%d n=%d row %d: rel err %.3g", fmt, what, k, m, n, t, e);
+    }
+}
+
+/* lm_cuda_gemv with lm_cuda_fix_io on n rows of [m, k] weights (bf16, or Q8_0 with int8
+ * activations), rows_per_warp as lm_cuda_ctx_set_gemv_rows: the store epilogue against the CPU on
+ * x + add (and the zeroed words), the residual add against (y + add) + W x; then (bf16) the rows
+ * gathered by lm_cuda_gather_rows with the same terms equal x + add exactly and, through a GEMV
+ * without a fix, give the same bits as the fix did. */
+static void check_fix(int k, int m, int n, bool q8, int rows_per_warp) {
+    float *x = malloc(sizeof(float) * n * k), *nw = malloc(sizeof(float) * k), *xs = malloc(sizeof(float) * n * k);
+    float *y0 = malloc(sizeof(float) * n * m), *ys = malloc(sizeof(float) * n * m);
+    float *ref = malloc(sizeof(float) * n * m), *y = malloc(sizeof(float) * n * m);
+    int64_t *addx = malloc(sizeof(int64_t) * n * k), *addy = malloc(sizeof(int64_t) * n * m);
+    int64_t *zero = malloc(sizeof(int64_t) * 300);
+    uint16_t *w = malloc(2 * (size_t)m * k), *sc = malloc(2 * (size_t)m * (k / 32));
+    int8_t *q = malloc((size_t)m * k);
+    fill(x, (long)n * k, 1.0f);
+    fill(y0, (long)n * m, 1.0f);
+    for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+    for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(0.05f * frand());
+    for (long b = 0; b < (long)m * (k / 32); b++) sc[b] = lm_f32_to_f16(0.0005f + 0.0004f * frand());
+    for (long i = 0; i < (long)m * k; i++) q[i] = (int8_t)((int)urand(255) - 127);
+    for (int i = 0; i < n * k; i++) addx[i] = to_fix(0.5 * frand()), xs[i] = x[i] + from_fix(addx[i]);
+    for (int i = 0; i < n * m; i++) addy[i] = to_fix(0.5 * frand()), ys[i] = y0[i] + from_fix(addy[i]);
+    float *dx = dev_from(x, sizeof(float) * n * k), *dnw = dev_from(nw, sizeof(float) * k);
+    float *dy = dev(sizeof(float) * n * m);
+    struct dgemv dw = {q8 ? NULL : dev_from(w, 2 * (size_t)m * k), q8 ? dev_from(q, (size_t)m * k) : NULL,
+                       q8 ? dev_from(sc, 2 * (size_t)m * (k / 32)) : NULL, w, q, sc};
+    int64_t *daddx = dev_from(addx, sizeof(int64_t) * n * k), *daddy = dev_from(addy, sizeof(int64_t) * n * m);
+    int64_t *dzero = dev(sizeof(int64_t) * 300);
+    const char *what = q8 ? "gemv_q8 fix" : "gemv fix";
+    lm_cuda_ctx_set_gemv_rows(g_ctx, rows_per_warp);
+    /* store: W . rmsnorm(x + add), and 257 accumulator words cleared (the rest untouched) */
+    poison(dzero, sizeof(int64_t) * 300);
+    const struct lm_cuda_fix_io fs = {daddx, dzero, 257}, fa = {daddy, NULL, 0};
+    if (q8)
+        ref_gemv_q8act(ref, m, xs, q, sc, n, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
+    else
+        ref_gemv(ref, m, xs, w, n, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
+    poison(dy, sizeof(float) * n * m);
+    fix_run_check(&dw, dy, dx, y, ref, n, k, m, dnw, LM_CUDA_EPI_STORE, &fs, "store, x + add");
+    lm_cuda_download(zero, dzero, sizeof(int64_t) * 300);
+    int bad = 0;
+    for (int i = 0; i < 300; i++) bad += i < 257 ? zero[i] != 0 : zero[i] != -1;
+    CHECK(bad == 0, "%s: %d accumulator words wrong (257 cleared, 43 untouched)", what, bad);
+    /* the rows gathered with the same terms: x + add exactly, and the same GEMV bits */
+    if (!q8) {
+        const int32_t rows[2] = {n - 1, 0};
+        int32_t *drows = dev_from(rows, sizeof rows);
+        float *dg = dev(sizeof(float) * 2 * k), *dy2 = dev(sizeof(float) * 2 * m);
+        float *g = malloc(sizeof(float) * 2 * k), *y2 = malloc(sizeof(float) * 2 * m);
+        CHECK(lm_cuda_gather_rows(g_ctx, dg, dx, drows, 2, k, daddx) == LM_OK, "gather with add: %s",
+              lm_error_message());
+        CHECK(lm_cuda_gemv(g_ctx, dy2, m, dg, k, dw.bf, 2, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, NULL) == LM_OK,
+              "gemv on gathered rows: %s", lm_error_message());
+        sync_ok("gather with add");
+        lm_cuda_download(g, dg, sizeof(float) * 2 * k);
+        lm_cuda_download(y2, dy2, sizeof(float) * 2 * m);
+        for (int i = 0; i < 2; i++) {
+            CHECK(!memcmp(g + (size_t)i * k, xs + (size_t)rows[i] * k, sizeof(float) * k),
+                  "gather with add: row %d is not x + add", rows[i]);
+            CHECK(!memcmp(y2 + (size_t)i * m, y + (size_t)rows[i] * m, sizeof(float) * m),
+                  "gemv fix k=%d m=%d n=%d: row %d gathered with its terms differs from the fix", k, m, n,
+                  rows[i]);
+        }
+        lm_cuda_free(drows), lm_cuda_free(dg), lm_cuda_free(dy2), free(g), free(y2);
+    }
+    /* residual add: (y + add) + W . x */
+    memcpy(ref, ys, sizeof(float) * n * m);
+    if (q8)
+        ref_gemv_q8act(ref, m, x, q, sc, n, k, m, NULL, 0, LM_CUDA_EPI_ADD);
+    else
+        ref_gemv(ref, m, x, w, n, k, m, NULL, 0, LM_CUDA_EPI_ADD);
+    lm_cuda_upload(dy, y0, sizeof(float) * n * m);
+    fix_run_check(&dw, dy, dx, y, ref, n, k, m, NULL, LM_CUDA_EPI_ADD, &fa, "residual add, y + add");
+    CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw.bf, n, k, m, NULL, 0, LM_CUDA_EPI_SWIGLU, &fa) == LM_ERR_SHAPE,
+          "gemv fix with the SwiGLU epilogue must be refused");
+    lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
+    free(x), free(nw), free(xs), free(y0), free(ys), free(ref), free(y), free(addx), free(addy), free(zero);
+    free(w), free(sc), free(q);
+    lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dy), lm_cuda_free((void *)dw.bf), lm_cuda_free((void *)dw.q),
+        lm_cuda_free((void *)dw.s), lm_cuda_free(daddx), lm_cuda_free(daddy), lm_cuda_free(dzero);
+}
+
 /* lm_cuda_mlp1 against the CPU: rmsnorm, the gate/up GEMV with its SwiGLU epilogue, and the down
  * matmul, all scalar float32 (ref_gemv), for shapes that take each DU the kernel is built for
  * (on a 132-multiprocessor H200: 3, 1, 2, 4, 8, 6, 1; hidden sizes off 256 too, as the tiny
  * model's 32), 8 rows; the accumulator starts non-zero (it adds); two runs give the same bits
- * (integer atomics), and rows alone or in threes the same bits as in 8. Then lm_cuda_gemv's fix: x + add (store),
+ * (integer atomics), and rows alone or in threes the same bits as in 8; the tiny shape also
+ * without a norm. Then lm_cuda_gemv's fix: x + add (store),
  * y + add (residual add), the zeroed accumulator, and the refusals. Own random state. */
 static void test_mlp1(void) {
     static const int shapes[][2] = {{1024, 3072}, {32, 96}, {264, 1600}, {512, 4160}, {256, 8256},
@@ -366,6 +468,22 @@ static void test_mlp1(void) {
                       "mlp1 k=%d inter=%d: rows %d..%d (n = %d) differ from the same rows of an 8-row run",
                       k, inter, r0, r0 + n - 1, n);
         }
+        if (si == 1) { /* without a norm: xn = x */
+            float *h0 = malloc(sizeof(float) * inter), *ref0 = malloc(sizeof(float) * k);
+            int64_t *g0 = malloc(sizeof(int64_t) * k);
+            float *y0 = malloc(sizeof(float) * k);
+            ref_gemv(h0, inter, x, wgu, 1, k, 2 * inter, NULL, 0, LM_CUDA_EPI_SWIGLU);
+            ref_gemv(ref0, k, h0, wd, 1, inter, k, NULL, 0, LM_CUDA_EPI_STORE);
+            lm_cuda_memset(dacc, 0, sizeof(int64_t) * k);
+            CHECK(lm_cuda_mlp1(g_ctx, dacc, dx, 1, dwgu, dwd, k, inter, NULL, 0) == LM_OK, "mlp1 without a norm: %s",
+                  lm_error_message());
+            sync_ok("mlp1 without a norm");
+            lm_cuda_download(g0, dacc, sizeof(int64_t) * k);
+            for (int i = 0; i < k; i++) y0[i] = (float)((double)g0[i] / LM_CUDA_FIX_ONE);
+            const double e0 = rel_l2(y0, ref0, k);
+            CHECK(e0 <= 1e-5, "mlp1 k=%d inter=%d without a norm: rel err %.3g", k, inter, e0);
+            free(h0), free(ref0), free(g0), free(y0);
+        }
         float *y = malloc(sizeof(float) * k);
         for (int t = 0; t < N; t++) {
             for (int i = 0; i < k; i++)
@@ -386,57 +504,12 @@ static void test_mlp1(void) {
           "mlp1 with k = 1020 or 9 rows must be refused");
     fprintf(stderr, "mlp1: worst rel err %.3g against the CPU's rmsnorm, SwiGLU GEMV and down matmul\n", worst);
 
-    /* lm_cuda_gemv's fix: one row, k = 1024, m = 520. */
-    {
-        const int k = 1024, m = 520;
-        float *x = malloc(sizeof(float) * 2 * k), *nw = malloc(sizeof(float) * k), *xs = malloc(sizeof(float) * k);
-        float *y0 = malloc(sizeof(float) * m), *ys = malloc(sizeof(float) * m), *ref = malloc(sizeof(float) * m);
-        float *y = malloc(sizeof(float) * m);
-        uint16_t *w = malloc(2 * (size_t)m * k);
-        int64_t *add = malloc(sizeof(int64_t) * k), *zero = malloc(sizeof(int64_t) * 300);
-        fill(x, 2 * k, 1.0f);
-        fill(y0, m, 1.0f);
-        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
-        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(0.05f * frand());
-        for (int i = 0; i < k; i++) add[i] = to_fix(0.5 * frand());
-        for (int i = 0; i < k; i++) xs[i] = x[i] + from_fix(add[i]);
-        float *dx = dev_from(x, sizeof(float) * 2 * k), *dnw = dev_from(nw, sizeof(float) * k);
-        float *dy = dev(sizeof(float) * m);
-        uint16_t *dw = dev_from(w, 2 * (size_t)m * k);
-        int64_t *dadd = dev_from(add, sizeof(int64_t) * k), *dzero = dev(sizeof(int64_t) * 300);
-        poison(dzero, sizeof(int64_t) * 300);
-        /* store: W . rmsnorm(x + add), and 257 accumulator words cleared (the rest untouched) */
-        const struct lm_cuda_fix_io fs = {dadd, dzero, 257};
-        ref_gemv(ref, m, xs, w, 1, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
-        poison(dy, sizeof(float) * m);
-        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, &fs) == LM_OK,
-              "gemv with fix: %s", lm_error_message());
-        sync_ok("gemv fix store");
-        lm_cuda_download(y, dy, sizeof(float) * m);
-        double e = rel_l2(y, ref, m);
-        CHECK(e <= 1e-5, "gemv fix (store, x + add): rel err %.3g", e);
-        lm_cuda_download(zero, dzero, sizeof(int64_t) * 300);
-        int bad = 0;
-        for (int i = 0; i < 300; i++) bad += i < 257 ? zero[i] != 0 : zero[i] != -1;
-        CHECK(bad == 0, "gemv fix: %d accumulator words wrong (257 cleared, 43 untouched)", bad);
-        /* residual add: (y + add) + W . x, add over y's m elements */
-        const struct lm_cuda_fix_io fa = {dadd, NULL, 0};
-        for (int j = 0; j < m; j++) ys[j] = y0[j] + from_fix(add[j]);
-        memcpy(ref, ys, sizeof(float) * m);
-        ref_gemv(ref, m, x, w, 1, k, m, NULL, 0, LM_CUDA_EPI_ADD);
-        lm_cuda_upload(dy, y0, sizeof(float) * m);
-        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, NULL, 0, LM_CUDA_EPI_ADD, &fa) == LM_OK,
-              "gemv with fix (add): %s", lm_error_message());
-        sync_ok("gemv fix add");
-        lm_cuda_download(y, dy, sizeof(float) * m);
-        e = rel_l2(y, ref, m);
-        CHECK(e <= 1e-5, "gemv fix (residual add, y + add): rel err %.3g", e);
-        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, 1, k, m, NULL, 0, LM_CUDA_EPI_SWIGLU, &fa) == LM_ERR_SHAPE,
-              "gemv fix with the SwiGLU epilogue must be refused");
-        free(x), free(nw), free(xs), free(y0), free(ys), free(ref), free(y), free(w), free(add), free(zero);
-        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dy), lm_cuda_free(dw), lm_cuda_free(dadd),
-            lm_cuda_free(dzero);
-    }
+    /* lm_cuda_gemv's fix (bf16 and Q8_0, 1-3 rows, warps over several row groups) and
+     * lm_cuda_gather_rows folding the same terms. */
+    check_fix(1024, 520, 1, false, 0);
+    check_fix(1024, 520, 3, false, 0);
+    check_fix(512, 2500, 3, false, 1);
+    check_fix(1024, 520, 2, true, 0);
     g_rng = saved;
 }
 
@@ -525,7 +598,7 @@ static void test_rows(void) {
         poison(de, sizeof(float) * 4 * d);
         poison(dg, sizeof(float) * 2 * d);
         lm_cuda_embed(g_ctx, de, dt, dids, 4, d);
-        lm_cuda_gather_rows(g_ctx, dg, de, dgr, 2, d);
+        lm_cuda_gather_rows(g_ctx, dg, de, dgr, 2, d, NULL);
         sync_ok("embed");
         lm_cuda_download(got, de, sizeof(float) * 4 * d);
         int bad = 0;

@@ -33,6 +33,7 @@ struct lm_cuda_ctx {
     void *blas_ws;       /* cuBLAS workspace (set explicitly so graph capture never allocates) */
     bool pdl;
     int gemv_rows;       /* 0 = automatic */
+    int smem_optin;      /* bytes of shared memory a block may opt in to (the device's limit) */
     unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
     int max_rows;        /* sampler scratch capacity */
@@ -142,6 +143,12 @@ static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* v + a pending fixed-point term a (lm_cuda_fix_io: a / LM_CUDA_FIX_ONE), rounded the one way
+ * every kernel that folds one in rounds it. */
+static __device__ __forceinline__ float fix_add(float v, long long a) {
+    return __fadd_rn(v, __fmul_rn(__ll2float_rn(a), (float)(1.0 / LM_CUDA_FIX_ONE)));
 }
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }

@@ -95,8 +95,8 @@ void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
- * lm_cuda_gemv block launched afterwards (graphs captured afterwards too) appends one entry, the
- * buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us resolution on some
+ * lm_cuda_gemv and lm_cuda_mlp1 block launched afterwards (graphs captured afterwards too) appends
+ * one entry (lm_cuda_mlp1's under its gate/up matrix), the buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us resolution on some
  * parts: average over blocks). */
 enum { LM_CUDA_TRACE_WORDS = 7 };
 struct lm_cuda_trace_entry {
@@ -125,7 +125,9 @@ enum lm_cuda_epilogue {
  * stream's true value is x[j] + add[j] / LM_CUDA_FIX_ONE (add: int64, value * 2^32; range
  * +-2^31, resolution 2^-32). lm_cuda_mlp1's blocks each add their share of a sum with one 64-bit
  * integer atomic, so the total does not depend on the order they land in, as float atomics would
- * (the serving engine's seeded sampling stays reproducible). */
+ * (the serving engine's seeded sampling stays reproducible). A partial sum that is NaN, infinite
+ * or beyond +-2^31 saturates instead of propagating (a model that diverges there gives wrong,
+ * finite values rather than NaN logits). */
 #define LM_CUDA_FIX_ONE 4294967296.0
 struct lm_cuda_fix_io {
     const int64_t *add; /* NULL, or [n, width] device int64 (rows dense): the pending terms of
@@ -180,7 +182,8 @@ lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int 
                        const uint16_t *wd, int k, int inter, const float *norm_w, float eps);
 /* Whether lm_cuda_mlp1 takes this shape on c's device: k a multiple of 8, inter = 8 * du * blocks
  * with du in {1, 2, 3, 4, 6, 8} and blocks <= multiprocessors (the smallest such du), and a
- * block's weights (48 * du * k bytes) plus 8 rows of x within 200 KiB of shared memory
+ * block's weights (48 * du * k bytes) plus 8 rows of x within 200 KiB of shared memory and the
+ * device's per-block limit
  * (Qwen3-0.6B: 3,072 = 8 x 3 x 128, 148 KiB a block at 1 row; 1.7B's 2,048 x 6,144 does not). */
 bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter);
 
@@ -213,9 +216,11 @@ lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16_t *table, 
 lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq, const uint16_t *wd,
                            const int32_t *ids, int n, int d);
 
-/* y[i, :] = x[rows[i], :] for i < n, d float32 per row (gathers the rows that need logits). */
+/* y[i, :] = x[rows[i], :] for i < n, d float32 per row (gathers the rows that need logits);
+ * add: NULL, or the rows' pending fixed-point terms ([*, d] int64, lm_cuda_fix_io), folded in as
+ * lm_cuda_gemv folds them (so a gathered row has the bits the stream would have). */
 lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const float *x, const int32_t *rows,
-                              int n, int d);
+                              int n, int d, const int64_t *add);
 
 /* ---- attention over a paged KV cache ---- */
 

@@ -40,7 +40,7 @@ struct gemv_fix {
  * read through L2: both are a predecessor's output. */
 __device__ __forceinline__ float gemv_resid(const float *row, int j, const long long *add) {
     const float v = __ldcg(row + j);
-    return add ? __fadd_rn(v, __fmul_rn(__ll2float_rn(__ldcg(add + j)), (float)(1.0 / LM_CUDA_FIX_ONE))) : v;
+    return add ? fix_add(v, __ldcg(add + j)) : v;
 }
 
 /* silu(g) * u with every operation rounded explicitly (SwiGLU, Shazeer 2020). */
@@ -463,14 +463,16 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
     if (trace && threadIdx.x == 0) trace_put(trace, wgu, K, 2 * I, t0, t1, t2);
 }
 
-/* DU of lm_cuda_mlp1 for this shape: the smallest built one whose grid (inter / (8 * DU) blocks)
- * fits one block a multiprocessor and whose shared memory (at 8 rows) fits a block, or 0. */
-int mlp1_du(int k, int inter, int sm_count) {
+/* DU of lm_cuda_mlp1 for this shape on c's device: the smallest built one whose grid
+ * (inter / (8 * DU) blocks) fits one block a multiprocessor and whose shared memory (at 8 rows)
+ * fits a block (200 KiB, and the device's opt-in limit less the static 4 KiB), or 0. */
+int mlp1_du(const lm_cuda_ctx *c, int k, int inter) {
     if (k < 8 || k % 8 || inter < 8) return 0;
+    const size_t limit = std::min<size_t>(200 * 1024, c->smem_optin > 4096 ? (size_t)c->smem_optin - 4096 : 0);
     static const int dus[] = {1, 2, 3, 4, 6, 8};
     for (int du : dus)
-        if (inter % (8 * du) == 0 && inter / (8 * du) <= sm_count)
-            return mlp1_smem_bytes(8, du, k) <= 200 * 1024 ? du : 0;
+        if (inter % (8 * du) == 0 && inter / (8 * du) <= c->sm_count)
+            return mlp1_smem_bytes(8, du, k) <= limit ? du : 0;
     return 0;
 }
 
@@ -631,18 +633,19 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
 }
 
 extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {
-    return mlp1_du(k, inter, c->sm_count) > 0;
+    return mlp1_du(c, k, inter) > 0;
 }
 
 extern "C" lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n,
                                   const uint16_t *wgu, const uint16_t *wd, int k, int inter,
                                   const float *norm_w, float eps) {
-    const int du = mlp1_du(k, inter, c->sm_count);
+    const int du = mlp1_du(c, k, inter);
     if (!du || n < 1 || n > 8 || ((uintptr_t)wgu & 15) || ((uintptr_t)wd & 15) || ((uintptr_t)acc & 7))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA mlp1: %d rows, hidden %d, intermediate %d: needs 1 to 8 rows, a hidden "
-                         "size a multiple of 8 (at most 6,400), an intermediate size of 8 x {1, 2, 3, "
-                         "4, 6, 8} x at most %d blocks, and 16-byte aligned weights",
+                         "size a multiple of 8, an intermediate size of 8 x du x at most %d blocks "
+                         "(du 1, 2, 3, 4, 6 or 8) whose 48 x du x hidden bytes of weights a block "
+                         "fit shared memory, and 16-byte aligned weights",
                          n, k, inter, c->sm_count);
     long long *a = (long long *)acc;
     cudaError_t e;

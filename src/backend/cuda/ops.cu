@@ -132,6 +132,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->sm_count = info.sm_count;
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
+    cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device);
     c->attn_dec = p.attn_dec;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -192,12 +193,13 @@ __global__ void k_embed_q8(float *x, const int8_t *__restrict__ wq, const uint16
         o[i] = __fmul_rn(__half2float(__ushort_as_half(wd[r * (d >> 5) + (i >> 5)])), (float)wq[r * d + i]);
 }
 
-__global__ void k_gather(float *y, const float *x, const int32_t *rows, int d) {
+__global__ void k_gather(float *y, const float *x, const int32_t *rows, int d, const long long *add) {
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
     const float *src = x + (size_t)rows[blockIdx.x] * d;
+    const long long *a = add ? add + (size_t)rows[blockIdx.x] * d : NULL;
     float *o = y + (size_t)blockIdx.x * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = src[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = a ? fix_add(src[i], a[i]) : src[i];
 }
 
 /* One block (256 threads) per row. */
@@ -303,9 +305,9 @@ extern "C" lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int
 }
 
 extern "C" lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const float *x,
-                                         const int32_t *rows, int n, int d) {
+                                         const int32_t *rows, int n, int d, const int64_t *add) {
     if (n < 1) return LM_OK;
-    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_gather, y, x, rows, d));
+    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_gather, y, x, rows, d, (const long long *)add));
     return LM_OK;
 }
 

@@ -541,12 +541,12 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     if (rc) return rc;
 
     /* On the GEMV path, each layer's MLP is one kernel (lm_cuda_mlp1), which leaves layer l's
-     * down_proj output in fix_acc[l] for the next GEMVs to fold in: the next q/k/v (which also
-     * clears fix_acc[l + 1]) and o_proj (which writes the sums back to x), or the lm_head. Where
-     * rows are gathered for the logits, the last layer runs the two-launch MLP instead, so that x
-     * is whole for the gather. */
+     * down_proj output in fix_acc[l] for the next kernels to fold in: the next q/k/v (which also
+     * clears fix_acc[l + 1]) and o_proj (which writes the sums back to x), or the gather and the
+     * lm_head: every step on this path folds them the same way, so a row's bits do not depend on
+     * what else the step carries. */
     const bool mlp1 = gemv && m->p.mlp1 && m->mlp1_fits && !(m->q8_use && m->mlp_q8);
-    const int mlp1_layers = !mlp1 ? 0 : out_identity || no == 0 ? m->NL : m->NL - 1;
+    const int mlp1_layers = mlp1 ? m->NL : 0;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * 8 * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
     for (int l = 0; l < m->NL; l++) {
@@ -584,11 +584,11 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     }
     const float *src = m->x;
     if (!out_identity) {
-        LM_TRY(lm_cuda_gather_rows(c, m->xo, m->x, out_rows, no, H));
+        LM_TRY(lm_cuda_gather_rows(c, m->xo, m->x, out_rows, no, H, mlp1 ? acc_of(m->NL - 1) : NULL));
         src = m->xo;
     }
     if (no <= m->p.gemv_max_rows) {
-        const bool pending = mlp1_layers == m->NL; /* then out_identity: src is x */
+        const bool pending = mlp1 && out_identity; /* else the gather folded them */
         const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
         LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE,
                         pending ? &ff : NULL));

@@ -102,9 +102,10 @@ struct lm_cuda_qwen3_params {
     bool pdl;          /* programmatic dependent launch between kernels (default true) */
     int gemv_max_rows; /* calls of up to this many tokens use the float32 GEMV path (default 4,
                           at most 8; 0 = cuBLAS always) */
-    bool mlp1;         /* one-token steps run each layer's MLP as one kernel (lm_cuda_mlp1: split-K
-                          down_proj with fixed-point atomics) where the shape fits and the MLP is
-                          bf16 (default true; LM_CUDA_MLP1=0 in the environment: false, for A/B) */
+    bool mlp1;         /* steps on the GEMV path (up to gemv_max_rows tokens) run each layer's MLP
+                          as one kernel (lm_cuda_mlp1: split-K down_proj with fixed-point atomics)
+                          where the shape fits and the MLP is bf16 (default true; LM_CUDA_MLP1=0 in
+                          the environment: false, for A/B) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
