@@ -96,8 +96,8 @@ void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
  * lm_cuda_gemv and lm_cuda_mlp1 block launched afterwards (graphs captured afterwards too) appends
- * one entry (lm_cuda_mlp1's under its gate/up matrix), the buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us resolution on some
- * parts: average over blocks). */
+ * one entry (lm_cuda_mlp1's under its gate/up matrix), the buffer wrapping around. Times are the
+ * GPU's %globaltimer in ns (about 1 us resolution on some parts: average over blocks). */
 enum { LM_CUDA_TRACE_WORDS = 7 };
 struct lm_cuda_trace_entry {
     uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
@@ -163,10 +163,10 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
                           const float *norm_w, float eps, enum lm_cuda_epilogue epi,
                           const struct lm_cuda_fix_io *fix);
 
-/* The MLP of 1 to 8 tokens as one kernel (decode on the GEMV path: one dependency a layer
- * instead of two, and the block's weights copied to shared memory before its wait, so that they
- * stream while the attention and o_proj run): acc[t, j] += fix(sum_i wd[j, i] * silu(g_ti) * u_ti) for t < n, j < k, with
- * g_ti = xn_t . wgu[2i] and u_ti = xn_t . wgu[2i + 1] (the interleaved gate/up rows of
+/* The MLP of 1 to LM_CUDA_MLP1_MAX_ROWS tokens as one kernel (decode on the GEMV path: one
+ * dependency a layer instead of two; each block copies its weights to shared memory before its
+ * wait, holding no registers, so that the next kernel's blocks start beside it):
+ * acc[t, j] += fix(sum_i wd[j, i] * silu(g_ti) * u_ti) for t < n, j < k, with g_ti = xn_t . wgu[2i] and u_ti = xn_t . wgu[2i + 1] (the interleaved gate/up rows of
  * lm_cuda_gemv's SwiGLU epilogue) and xn_t = norm_w * x_t / rms(x_t) (norm_w NULL: xn = x).
  * x: [n, k] float32 (the residual stream with no pending term: fold one in first through
  * lm_cuda_gemv's fix); wgu: [2 * inter, k] bf16; wd: [k, inter] bf16 (down_proj, row-major);
@@ -177,14 +177,14 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
  * split over the blocks (split-K) and the blocks' float32 partial sums are added in fixed point:
  * the result equals the two-launch path within float32 rounding of the partial sums, is
  * deterministic, and a row's bits do not depend on n (batch invariance, as lm_cuda_gemv).
- * LM_ERR_SHAPE unless lm_cuda_mlp1_fits and 1 <= n <= 8. */
+ * LM_ERR_SHAPE unless lm_cuda_mlp1_fits and 1 <= n <= LM_CUDA_MLP1_MAX_ROWS. */
+enum { LM_CUDA_MLP1_MAX_ROWS = 8 };
 lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n, const uint16_t *wgu,
                        const uint16_t *wd, int k, int inter, const float *norm_w, float eps);
 /* Whether lm_cuda_mlp1 takes this shape on c's device: k a multiple of 8, inter = 8 * du * blocks
  * with du in {1, 2, 3, 4, 6, 8} and blocks <= multiprocessors (the smallest such du), and a
- * block's weights (48 * du * k bytes) plus 8 rows of x within 200 KiB of shared memory and the
- * device's per-block limit
- * (Qwen3-0.6B: 3,072 = 8 x 3 x 128, 148 KiB a block at 1 row; 1.7B's 2,048 x 6,144 does not). */
+ * block's weights (48 * du * k bytes) plus LM_CUDA_MLP1_MAX_ROWS rows of x within 200 KiB of
+ * shared memory and the device's per-block limit (Qwen3-0.6B: 3,072 = 8 x 3 x 128, 148 KiB a block at 1 row; 1.7B's 2,048 x 6,144 does not). */
 bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter);
 
 /* Whether a Q8_0 checkpoint keeps its quants on the device for lm_cuda_gemv_q8: true unless the

@@ -375,8 +375,8 @@ size_t mlp1_smem_bytes(int T, int du, int k) {
 /* T activation rows (rows from n on are zeros that nothing reads). Block b owns the NJ = 8 * DU
  * intermediate units i in [b * NJ, (b + 1) * NJ): its 2 * NJ consecutive rows of the interleaved
  * gate/up matrix and NJ columns of down_proj, all copied into shared memory (cp.async, no
- * registers held) before the wait, so that they stream while the preceding kernels run and the
- * next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
+ * registers held) before the wait, so that they stream while the preceding o_proj finishes and
+ * the next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
  * 2 * DU * w + 2 * DU - 1 in k_gemv's order (the same bits as its SwiGLU epilogue), and thread t
  * the down_proj rows t, t + 256, ... over the block's units in unit order, converts each
  * activation row's sum to fixed point and adds it to acc with one 64-bit atomic: integer
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
 }
 
 /* DU of lm_cuda_mlp1 for this shape on c's device: the smallest built one whose grid
- * (inter / (8 * DU) blocks) fits one block a multiprocessor and whose shared memory (at 8 rows)
+ * (inter / (8 * DU) blocks) fits one block a multiprocessor and whose shared memory (at the most rows)
  * fits a block (200 KiB, and the device's opt-in limit less the static 4 KiB), or 0. */
 int mlp1_du(const lm_cuda_ctx *c, int k, int inter) {
     if (k < 8 || k % 8 || inter < 8) return 0;
@@ -472,13 +472,14 @@ int mlp1_du(const lm_cuda_ctx *c, int k, int inter) {
     static const int dus[] = {1, 2, 3, 4, 6, 8};
     for (int du : dus)
         if (inter % (8 * du) == 0 && inter / (8 * du) <= c->sm_count)
-            return mlp1_smem_bytes(8, du, k) <= limit ? du : 0;
+            return mlp1_smem_bytes(LM_CUDA_MLP1_MAX_ROWS, du, k) <= limit ? du : 0;
     return 0;
 }
 
 template <int DU>
 cudaError_t launch_mlp1(const lm_cuda_ctx *c, long long *acc, const float *x, int n, const uint16_t *wgu,
                         const uint16_t *wd, int k, int inter, const float *nw, float eps) {
+    static_assert(LM_CUDA_MLP1_MAX_ROWS == 8, "k_mlp1 is built for 1, 2, 4 and 8 rows");
     auto fn = n <= 1 ? k_mlp1<1, DU> : n <= 2 ? k_mlp1<2, DU> : n <= 4 ? k_mlp1<4, DU> : k_mlp1<8, DU>;
     const size_t smem = mlp1_smem_bytes(n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8, DU, k);
     lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* raises the shared-memory limit */
@@ -640,7 +641,7 @@ extern "C" lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const flo
                                   const uint16_t *wgu, const uint16_t *wd, int k, int inter,
                                   const float *norm_w, float eps) {
     const int du = mlp1_du(c, k, inter);
-    if (!du || n < 1 || n > 8 || ((uintptr_t)wgu & 15) || ((uintptr_t)wd & 15) || ((uintptr_t)acc & 7))
+    if (!du || n < 1 || n > LM_CUDA_MLP1_MAX_ROWS || ((uintptr_t)wgu & 15) || ((uintptr_t)wd & 15) || ((uintptr_t)acc & 7))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA mlp1: %d rows, hidden %d, intermediate %d: needs 1 to 8 rows, a hidden "
                          "size a multiple of 8, an intermediate size of 8 x du x at most %d blocks "

@@ -77,7 +77,8 @@ struct lm_cuda_qwen3 {
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
     bool mlp_q8; /* some layer's gate/up or down_proj has Q8_0 quants */
     bool mlp1_fits; /* lm_cuda_mlp1_fits(hidden, intermediate) */
-    int64_t *fix_acc; /* [NL][8][H] the decode MLP's fixed-point residual terms (lm_cuda_mlp1) */
+    int64_t *fix_acc; /* [NL][LM_CUDA_MLP1_MAX_ROWS][H] the MLP kernel's fixed-point residual
+                         terms (lm_cuda_mlp1) */
     float *norm, *inv_freq;
     uint16_t *k_pool, *v_pool;
     size_t layer_elems; /* elements of one layer's K (or V) pool */
@@ -376,8 +377,9 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     /* Activations for max_tokens rows (logits for max_seqs rows). */
     const size_t T = (size_t)p.max_tokens, MO = (size_t)m->MO, R = T > MO ? T : MO;
     LM_TRY(dev_alloc_t(m, &m->x, T * m->H));
-    LM_TRY(dev_alloc_t(m, &m->fix_acc, (size_t)m->NL * 8 * m->H));
-    LM_TRY(lm_cuda_memset(m->fix_acc, 0, sizeof(int64_t) * (size_t)m->NL * 8 * m->H));
+    const size_t fix_elems = (size_t)m->NL * LM_CUDA_MLP1_MAX_ROWS * m->H;
+    LM_TRY(dev_alloc_t(m, &m->fix_acc, fix_elems));
+    LM_TRY(lm_cuda_memset(m->fix_acc, 0, sizeof(int64_t) * fix_elems));
     m->mlp1_fits = lm_cuda_mlp1_fits(m->ctx, m->H, m->I);
     for (const layer_dev &d : m->layers) m->mlp_q8 = m->mlp_q8 || d.wgu.q || d.wd.q;
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
@@ -546,18 +548,16 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
      * lm_head: every step on this path folds them the same way, so a row's bits do not depend on
      * what else the step carries. */
     const bool mlp1 = gemv && m->p.mlp1 && m->mlp1_fits && !(m->q8_use && m->mlp_q8);
-    const int mlp1_layers = mlp1 ? m->NL : 0;
-    auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * 8 * H; };
+    auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
-        const bool fused = l < mlp1_layers, pending = l && l - 1 < mlp1_layers;
-        const lm_cuda_fix_io fq = {pending ? acc_of(l - 1) : NULL, fused ? acc_of(l) : NULL, fused ? nt * H : 0};
-        const lm_cuda_fix_io fo = {fq.add, NULL, 0};
+        /* q/k/v folds in layer l - 1's sums and clears layer l's accumulator; o_proj folds them too */
+        const lm_cuda_fix_io fq = {l ? acc_of(l - 1) : NULL, acc_of(l), nt * H}, fo = {fq.add, NULL, 0};
         if (gemv) {
             LM_TRY(gemv_any(m, c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE,
-                            pending || fused ? &fq : NULL));
+                            mlp1 ? &fq : NULL));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
             LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, nt, H, QKV, false));
@@ -568,8 +568,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(lm_cuda_qk_norm_rope_store(c, &a, nt));
             LM_TRY(lm_cuda_attention(c, &a, nt, false));
         }
-        if (gemv) LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD, pending ? &fo : NULL));
-        if (fused) {
+        if (gemv)
+            LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD,
+                            mlp1 && l ? &fo : NULL));
+        if (mlp1) {
             LM_TRY(lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
         } else if (gemv) {
             LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));

@@ -11,12 +11,12 @@
  *   from the CPU's by bf16 rounding (about 1e-3 relative), not by float32 rounding.
  * - Up to gemv_max_rows tokens a call (decode at batch 1-4) run the linear layers as GEMV with
  *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
- *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, params.mlp1): down_proj
- *   is split over the intermediate dimension and its partial sums are added as 64-bit fixed point
- *   (deterministic; within float32 rounding of the two-launch MLP), which the next GEMV folds into
- *   the residual stream: 3 kernels a layer besides the attention. Larger calls (prefill, large batches) use cuBLAS with bf16
- *   activations and float32 accumulation, like other GPU engines: results then match at bf16
- *   tolerance, not bit for bit.
+ *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, params.mlp1):
+ *   down_proj is split over the intermediate dimension and its partial sums are added as 64-bit
+ *   fixed point (deterministic; within float32 rounding of the two-launch MLP), which the next
+ *   GEMV folds into the residual stream: 3 kernels a layer besides the attention. Larger calls
+ *   (prefill, large batches) use cuBLAS with bf16 activations and float32 accumulation, like
+ *   other GPU engines: results then match at bf16 tolerance, not bit for bit.
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
  *   graph (input copy, every kernel, output copy), so a step is one launch.
  *
