@@ -9,7 +9,8 @@
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
 # kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on), arrow
-# (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13).
+# (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13), ab
+# (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh.
 set -uo pipefail
@@ -91,6 +92,24 @@ for step in "$@"; do
     echo "LM_CUDA_Q8=0 (bf16 copy):"
     LM_CUDA_Q8=0 timeout 300 $LUMEN perf --device cuda --model /tmp/q06-q8.gguf -p 0 -n 128 -r ${PERF_REPS:-5} \
       --no-bw --batch ${Q8_OFF_BATCH:-1,4} 2>&1 | grep -E " tg[0-9]|weights" | tee "$OUT/perf-q8-off.log" ;;
+  ab)
+    # A/B of environment settings, alternated: AB_ENVS lists them separated by "|" (default
+    # "LM_CUDA_MLP1=0|LM_CUDA_MLP1=1"; a setting may hold several VAR=value words), AB_ROUNDS
+    # rounds (default 2), on the synthetic 0.6B or with AB_Q8=1 its Q8_0 GGUF: lumen perf --device
+    # cuda -p 0 -n 128 -r $PERF_REPS at batches $AB_BATCH (default 1,2,4).
+    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    M=/tmp/q06
+    if [ "${AB_Q8:-0}" = 1 ]; then
+      M=/tmp/q06-q8.gguf
+      [ -f $M ] || $LUMEN build --model /tmp/q06 --out $M --dtype q8_0 >"$OUT/build-q8.log" 2>&1 \
+        || tail -5 "$OUT/build-q8.log"
+    fi
+    IFS='|' read -ra envs <<<"${AB_ENVS:-LM_CUDA_MLP1=0|LM_CUDA_MLP1=1}"
+    for r in $(seq ${AB_ROUNDS:-2}); do for e in "${envs[@]}"; do
+      echo "== $e ($(basename $M), round $r)"
+      env $e timeout 200 $LUMEN perf --device cuda --model $M -p 0 -n 128 -r ${PERF_REPS:-5} --no-bw \
+        --batch ${AB_BATCH:-1,2,4} 2>&1 | grep -E " tg[0-9]|rror"
+    done; done 2>&1 | tee -a "$OUT/ab.log" ;;
   q8big)
     # A larger shape ($Q8_SHAPE, default qwen3-1.7b), where a step's DRAM time outweighs its
     # latency chain: lumen perf --device cuda on the bf16 folder, then on its Q8_0 GGUF with the

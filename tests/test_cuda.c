@@ -415,6 +415,47 @@ static void check_fix(int k, int m, int n, bool q8, int rows_per_warp) {
         lm_cuda_free((void *)dw.s), lm_cuda_free(daddx), lm_cuda_free(daddy), lm_cuda_free(dzero);
 }
 
+/* Whether an MLP-kernel case (shape si of a test's list, the first being Qwen3-0.6B's 1,024 x
+ * 3,072) is skipped because the kernel does not take it here; the first must fit on any device
+ * of min_sms or more multiprocessors (a failed check otherwise). */
+static bool mlp1_skip(const char *what, bool fits, size_t si, int k, int inter, int min_sms) {
+    if (fits) return false;
+    struct lm_cuda_device_info di;
+    CHECK(si > 0 || lm_cuda_device_info(0, &di) != LM_OK || di.sm_count < min_sms,
+          "%s: Qwen3-0.6B's 1,024 x 3,072 MLP does not fit on %d multiprocessors", what, di.sm_count);
+    fprintf(stderr, "%s: k=%d inter=%d does not fit this device: skipped\n", what, k, inter);
+    return true;
+}
+
+/* An MLP kernel's weights on the device: bf16 (lm_cuda_mlp1; guq NULL) or Q8_0 (lm_cuda_mlp1_q8). */
+struct mlp1_w {
+    const uint16_t *gu, *d;
+    const int8_t *guq, *dq;
+    const uint16_t *gus, *ds;
+};
+
+/* x's rows 0..7 (dx, [8, k]) through w's kernel onto init's sums: n = 8 twice (the same bits),
+ * then rows 2.. alone (n = 1) and in threes (n = 3, the 4-row kernel with a padding row): each
+ * row's bits as in the 8-row run. got: the 8 rows' sums; again: scratch [8, k]. */
+static void mlp1_runs(const char *what, const struct mlp1_w *w, int k, int inter, const int64_t *init,
+                      int64_t *dacc, const float *dx, const float *dnw, int64_t *got, int64_t *again) {
+    static const int runs[][2] = {{0, 8}, {0, 8}, {2, 1}, {5, 3}};
+    for (int ri = 0; ri < 4; ri++) {
+        const int r0 = runs[ri][0], n = runs[ri][1];
+        const float *x = dx + (size_t)r0 * k;
+        lm_cuda_upload(dacc, init + (size_t)r0 * k, sizeof(int64_t) * n * k);
+        lm_status rc = w->guq ? lm_cuda_mlp1_q8(g_ctx, dacc, x, n, w->guq, w->gus, w->dq, w->ds, k, inter, dnw, 1e-6f)
+                              : lm_cuda_mlp1(g_ctx, dacc, x, n, w->gu, w->d, k, inter, dnw, 1e-6f);
+        CHECK(rc == LM_OK, "%s k=%d inter=%d n=%d: %s", what, k, inter, n, lm_error_message());
+        sync_ok(what);
+        lm_cuda_download(ri ? again : got, dacc, sizeof(int64_t) * n * k);
+        if (ri)
+            CHECK(!memcmp(got + (size_t)r0 * k, again, sizeof(int64_t) * n * k),
+                  "%s k=%d inter=%d: rows %d..%d (n = %d) differ from the same rows of an 8-row run", what, k,
+                  inter, r0, r0 + n - 1, n);
+    }
+}
+
 /* lm_cuda_mlp1 against the CPU: rmsnorm, the gate/up GEMV with its SwiGLU epilogue, and the down
  * matmul, all scalar float32 (ref_gemv), for shapes that take each DU the kernel is built for
  * (on a 132-multiprocessor H200: 3, 1, 2, 4, 8, 6, 1; hidden sizes off 256 too, as the tiny
@@ -430,14 +471,7 @@ static void test_mlp1(void) {
     double worst = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int k = shapes[si][0], inter = shapes[si][1], N = 8;
-        if (!lm_cuda_mlp1_fits(g_ctx, k, inter)) {
-            struct lm_cuda_device_info di;
-            /* Qwen3-0.6B's MLP must take the kernel on any device of 128 or more multiprocessors. */
-            CHECK(si > 0 || lm_cuda_device_info(0, &di) != LM_OK || di.sm_count < 128,
-                  "mlp1: Qwen3-0.6B's 1,024 x 3,072 MLP does not fit on %d multiprocessors", di.sm_count);
-            fprintf(stderr, "mlp1: k=%d inter=%d does not fit this device's multiprocessors: skipped\n", k, inter);
-            continue;
-        }
+        if (mlp1_skip("mlp1", lm_cuda_mlp1_fits(g_ctx, k, inter), si, k, inter, 128)) continue;
         float *x = malloc(sizeof(float) * N * k), *nw = malloc(sizeof(float) * k);
         uint16_t *wgu = malloc(2 * (size_t)2 * inter * k), *wd = malloc(2 * (size_t)k * inter);
         float *h = malloc(sizeof(float) * N * inter), *ref = malloc(sizeof(float) * N * k);
@@ -453,21 +487,8 @@ static void test_mlp1(void) {
         float *dx = dev_from(x, sizeof(float) * N * k), *dnw = dev_from(nw, sizeof(float) * k);
         uint16_t *dwgu = dev_from(wgu, 2 * (size_t)2 * inter * k), *dwd = dev_from(wd, 2 * (size_t)k * inter);
         int64_t *dacc = dev(sizeof(int64_t) * N * k);
-        /* n = 8 twice (the same bits), then rows 2.. alone (n = 1) and in threes (n = 3, the
-         * 4-row kernel with a padding row): each row's bits as in the 8-row run. */
-        static const int runs[][2] = {{0, 8}, {0, 8}, {2, 1}, {5, 3}};
-        for (int ri = 0; ri < 4; ri++) {
-            const int r0 = runs[ri][0], n = runs[ri][1];
-            lm_cuda_upload(dacc, init + (size_t)r0 * k, sizeof(int64_t) * n * k);
-            lm_status rc = lm_cuda_mlp1(g_ctx, dacc, dx + (size_t)r0 * k, n, dwgu, dwd, k, inter, dnw, 1e-6f);
-            CHECK(rc == LM_OK, "mlp1 k=%d inter=%d n=%d: %s", k, inter, n, lm_error_message());
-            sync_ok("mlp1");
-            lm_cuda_download(ri ? again : got, dacc, sizeof(int64_t) * n * k);
-            if (ri)
-                CHECK(!memcmp(got + (size_t)r0 * k, again, sizeof(int64_t) * n * k),
-                      "mlp1 k=%d inter=%d: rows %d..%d (n = %d) differ from the same rows of an 8-row run",
-                      k, inter, r0, r0 + n - 1, n);
-        }
+        const struct mlp1_w mw = {dwgu, dwd, NULL, NULL, NULL, NULL};
+        mlp1_runs("mlp1", &mw, k, inter, init, dacc, dx, dnw, got, again);
         if (si == 1) { /* without a norm: xn = x */
             float *h0 = malloc(sizeof(float) * inter), *ref0 = malloc(sizeof(float) * k);
             int64_t *g0 = malloc(sizeof(int64_t) * k);
@@ -512,6 +533,97 @@ static void test_mlp1(void) {
     check_fix(1024, 520, 3, false, 0);
     check_fix(512, 2500, 3, false, 1);
     check_fix(1024, 520, 2, true, 0);
+    g_rng = saved;
+}
+
+/* The device's fix_add on the host: v + a / LM_CUDA_FIX_ONE, each step rounded to float32. */
+static float host_fix_add(float v, int64_t a) { return v + (float)a * (float)(1.0 / LM_CUDA_FIX_ONE); }
+
+/* lm_cuda_mlp1_q8 against the two launches it replaces (lm_cuda_gemv_q8 with the SwiGLU epilogue,
+ * each checked against the CPU in test_gemv_q8, then over h with LM_CUDA_EPI_ADD_FIX): the same
+ * bits, y0 + S in both (the serving path picks either by the step's size); and against the CPU's
+ * int8 down_proj (ref_gemv_q8act) over the device's h within 1e-5. Shapes for du 4 (96 blocks at
+ * Qwen3-0.6B's 1,024 x 3,072; the tiny model's 32 x 96; a hidden size with a part chunk) and du
+ * 8; two runs and rows alone or in threes give the same bits as the 8-row run; then the
+ * refusals. Own random state. */
+static void test_mlp1_q8(void) {
+    static const int shapes[][2] = {{1024, 3072}, {32, 96}, {992, 1600}, {480, 8448}};
+    const uint64_t saved = g_rng;
+    g_rng = 0x2545f4914f6cdd1dull;
+    double worst = 0, worst2 = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int k = shapes[si][0], inter = shapes[si][1], N = 8;
+        if (mlp1_skip("mlp1_q8", lm_cuda_mlp1_q8_fits(g_ctx, k, inter), si, k, inter, 96)) continue;
+        const long ngu = 2L * inter * k, nd = (long)k * inter;
+        float *x = malloc(sizeof(float) * N * k), *nw = malloc(sizeof(float) * k);
+        int8_t *guq = malloc((size_t)ngu), *dq = malloc((size_t)nd);
+        uint16_t *gus = malloc(2 * (size_t)(ngu / 32)), *ds = malloc(2 * (size_t)(nd / 32));
+        float *h = malloc(sizeof(float) * N * inter), *ref = malloc(sizeof(float) * N * k);
+        float *two = malloc(sizeof(float) * N * k), *y = malloc(sizeof(float) * k);
+        float *y0 = malloc(sizeof(float) * N * k);
+        int64_t *init = malloc(sizeof(int64_t) * N * k), *got = malloc(sizeof(int64_t) * N * k);
+        int64_t *again = malloc(sizeof(int64_t) * N * k);
+        fill(x, (long)N * k, 1.0f);
+        fill(y0, (long)N * k, 2.0f);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+        for (long i = 0; i < ngu; i++) guq[i] = (int8_t)((int)urand(255) - 127);
+        for (long i = 0; i < nd; i++) dq[i] = (int8_t)((int)urand(255) - 127);
+        for (long b = 0; b < ngu / 32; b++) gus[b] = lm_f32_to_f16(0.0005f + 0.0004f * frand());
+        for (long b = 0; b < nd / 32; b++) ds[b] = lm_f32_to_f16(0.0005f + 0.0004f * frand());
+        for (int i = 0; i < N * k; i++) init[i] = to_fix(4.0 * frand());
+        float *dx = dev_from(x, sizeof(float) * N * k), *dnw = dev_from(nw, sizeof(float) * k);
+        int8_t *dguq = dev_from(guq, (size_t)ngu), *ddq = dev_from(dq, (size_t)nd);
+        uint16_t *dgus = dev_from(gus, 2 * (size_t)(ngu / 32)), *dds = dev_from(ds, 2 * (size_t)(nd / 32));
+        float *dh = dev(sizeof(float) * N * inter), *dy = dev_from(y0, sizeof(float) * N * k);
+        int64_t *dacc = dev(sizeof(int64_t) * N * k);
+        /* the two-launch path, and the CPU's down_proj over its h */
+        CHECK(lm_cuda_gemv_q8(g_ctx, dh, inter, dx, k, dguq, dgus, N, k, 2 * inter, dnw, 1e-6f, LM_CUDA_EPI_SWIGLU,
+                              NULL) == LM_OK &&
+                  lm_cuda_gemv_q8(g_ctx, dy, k, dh, inter, ddq, dds, N, inter, k, NULL, 0, LM_CUDA_EPI_ADD_FIX,
+                                  NULL) == LM_OK,
+              "mlp1_q8: the two-launch path: %s", lm_error_message());
+        sync_ok("mlp1_q8 two-launch");
+        lm_cuda_download(h, dh, sizeof(float) * N * inter);
+        lm_cuda_download(two, dy, sizeof(float) * N * k);
+        ref_gemv_q8act(ref, k, h, dq, ds, N, inter, k, NULL, 0, LM_CUDA_EPI_STORE);
+        const struct mlp1_w mw = {NULL, NULL, dguq, ddq, dgus, dds};
+        mlp1_runs("mlp1_q8", &mw, k, inter, init, dacc, dx, dnw, got, again);
+        int differ = 0;
+        for (int t = 0; t < N; t++) {
+            for (int i = 0; i < k; i++) {
+                const int64_t S = got[(size_t)t * k + i] - init[(size_t)t * k + i];
+                y[i] = from_fix(S);
+                const float want = host_fix_add(y0[(size_t)t * k + i], S);
+                differ += memcmp(&want, &two[(size_t)t * k + i], sizeof want) != 0;
+            }
+            const double e = rel_l2(y, ref + (size_t)t * k, k);
+            if (e > worst2) worst2 = e;
+            CHECK(e <= 1e-5, "mlp1_q8 k=%d inter=%d row %d: rel err %.3g against the CPU", k, inter, t, e);
+        }
+        CHECK(differ == 0, "mlp1_q8 k=%d inter=%d: %d of %d outputs differ from the two launches' bits", k, inter,
+              differ, N * k);
+        worst += differ;
+        free(x), free(nw), free(guq), free(dq), free(gus), free(ds), free(h), free(ref), free(two), free(y), free(y0);
+        free(init), free(got), free(again);
+        lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dguq), lm_cuda_free(ddq), lm_cuda_free(dgus),
+            lm_cuda_free(dds), lm_cuda_free(dh), lm_cuda_free(dy), lm_cuda_free(dacc);
+    }
+    CHECK(!lm_cuda_mlp1_q8_fits(g_ctx, 1000, 3072) && !lm_cuda_mlp1_q8_fits(g_ctx, 1056, 3072) &&
+              !lm_cuda_mlp1_q8_fits(g_ctx, 1024, 3000) && !lm_cuda_mlp1_q8_fits(g_ctx, 1024, 64 * 1031),
+          "mlp1_q8 must refuse a hidden size off 32 or over 1,024 and intermediate sizes off its block split");
+    CHECK(lm_cuda_mlp1_q8_fits(g_ctx, 32, 96) &&
+              lm_cuda_mlp1_q8(g_ctx, NULL, NULL, LM_CUDA_MLP1_MAX_ROWS + 1, NULL, NULL, NULL, NULL, 32, 96, NULL,
+                              0) == LM_ERR_SHAPE,
+          "mlp1_q8 with 9 rows must be refused");
+    { /* refused before any pointer is read (the norm's is a dummy) */
+        CHECK(lm_cuda_gemv(g_ctx, NULL, 1, NULL, 32, NULL, 1, 32, 4, NULL, 0, LM_CUDA_EPI_ADD_FIX, NULL) ==
+                      LM_ERR_SHAPE &&
+                  lm_cuda_gemv_q8(g_ctx, NULL, 1, NULL, 32, NULL, NULL, 1, 32, 4, (const float *)16, 1e-6f,
+                                  LM_CUDA_EPI_ADD_FIX, NULL) == LM_ERR_SHAPE,
+              "the fixed-point residual add over bf16 weights or with a norm must be refused");
+    }
+    fprintf(stderr, "mlp1_q8: %d outputs differ from the two-launch Q8_0 MLP's bits; worst rel err %.3g against "
+            "the CPU's int8 down_proj\n", (int)worst, worst2);
     g_rng = saved;
 }
 
@@ -1208,6 +1320,62 @@ static void test_model(void) {
     }
     lm_cuda_qwen3_set_options(g_m, true, true, 8);
 
+    /* 2b. A Q8_0 copy of the tiny model (quantize_q8): a sequence decoded alone runs the two-launch
+     * MLP, in a batch of 3 the MLP kernel (lm_cuda_mlp1_q8); their down_proj sums meet in fixed
+     * point the same way (LM_CUDA_EPI_ADD_FIX), so each sequence's logits must be bit-identical
+     * alone and batched. */
+    {
+        struct lm_cuda_qwen3_params qp = p;
+        qp.quantize_q8 = true;
+        struct lm_cuda_qwen3 *mq = NULL, *saved_m = g_m;
+        const int saved_next = g_next_block;
+        rc = lm_cuda_qwen3_open_dir(TINY_MODEL, &qp, &mq);
+        CHECK(rc == LM_OK, "open the tiny model as Q8_0: %s", lm_error_message());
+        struct lm_cuda_qwen3_info qi;
+        if (!rc) lm_cuda_qwen3_info(mq, &qi);
+        CHECK(rc || qi.mlp1_min_rows == 2, "Q8_0 tiny model: the MLP kernel runs from %d rows, not 2",
+              rc ? -1 : qi.mlp1_min_rows);
+        const int B = nc < 3 ? nc : 3;
+        float *solo[3] = {NULL, NULL, NULL};
+        int G = 1 << 30, diff = 0;
+        for (int i = 0; i < B; i++)
+            if ((int)cs[i].greedy.n < G) G = (int)cs[i].greedy.n;
+        g_m = mq, g_next_block = 0;
+        for (int i = 0; i < B && !rc; i++) { /* alone: one token a step */
+            struct dseq s1, *sp1 = &s1;
+            int32_t next;
+            dseq_init(&s1);
+            solo[i] = malloc(sizeof(float) * (size_t)V * G);
+            rc = prefill(&s1, cs[i].prompt.v, (int)cs[i].prompt.n, 8, logits, &next);
+            for (int t = 0; t + 1 < G && !rc; t++)
+                rc = decode(&sp1, 1, &cs[i].greedy.v[t], NULL, &next, solo[i] + (size_t)t * V);
+            free(s1.bt);
+        }
+        if (!rc) { /* batched: 3 tokens a step */
+            struct dseq s3[3], *sp3[3];
+            int32_t next[3], ids[3];
+            for (int i = 0; i < B && !rc; i++) {
+                dseq_init(&s3[i]);
+                sp3[i] = &s3[i];
+                rc = prefill(&s3[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, logits, &next[i]);
+            }
+            for (int t = 0; t + 1 < G && !rc; t++) {
+                for (int i = 0; i < B; i++) ids[i] = cs[i].greedy.v[t];
+                rc = decode(sp3, B, ids, NULL, next, logits);
+                for (int i = 0; i < B && !rc; i++)
+                    diff += memcmp(logits + (size_t)i * V, solo[i] + (size_t)t * V, sizeof(float) * V) != 0;
+            }
+            for (int i = 0; i < B; i++) free(s3[i].bt);
+        }
+        CHECK(rc == LM_OK, "Q8_0 tiny model decode: %s", lm_error_message());
+        CHECK(diff == 0, "Q8_0 tiny model: %d of %d logits rows differ between alone (two-launch MLP) and a "
+              "batch of %d (MLP kernel)", diff, B * (G - 1), B);
+        fprintf(stderr, "model: Q8_0, alone vs batch of %d over %d steps: %d rows differ\n", B, G - 1, diff);
+        for (int i = 0; i < 3; i++) free(solo[i]);
+        g_m = saved_m, g_next_block = saved_next;
+        if (mq) lm_cuda_qwen3_destroy(mq);
+    }
+
     /* 3. The cuBLAS path (bf16 activations): whole prompts in one call, all cases decoded together. */
     {
         struct dseq *sp = calloc((size_t)nc, sizeof *sp), **pp = calloc((size_t)nc, sizeof *pp);
@@ -1320,6 +1488,7 @@ int main(void) {
     test_gemv();
     test_gemv_q8();
     test_mlp1();
+    test_mlp1_q8();
     test_gemm();
     test_rows();
     test_attention();

@@ -119,6 +119,11 @@ enum lm_cuda_epilogue {
     LM_CUDA_EPI_ADD,    /* y[t, j] += acc (the residual connection; y may not alias x) */
     LM_CUDA_EPI_SWIGLU, /* W's rows are interleaved gate/up pairs (row 2i = gate_i, 2i+1 = up_i):
                            y[t, i] = silu(acc[t, 2i]) * acc[t, 2i+1]; m must be even */
+    LM_CUDA_EPI_ADD_FIX, /* lm_cuda_gemv_q8 without a norm only: y[t, j] += S, S summed in fixed
+                            point (lm_cuda_fix_io) over the row's Q8_0 blocks, each block's
+                            scaled integer dot product converted on its own: the integer sum
+                            lm_cuda_mlp1_q8's blocks make, so that down_proj through the two
+                            launches and through the MLP kernel gives the same bits */
 };
 
 /* A pending term of the residual stream in fixed point, which lm_cuda_mlp1 leaves behind: the
@@ -186,6 +191,25 @@ lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int 
  * block's weights (48 * du * k bytes) plus LM_CUDA_MLP1_MAX_ROWS rows of x within 200 KiB of
  * shared memory and the device's per-block limit (Qwen3-0.6B: 3,072 = 8 x 3 x 128, 148 KiB a block at 1 row; 1.7B's 2,048 x 6,144 does not). */
 bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter);
+
+/* lm_cuda_mlp1 with Q8_0 weights (lm_cuda_gemv_q8's split layout): wgu_q [2 * inter, k] int8
+ * quants and wgu_s [2 * inter, k / 32] float16 scales (16-byte aligned both), wd_q [k, inter]
+ * quants (16-byte aligned) and wd_s [k, inter / 32] scales. x * norm_w is quantized per 32 as
+ * lm_cuda_gemv_q8 does and the gate/up sums run in its order, so g_ti and u_ti equal its SwiGLU
+ * epilogue's bits; the units h_ti are quantized per 32 the same way (as lm_cuda_gemv_q8 over h
+ * would), each block's down_proj partial sum is one integer dot product of 32 quants a Q8_0
+ * block, scaled, and the blocks' partial sums meet in fixed point as in lm_cuda_mlp1. Blocks own
+ * whole Q8_0 blocks of units: 32 (du 4) or 64 (du 8), 96 blocks of 32 for Qwen3-0.6B (~105 KiB of
+ * shared memory a block at one row, against bf16's 148 KiB over 128 blocks).
+ * LM_ERR_SHAPE unless lm_cuda_mlp1_q8_fits and 1 <= n <= LM_CUDA_MLP1_MAX_ROWS. */
+lm_status lm_cuda_mlp1_q8(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n, const int8_t *wgu_q,
+                          const uint16_t *wgu_s, const int8_t *wd_q, const uint16_t *wd_s, int k, int inter,
+                          const float *norm_w, float eps);
+/* Whether lm_cuda_mlp1_q8 takes this shape on c's device: k a multiple of 32 up to 1,024 (a
+ * thread holds the scales of 4 down_proj rows), inter = 8 * du * blocks with du 4 or 8 and
+ * blocks <= multiprocessors (the smaller du), and the shared memory as for lm_cuda_mlp1 at 1.0625
+ * bytes a weight. */
+bool lm_cuda_mlp1_q8_fits(const struct lm_cuda_ctx *c, int k, int inter);
 
 /* Whether a Q8_0 checkpoint keeps its quants on the device for lm_cuda_gemv_q8: true unless the
  * environment sets LM_CUDA_Q8=0 (or off: base/env.h; then the GEMV reads the bf16 copy, for A/B

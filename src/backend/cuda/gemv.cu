@@ -94,6 +94,93 @@ __device__ __forceinline__ void gemv_chunk_bf16(float (&acc)[T][R], const uint4 
     }
 }
 
+/* ggml's Q8_0 scale of a block whose largest magnitude is amax (backend/cpu/quant.h
+ * lm_q8_0_quantize_act): d = amax / 127; its quants are roundf(v * id) with id = 1 / d (0 for an
+ * all-zero block). */
+__device__ __forceinline__ float q8_scale(float amax, float *id) {
+    const float d = __fdiv_rn(amax, 127.0f);
+    *id = d != 0.f ? __fdiv_rn(1.0f, d) : 0.f;
+    return d;
+}
+__device__ __forceinline__ uint32_t q8_pack4(float a, float b, float c, float d, float id) {
+    const int q0 = (int)roundf(__fmul_rn(a, id)), q1 = (int)roundf(__fmul_rn(b, id));
+    const int q2 = (int)roundf(__fmul_rn(c, id)), q3 = (int)roundf(__fmul_rn(d, id));
+    return (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
+}
+
+/* GEMV_Q8: T staged rows (x * norm_w, gemv_slot<16> in gemv_smem) quantized to int8 per
+ * 32-element block with ggml's rounding and float32 scales (q8_scale). One thread a lane slot of
+ * 16 elements; the two slots of a block share their amax through one shuffle. xq: [T][nch][32
+ * lanes] uint4 (a lane's 16 quants of a chunk), xd: [T][nch][16] scales. Slots come in whole
+ * warps (32 a chunk). Ends with a block barrier. */
+template <int T>
+__device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
+    extern __shared__ float4 gemv_smem[];
+    const int slots = T * nch * 32;
+    for (int s0 = 0; s0 < slots; s0 += GEMV_THREADS) {
+        const int si = s0 + threadIdx.x, tc = si >> 5, l = si & 31;
+        const bool in = si < slots;
+        float4 v[4];
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = in ? gemv_smem[tc * 128 + i * 32 + l] : make_float4(0.f, 0.f, 0.f, 0.f);
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        if (in) {
+            float id;
+            const float d = q8_scale(amax, &id);
+            uint32_t wq[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) wq[i] = q8_pack4(v[i].x, v[i].y, v[i].z, v[i].w, id);
+            xq[tc * 32 + l] = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+            if (!(l & 1)) xd[tc * 16 + (l >> 1)] = d;
+        }
+    }
+    __syncthreads();
+}
+
+/* A Q8_0 block's scaled integer dot product d * s in fixed point (lm_cuda_fix_io), rounded the one
+ * way LM_CUDA_EPI_ADD_FIX and lm_cuda_mlp1_q8 both round it. */
+__device__ __forceinline__ long long q8_fix(float d, int s) {
+    return __float2ll_rn(__fmul_rn(__fmul_rn(d, __int2float_rn(s)), (float)LM_CUDA_FIX_ONE));
+}
+
+/* acc[t][r] += row r's half block in this lane's slot of chunk c (q[r]: 16 int8 quants, sc[r]:
+ * their float16 scale) times staged row t's quants (xq, xd of gemv_quant_x): the integer dot
+ * product (exact), then scaled into the float32 sum: the one order of every Q8_0 row sum
+ * (k_gemv, k_mlp1). FX (LM_CUDA_EPI_ADD_FIX, acc int64): lanes 2i and 2i + 1 (one Q8_0 block)
+ * join their dot products, and the even lane adds the block's in fixed point (q8_fix). */
+template <int T, int R, bool FX, typename A>
+__device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R], const uint16_t (&sc)[R],
+                                              const uint4 *xq, const float *xd, int c, int nch, int lane) {
+    uint4 xv[T];
+    float dx[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        xv[t] = xq[(t * nch + c) * 32 + lane];
+        dx[t] = xd[(t * nch + c) * 16 + (lane >> 1)];
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float dw = __half2float(__ushort_as_half(sc[r]));
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            int sdot = __dp4a((int)q[r].x, (int)xv[t].x, 0);
+            sdot = __dp4a((int)q[r].y, (int)xv[t].y, sdot);
+            sdot = __dp4a((int)q[r].z, (int)xv[t].z, sdot);
+            sdot = __dp4a((int)q[r].w, (int)xv[t].w, sdot);
+            if constexpr (FX) {
+                sdot += __shfl_xor_sync(0xffffffffu, sdot, 1);
+                if (!(lane & 1)) acc[t][r] += q8_fix(__fmul_rn(dw, dx[t]), sdot);
+            } else {
+                acc[t][r] = fmaf(__fmul_rn(dw, dx[t]), __int2float_rn(sdot), acc[t][r]);
+            }
+        }
+    }
+}
+
 /* ---- timeline trace (lm_cuda_ctx_trace): per block, when it started, when its wait on the
  * predecessor returned, when x was staged, when it finished (%globaltimer, ns) ---- */
 __device__ __forceinline__ unsigned long long gtime() {
@@ -204,7 +291,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
            gemv_fix fix, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
-    constexpr bool Q8 = F == GEMV_Q8;
+    constexpr bool Q8 = F == GEMV_Q8, FX = EPI == LM_CUDA_EPI_ADD_FIX, ADDY = EPI == LM_CUDA_EPI_ADD || FX;
+    static_assert(!FX || Q8, "the fixed-point sum is over Q8_0 blocks");
     constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
@@ -246,47 +334,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     /* The residual this lane adds to in its first row group, read in the same round trip as x
      * (not after the sums). Lane t * R + r owns output (t, row r of the group). */
     float yold = 0.f;
-    if (EPI == LM_CUDA_EPI_ADD && rg < end && lane < T * R) {
+    if (ADDY && rg < end && lane < T * R) {
         const int j = rg * R + lane % R;
         if (j < M) yold = gemv_resid(y + (size_t)(lane / R) * ldy, j, fix.add ? fix.add + (size_t)(lane / R) * M : NULL);
     }
-    gemv_stage<T, EL>(xs, x, ldx, K, Kp, nw, nwv, EPI == LM_CUDA_EPI_ADD ? NULL : fix.add, sq, ss_part, T);
-    /* GEMV_Q8: the staged rows (x * norm_w) quantized to int8 per 32-element block, ggml's
-     * rounding with float32 scales (backend/cpu/quant.h lm_q8_0_quantize_act): amax, d = amax /
-     * 127, q = roundf(x * (1 / d)). One thread a lane slot of 16 elements; the two slots of a
-     * block share their amax through one shuffle. xq: [T][nch][32 lanes] uint4 (a lane's 16
-     * quants of a chunk), xd: [T][nch][16] scales. Slots come in whole warps (32 a chunk). */
+    gemv_stage<T, EL>(xs, x, ldx, K, Kp, nw, nwv, ADDY ? NULL : fix.add, sq, ss_part, T);
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
-    if constexpr (Q8) {
-        const int slots = T * nch * 32;
-        for (int s0 = 0; s0 < slots; s0 += GEMV_THREADS) {
-            const int si = s0 + threadIdx.x, tc = si >> 5, l = si & 31;
-            const bool in = si < slots;
-            float4 v[4];
-            float amax = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                v[i] = in ? gemv_smem[tc * 128 + i * 32 + l] : make_float4(0.f, 0.f, 0.f, 0.f);
-                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-            }
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            if (in) {
-                const float d = __fdiv_rn(amax, 127.0f), id = d != 0.f ? __fdiv_rn(1.0f, d) : 0.f;
-                uint32_t wq[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int q0 = (int)roundf(__fmul_rn(v[i].x, id)), q1 = (int)roundf(__fmul_rn(v[i].y, id));
-                    const int q2 = (int)roundf(__fmul_rn(v[i].z, id)), q3 = (int)roundf(__fmul_rn(v[i].w, id));
-                    wq[i] = (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 |
-                            (uint32_t)(q3 & 255) << 24;
-                }
-                xq[tc * 32 + l] = make_uint4(wq[0], wq[1], wq[2], wq[3]);
-                if (!(l & 1)) xd[tc * 16 + (l >> 1)] = d;
-            }
-        }
-        __syncthreads();
-    }
+    if constexpr (Q8) gemv_quant_x<T>(xq, xd, nch);
     pdl_trigger(); /* the next kernel may start streaming its weights */
     const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
@@ -295,10 +350,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     bool have = rg < end, first = true;
     for (; rg < end; rg += stride) {
         float acc[T][R];
+        long long accf[FX ? T : 1][FX ? R : 1]; /* LM_CUDA_EPI_ADD_FIX: the sums in fixed point */
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+            for (int r = 0; r < R; r++) {
+                acc[t][r] = 0.f;
+                if constexpr (FX) accf[t][r] = 0;
+            }
         for (int c0 = 0; c0 < nch; c0 += U) {
             if (!have) load(rg, c0);
             have = false;
@@ -306,29 +365,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             for (int u = 0; u < U; u++) {
                 const int c = c0 + u;
                 if (c >= nch) continue;
-                if constexpr (Q8) {
-                    uint4 xv[T];
-                    float dx[T];
-#pragma unroll
-                    for (int t = 0; t < T; t++) {
-                        xv[t] = xq[(t * nch + c) * 32 + lane];
-                        dx[t] = xd[(t * nch + c) * 16 + (lane >> 1)];
-                    }
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        const uint4 q = wv[u][r];
-                        const float dw = __half2float(__ushort_as_half(sc[u][r]));
-#pragma unroll
-                        for (int t = 0; t < T; t++) {
-                            /* The half block's integer dot product (exact), then scaled into the
-                             * row's float32 sum. */
-                            int sdot = __dp4a((int)q.x, (int)xv[t].x, 0);
-                            sdot = __dp4a((int)q.y, (int)xv[t].y, sdot);
-                            sdot = __dp4a((int)q.z, (int)xv[t].z, sdot);
-                            sdot = __dp4a((int)q.w, (int)xv[t].w, sdot);
-                            acc[t][r] = fmaf(__fmul_rn(dw, dx[t]), __int2float_rn(sdot), acc[t][r]);
-                        }
-                    }
+                if constexpr (FX) {
+                    gemv_chunk_q8<T, R, true>(accf, wv[u], sc[u], xq, xd, c, nch, lane);
+                } else if constexpr (Q8) {
+                    gemv_chunk_q8<T, R, false>(acc, wv[u], sc[u], xq, xd, c, nch, lane);
                 } else {
                     gemv_chunk_bf16<T, R>(acc, wv[u], gemv_smem, c, Kp, lane);
                 }
@@ -337,14 +377,25 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[t][r] = __fmul_rn(warp_sum(acc[t][r]), inv[t]);
+            for (int r = 0; r < R; r++) {
+                if constexpr (FX)
+                    accf[t][r] = warp_sum_ll(accf[t][r]);
+                else
+                    acc[t][r] = __fmul_rn(warp_sum(acc[t][r]), inv[t]);
+            }
         const int j0 = rg * R;
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (lane == t * R + r) {
-                    if (EPI == LM_CUDA_EPI_ADD && first) {
+                    if constexpr (FX) {
+                        if (j0 + r < M) {
+                            const float yo = first ? yold : gemv_resid(y + (size_t)t * ldy, j0 + r,
+                                                                       fix.add ? fix.add + (size_t)t * M : NULL);
+                            y[(size_t)t * ldy + j0 + r] = fix_add(yo, accf[t][r]);
+                        }
+                    } else if (EPI == LM_CUDA_EPI_ADD && first) {
                         if (j0 + r < M) y[(size_t)t * ldy + j0 + r] = __fadd_rn(yold, acc[t][r]);
                     } else {
                         gemv_store<EPI>(y + (size_t)t * ldy, j0 + r, M, acc[t][r], acc[t][(r + 1) % R], r,
@@ -356,7 +407,27 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, t0, t1, t2);
 }
 
-/* ---- the decode MLP as one kernel (lm_cuda_mlp1) ---- */
+template <int T, int R>
+constexpr int gemv_u() {
+    return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
+}
+
+/* Dynamic shared memory of k_gemv in format F: T float32 activation rows of k rounded up to whole
+ * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32. */
+template <int F>
+__host__ __device__ size_t gemv_smem_bytes(int T, int k) {
+    constexpr int ch = gemv_fmt<F>::CH;
+    const size_t kp = (size_t)(k + ch - 1) / ch * ch;
+    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
+}
+
+/* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
+struct gemv_w {
+    const void *w;
+    const uint16_t *ws;
+};
+
+/* ---- the decode MLP as one kernel (lm_cuda_mlp1, lm_cuda_mlp1_q8) ---- */
 
 /* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+). */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
@@ -365,11 +436,17 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-/* Dynamic shared memory of k_mlp1: T staged rows of x (float32, k rounded up to 256), the
- * block's gate/up rows [2 * NJ, k] and down_proj columns [k, NJ] (bf16). */
+/* Q8_0: the down_proj rows a thread of k_mlp1 owns (t, t + 256, ...), whose scales it holds in
+ * registers: hidden sizes up to 4 x 256. */
+constexpr int MLP1_Q8_ROWS = 4;
+
+/* Dynamic shared memory of k_mlp1 in format F: T staged rows of x (gemv_smem_bytes), then the
+ * block's gate/up rows [2 * NJ, k] and down_proj columns [k, NJ] (bf16, or Q8_0 quants), then for
+ * Q8_0 the gate/up rows' float16 scales [2 * NJ, k / 32]. */
+template <int F>
 size_t mlp1_smem_bytes(int T, int du, int k) {
-    const size_t nj = 8 * (size_t)du;
-    return (size_t)T * ((k + 255) / 256 * 256) * sizeof(float) + 3 * nj * (size_t)k * sizeof(uint16_t);
+    const size_t nj = 8 * (size_t)du, wb = F == GEMV_Q8 ? 1 : 2;
+    return gemv_smem_bytes<F>(T, k) + 3 * nj * (size_t)k * wb + (F == GEMV_Q8 ? 2 * nj * (size_t)(k / 32) * 2 : 0);
 }
 
 /* T activation rows (rows from n on are zeros that nothing reads). Block b owns the NJ = 8 * DU
@@ -377,32 +454,64 @@ size_t mlp1_smem_bytes(int T, int du, int k) {
  * gate/up matrix and NJ columns of down_proj, all copied into shared memory (cp.async, no
  * registers held) before the wait, so that they stream while the preceding o_proj finishes and
  * the next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
- * 2 * DU * w + 2 * DU - 1 in k_gemv's order (the same bits as its SwiGLU epilogue), and thread t
- * the down_proj rows t, t + 256, ... over the block's units in unit order, converts each
- * activation row's sum to fixed point and adds it to acc with one 64-bit atomic: integer
- * addition, so the total does not depend on the order the blocks' atomics land in, nor (every
- * row's sums being its own) on T. */
-template <int T, int DU>
+ * 2 * DU * w + 2 * DU - 1 in k_gemv's order for format F (the same bits as its SwiGLU epilogue),
+ * and thread t the down_proj rows t, t + 256, ... over the block's units in unit order (Q8_0: the
+ * units quantized per 32 as k_gemv quantizes its input, one integer dot product a block of 32),
+ * converts each activation row's sum to fixed point and adds it to acc with one 64-bit atomic:
+ * integer addition, so the total does not depend on the order the blocks' atomics land in, nor
+ * (every row's sums being its own) on T. Q8_0 scales: wgu_s [2 * I, K / 32], wd_s [K, I / 32]. */
+template <int T, int DU, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 1)
-    k_mlp1(long long *acc, const float *x, int n, const uint16_t *__restrict__ wgu,
-           const uint16_t *__restrict__ wd, int K, int I, const float *__restrict__ nw, float eps,
-           unsigned long long *trace) {
-    constexpr int R = 2 * DU, NJ = 8 * DU;
+    k_mlp1(long long *acc, const float *x, int n, const void *__restrict__ wgu, const uint16_t *__restrict__ wgu_s,
+           const void *__restrict__ wd, const uint16_t *__restrict__ wd_s, int K, int I,
+           const float *__restrict__ nw, float eps, unsigned long long *trace) {
+    constexpr bool Q8 = F == GEMV_Q8;
+    constexpr int R = 2 * DU, NJ = 8 * DU, EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH, WB = Q8 ? 1 : 2;
+    constexpr int NB = Q8 ? NJ / 32 : 1; /* Q8_0 blocks in a down_proj row's NJ columns */
+    constexpr int PR = NJ * WB / 16;     /* 16-byte pieces of them */
+    static_assert(!Q8 || NJ % 32 == 0, "Q8_0 units come in whole blocks of 32");
     extern __shared__ float4 gemv_smem[];
     __shared__ float ss_part[T][GEMV_WARPS];
     __shared__ float hs[T][NJ];
-    const int nch = (K + 255) >> 8, Kp = nch * 256, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    [[maybe_unused]] __shared__ __align__(16) int8_t hq[Q8 ? T : 1][Q8 ? NJ : 16];
+    [[maybe_unused]] __shared__ float hd[Q8 ? T : 1][NB];
+    const int nch = (K + CH - 1) / CH, Kp = nch * CH, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i0 = blockIdx.x * NJ;
+    /* Thread t's j-th down_proj row is (t + 256 j + rot) % K, rot = 64 x the block's index: blocks
+     * that finish together then add into different L2 lines (one order for all made the 128
+     * blocks' atomics meet 16 lines at a time; v15: +2% at batch 2 and 4, +0.5% at 1) */
+    const int rot = (int)(((long long)blockIdx.x * 64) % K);
+    auto rrow = [&](int j) { return j + rot < K ? j + rot : j + rot - K; };
     float *xs = reinterpret_cast<float *>(gemv_smem);
-    uint16_t *wg = reinterpret_cast<uint16_t *>(xs + T * Kp); /* [2 * NJ][K] */
-    uint16_t *wdn = wg + (size_t)2 * NJ * K;                   /* [K][NJ] */
+    uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp); /* Q8_0: x's quants and scales */
+    float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
+    char *wg = reinterpret_cast<char *>(gemv_smem) + gemv_smem_bytes<F>(T, K); /* [2 * NJ][K] */
+    char *wdn = wg + (size_t)2 * NJ * K * WB;                                  /* [K][NJ] */
+    const uint16_t *gsc = reinterpret_cast<const uint16_t *>(wdn + (size_t)K * NJ * WB);
     const unsigned long long t0 = trace ? gtime() : 0;
     {
-        const uint16_t *g = wgu + (size_t)2 * i0 * K; /* the block's rows are contiguous */
-        for (int i = threadIdx.x; i < 2 * NJ * K / 8; i += GEMV_THREADS) cp_async16(wg + i * 8, g + i * 8);
-        for (int i = threadIdx.x; i < K * DU; i += GEMV_THREADS) {
-            const int row = i / DU, d = i % DU;
-            cp_async16(wdn + row * NJ + d * 8, wd + (size_t)row * I + i0 + d * 8);
+        const char *g = static_cast<const char *>(wgu) + (size_t)2 * i0 * K * WB; /* contiguous rows */
+        for (int i = threadIdx.x; i < 2 * NJ * K * WB / 16; i += GEMV_THREADS) cp_async16(wg + i * 16, g + i * 16);
+        for (int i = threadIdx.x; i < K * PR; i += GEMV_THREADS) {
+            const int row = i / PR, d = i % PR;
+            cp_async16(wdn + ((size_t)row * NJ * WB + d * 16),
+                       static_cast<const char *>(wd) + ((size_t)row * I + i0) * WB + d * 16);
+        }
+        if constexpr (Q8) {
+            const char *s = reinterpret_cast<const char *>(wgu_s + (size_t)2 * i0 * (K / 32));
+            for (int i = threadIdx.x; i < 2 * NJ * (K / 32) * 2 / 16; i += GEMV_THREADS)
+                cp_async16((char *)gsc + i * 16, s + i * 16);
+        }
+    }
+    /* Q8_0: this thread's down_proj scales (2 bytes each, strided: no cp.async) into registers */
+    [[maybe_unused]] uint16_t dsc[Q8 ? MLP1_Q8_ROWS : 1][NB];
+    if constexpr (Q8) {
+#pragma unroll
+        for (int i = 0; i < MLP1_Q8_ROWS; i++) {
+            const int row = threadIdx.x + i * GEMV_THREADS;
+#pragma unroll
+            for (int d = 0; d < NB; d++)
+                dsc[i][d] = row < K ? __ldg(wd_s + (size_t)rrow(row) * (I / 32) + i0 / 32 + d) : 0;
         }
     }
     pdl_trigger(); /* the next kernel's blocks may start (and stream their weights) beside these */
@@ -411,7 +520,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
     gemv_norm_prefetch(nwv, nw, K);
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
-    gemv_stage<T, 8>(xs, x, K, K, Kp, nw, nwv, NULL, sq, ss_part, n);
+    gemv_stage<T, EL>(xs, x, K, K, Kp, nw, nwv, NULL, sq, ss_part, n);
+    if constexpr (Q8) gemv_quant_x<T>(xq, xd, nch);
     gemv_inv(inv, ss_part, K, nw, eps);
     cp_async_wait_all();
     __syncthreads();
@@ -421,13 +531,27 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
     for (int t = 0; t < T; t++)
 #pragma unroll
         for (int r = 0; r < R; r++) a[t][r] = 0.f;
-    const uint16_t *wr = wg + (size_t)warp * R * K + lane * 8;
     for (int c = 0; c < nch; c++) {
-        if (c * 256 + lane * 8 >= K) break; /* a lane's 8 weights are all in or all out */
-        uint4 q[R];
+        const int k0 = c * CH + lane * EL;
+        if constexpr (Q8) {
+            /* a slot past k adds dw * dx * 0 with dw = 0, as k_gemv's zero loads do */
+            uint4 q[R];
+            uint16_t sc[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) q[r] = *reinterpret_cast<const uint4 *>(wr + (size_t)r * K + c * 256);
-        gemv_chunk_bf16<T, R>(a, q, gemv_smem, c, Kp, lane);
+            for (int r = 0; r < R; r++) {
+                const int row = warp * R + r;
+                q[r] = k0 < K ? *reinterpret_cast<const uint4 *>(wg + (size_t)row * K + k0) : make_uint4(0, 0, 0, 0);
+                sc[r] = k0 < K ? gsc[(size_t)row * (K / 32) + (k0 >> 5)] : (uint16_t)0;
+            }
+            gemv_chunk_q8<T, R, false>(a, q, sc, xq, xd, c, nch, lane);
+        } else {
+            if (k0 >= K) break; /* a lane's 8 weights are all in or all out */
+            uint4 q[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                q[r] = *reinterpret_cast<const uint4 *>(wg + ((size_t)(warp * R + r) * K + k0) * 2);
+            gemv_chunk_bf16<T, R>(a, q, gemv_smem, c, Kp, lane);
+        }
     }
 #pragma unroll
     for (int t = 0; t < T; t++)
@@ -439,73 +563,144 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < DU; i++) hs[t][warp * DU + i] = swiglu_rn(a[t][2 * i], a[t][2 * i + 1]);
     __syncthreads();
-    unsigned long long *acc_u = reinterpret_cast<unsigned long long *>(acc);
-    for (int row = threadIdx.x; row < K; row += GEMV_THREADS) {
-        float v[T];
+    if constexpr (Q8) { /* warp t quantizes row t's units per 32, as gemv_quant_x does */
+        if (warp < T) {
 #pragma unroll
-        for (int t = 0; t < T; t++) v[t] = 0.f;
-#pragma unroll
-        for (int d = 0; d < DU; d++) {
-            const uint4 w = *reinterpret_cast<const uint4 *>(wdn + row * NJ + d * 8);
-            const float f[8] = {bf_lo(w.x), bf_hi(w.x), bf_lo(w.y), bf_hi(w.y),
-                                bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w)};
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-#pragma unroll
-                for (int t = 0; t < T; t++) v[t] = fmaf(f[e], hs[t][d * 8 + e], v[t]);
+            for (int d = 0; d < NB; d++) {
+                const float v = hs[warp][d * 32 + lane];
+                float id;
+                const float s = q8_scale(warp_max(fabsf(v)), &id);
+                hq[warp][d * 32 + lane] = (int8_t)(int)roundf(__fmul_rn(v, id));
+                if (lane == 0) hd[warp][d] = s;
+            }
         }
+        __syncthreads();
+    }
+    unsigned long long *acc_u = reinterpret_cast<unsigned long long *>(acc);
+    auto add = [&](int row, const long long (&v)[T]) {
 #pragma unroll
         for (int t = 0; t < T; t++)
-            if (t < n)
-                atomicAdd(acc_u + (size_t)t * K + row,
-                          (unsigned long long)__float2ll_rn(__fmul_rn(v[t], (float)LM_CUDA_FIX_ONE)));
+            if (t < n) atomicAdd(acc_u + (size_t)t * K + row, (unsigned long long)v[t]);
+    };
+    if constexpr (Q8) {
+#pragma unroll
+        for (int i = 0; i < MLP1_Q8_ROWS; i++) {
+            const int j = threadIdx.x + i * GEMV_THREADS;
+            if (j >= K) break;
+            const int row = rrow(j);
+            long long v[T]; /* each block's product in fixed point, as LM_CUDA_EPI_ADD_FIX sums them */
+#pragma unroll
+            for (int t = 0; t < T; t++) v[t] = 0;
+#pragma unroll
+            for (int d = 0; d < NB; d++) {
+                const uint4 w0 = *reinterpret_cast<const uint4 *>(wdn + (size_t)row * NJ + d * 32);
+                const uint4 w1 = *reinterpret_cast<const uint4 *>(wdn + (size_t)row * NJ + d * 32 + 16);
+                const float dw = __half2float(__ushort_as_half(dsc[i][d]));
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const uint4 h0 = *reinterpret_cast<const uint4 *>(&hq[t][d * 32]);
+                    const uint4 h1 = *reinterpret_cast<const uint4 *>(&hq[t][d * 32 + 16]);
+                    int s = __dp4a((int)w0.x, (int)h0.x, 0);
+                    s = __dp4a((int)w0.y, (int)h0.y, s);
+                    s = __dp4a((int)w0.z, (int)h0.z, s);
+                    s = __dp4a((int)w0.w, (int)h0.w, s);
+                    s = __dp4a((int)w1.x, (int)h1.x, s);
+                    s = __dp4a((int)w1.y, (int)h1.y, s);
+                    s = __dp4a((int)w1.z, (int)h1.z, s);
+                    s = __dp4a((int)w1.w, (int)h1.w, s);
+                    v[t] += q8_fix(__fmul_rn(dw, hd[t][d]), s);
+                }
+            }
+            add(row, v);
+        }
+    } else {
+        const uint16_t *wdb = reinterpret_cast<const uint16_t *>(wdn);
+        for (int j = threadIdx.x; j < K; j += GEMV_THREADS) {
+            const int row = rrow(j);
+            float v[T];
+#pragma unroll
+            for (int t = 0; t < T; t++) v[t] = 0.f;
+#pragma unroll
+            for (int d = 0; d < DU; d++) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(wdb + row * NJ + d * 8);
+                const float f[8] = {bf_lo(w.x), bf_hi(w.x), bf_lo(w.y), bf_hi(w.y),
+                                    bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w)};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+#pragma unroll
+                    for (int t = 0; t < T; t++) v[t] = fmaf(f[e], hs[t][d * 8 + e], v[t]);
+            }
+            long long vf[T];
+#pragma unroll
+            for (int t = 0; t < T; t++) vf[t] = __float2ll_rn(__fmul_rn(v[t], (float)LM_CUDA_FIX_ONE));
+            add(row, vf);
+        }
     }
     if (trace && threadIdx.x == 0) trace_put(trace, wgu, K, 2 * I, t0, t1, t2);
 }
 
-/* DU of lm_cuda_mlp1 for this shape on c's device: the smallest built one whose grid
- * (inter / (8 * DU) blocks) fits one block a multiprocessor and whose shared memory (at the most rows)
- * fits a block (200 KiB, and the device's opt-in limit less the static 4 KiB), or 0. */
+/* DU of k_mlp1 in format F for this shape on c's device: the smallest built one (Q8_0: whole
+ * blocks of 32 units) whose grid (inter / (8 * DU) blocks) fits one block a multiprocessor and
+ * whose shared memory (at the most rows) fits a block (200 KiB, and the device's opt-in limit less
+ * the static 4 KiB), or 0. */
+template <int F>
 int mlp1_du(const lm_cuda_ctx *c, int k, int inter) {
     if (k < 8 || k % 8 || inter < 8) return 0;
+    if (F == GEMV_Q8 && (k % 32 || k > MLP1_Q8_ROWS * GEMV_THREADS)) return 0;
     const size_t limit = std::min<size_t>(200 * 1024, c->smem_optin > 4096 ? (size_t)c->smem_optin - 4096 : 0);
     static const int dus[] = {1, 2, 3, 4, 6, 8};
-    for (int du : dus)
+    for (int du : dus) {
+        if (F == GEMV_Q8 && du % 4) continue;
         if (inter % (8 * du) == 0 && inter / (8 * du) <= c->sm_count)
-            return mlp1_smem_bytes(LM_CUDA_MLP1_MAX_ROWS, du, k) <= limit ? du : 0;
+            return mlp1_smem_bytes<F>(LM_CUDA_MLP1_MAX_ROWS, du, k) <= limit ? du : 0;
+    }
     return 0;
 }
 
-template <int DU>
-cudaError_t launch_mlp1(const lm_cuda_ctx *c, long long *acc, const float *x, int n, const uint16_t *wgu,
-                        const uint16_t *wd, int k, int inter, const float *nw, float eps) {
+template <int DU, int F>
+cudaError_t launch_mlp1(const lm_cuda_ctx *c, long long *acc, const float *x, int n, gemv_w gu, gemv_w dn,
+                        int k, int inter, const float *nw, float eps) {
     static_assert(LM_CUDA_MLP1_MAX_ROWS == 8, "k_mlp1 is built for 1, 2, 4 and 8 rows");
-    auto fn = n <= 1 ? k_mlp1<1, DU> : n <= 2 ? k_mlp1<2, DU> : n <= 4 ? k_mlp1<4, DU> : k_mlp1<8, DU>;
-    const size_t smem = mlp1_smem_bytes(n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8, DU, k);
+    auto fn = n <= 1 ? k_mlp1<1, DU, F> : n <= 2 ? k_mlp1<2, DU, F> : n <= 4 ? k_mlp1<4, DU, F> : k_mlp1<8, DU, F>;
+    const size_t smem = mlp1_smem_bytes<F>(n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8, DU, k);
     lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* raises the shared-memory limit */
-    return lm_launch(c, dim3(inter / (8 * DU)), dim3(GEMV_THREADS), smem, fn, acc, x, n, wgu, wd, k, inter,
-                     nw, eps, c->trace);
+    return lm_launch(c, dim3(inter / (8 * DU)), dim3(GEMV_THREADS), smem, fn, acc, x, n, gu.w, gu.ws, dn.w,
+                     dn.ws, k, inter, nw, eps, c->trace);
 }
 
-template <int T, int R>
-constexpr int gemv_u() {
-    return T == 1 ? (R == 1 ? 12 : R == 2 ? 8 : 4) : T <= 2 ? 4 : 2;
-}
-
-/* Dynamic shared memory of k_gemv in format F: T float32 activation rows of k rounded up to whole
- * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32. */
+/* Both formats' entry (cuda.h lm_cuda_mlp1, lm_cuda_mlp1_q8). */
 template <int F>
-size_t gemv_smem_bytes(int T, int k) {
-    constexpr int ch = gemv_fmt<F>::CH;
-    const size_t kp = (size_t)(k + ch - 1) / ch * ch;
-    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
+lm_status mlp1_run(lm_cuda_ctx *c, int64_t *acc, const float *x, int n, gemv_w gu, gemv_w dn, int k,
+                   int inter, const float *norm_w, float eps) {
+    const int du = mlp1_du<F>(c, k, inter);
+    const bool q8 = F == GEMV_Q8;
+    const bool aligned = !((uintptr_t)gu.w & 15) && !((uintptr_t)dn.w & 15) && !((uintptr_t)acc & 7) &&
+                         (!q8 || (!((uintptr_t)gu.ws & 15) && !((uintptr_t)dn.ws & 1)));
+    if (!du || n < 1 || n > LM_CUDA_MLP1_MAX_ROWS || !aligned)
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA mlp1%s: %d rows, hidden %d, intermediate %d: needs 1 to %d rows, a hidden "
+                         "size a multiple of %s, an intermediate size of 8 x du x at most %d blocks "
+                         "(du %s) whose weights fit a block's shared memory, and 16-byte aligned weights%s",
+                         q8 ? " (Q8_0)" : "", n, k, inter, LM_CUDA_MLP1_MAX_ROWS,
+                         q8 ? "32 up to 1,024" : "8", c->sm_count, q8 ? "4 or 8" : "1, 2, 3, 4, 6 or 8",
+                         q8 ? " and gate/up scales" : "");
+    long long *a = (long long *)acc;
+    cudaError_t e;
+    if constexpr (F == GEMV_Q8) {
+        e = du == 4 ? launch_mlp1<4, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps)
+                    : launch_mlp1<8, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps);
+    } else {
+        switch (du) {
+        case 1: e = launch_mlp1<1, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        case 2: e = launch_mlp1<2, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        case 3: e = launch_mlp1<3, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        case 4: e = launch_mlp1<4, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        case 6: e = launch_mlp1<6, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        default: e = launch_mlp1<8, F>(c, a, x, n, gu, dn, k, inter, norm_w, eps); break;
+        }
+    }
+    return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "mlp1 launch");
 }
-
-/* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
-struct gemv_w {
-    const void *w;
-    const uint16_t *ws;
-};
 
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
@@ -563,6 +758,9 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
                    const lm_cuda_fix_io *fio) {
     if (epi == LM_CUDA_EPI_SWIGLU && m % 2)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: SwiGLU needs an even number of rows, not %d", m);
+    if (epi == LM_CUDA_EPI_ADD_FIX && (F != GEMV_Q8 || norm_w))
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemv: the fixed-point residual add sums Q8_0 blocks: "
+                         "lm_cuda_gemv_q8 without a norm only");
     gemv_fix fix = {NULL, NULL, 0};
     if (fio) {
         if (fio->add && epi == LM_CUDA_EPI_SWIGLU)
@@ -589,7 +787,7 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
         const float *xt = x + (size_t)t0 * ldx;
         float *yt = y + (size_t)t0 * ldy;
         gemv_fix ft = fix; /* the pending terms of these rows: [n, k] for x, [n, m] for y */
-        if (ft.add) ft.add += (size_t)t0 * (epi == LM_CUDA_EPI_ADD ? m : k);
+        if (ft.add) ft.add += (size_t)t0 * (epi == LM_CUDA_EPI_ADD || epi == LM_CUDA_EPI_ADD_FIX ? m : k);
         cudaError_t e;
         switch (epi) {
         case LM_CUDA_EPI_STORE:
@@ -597,6 +795,12 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
             break;
         case LM_CUDA_EPI_ADD:
             e = gemv_dispatch<LM_CUDA_EPI_ADD, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
+            break;
+        case LM_CUDA_EPI_ADD_FIX:
+            if constexpr (F == GEMV_Q8)
+                e = gemv_dispatch<LM_CUDA_EPI_ADD_FIX, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
+            else
+                e = cudaErrorInvalidValue; /* refused above */
             break;
         default:
             e = gemv_dispatch<LM_CUDA_EPI_SWIGLU, F>(c, T, R, yt, ldy, xt, ldx, w, k, m, norm_w, eps, ft);
@@ -634,31 +838,23 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
 }
 
 extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {
-    return mlp1_du(c, k, inter) > 0;
+    return mlp1_du<GEMV_BF16>(c, k, inter) > 0;
+}
+
+extern "C" bool lm_cuda_mlp1_q8_fits(const struct lm_cuda_ctx *c, int k, int inter) {
+    return mlp1_du<GEMV_Q8>(c, k, inter) > 0;
 }
 
 extern "C" lm_status lm_cuda_mlp1(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n,
                                   const uint16_t *wgu, const uint16_t *wd, int k, int inter,
                                   const float *norm_w, float eps) {
-    const int du = mlp1_du(c, k, inter);
-    if (!du || n < 1 || n > LM_CUDA_MLP1_MAX_ROWS || ((uintptr_t)wgu & 15) || ((uintptr_t)wd & 15) || ((uintptr_t)acc & 7))
-        return lm_errorf(LM_ERR_SHAPE,
-                         "CUDA mlp1: %d rows, hidden %d, intermediate %d: needs 1 to 8 rows, a hidden "
-                         "size a multiple of 8, an intermediate size of 8 x du x at most %d blocks "
-                         "(du 1, 2, 3, 4, 6 or 8) whose 48 x du x hidden bytes of weights a block "
-                         "fit shared memory, and 16-byte aligned weights",
-                         n, k, inter, c->sm_count);
-    long long *a = (long long *)acc;
-    cudaError_t e;
-    switch (du) {
-    case 1: e = launch_mlp1<1>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    case 2: e = launch_mlp1<2>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    case 3: e = launch_mlp1<3>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    case 4: e = launch_mlp1<4>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    case 6: e = launch_mlp1<6>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    default: e = launch_mlp1<8>(c, a, x, n, wgu, wd, k, inter, norm_w, eps); break;
-    }
-    return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "mlp1 launch");
+    return mlp1_run<GEMV_BF16>(c, acc, x, n, gemv_w{wgu, NULL}, gemv_w{wd, NULL}, k, inter, norm_w, eps);
+}
+
+extern "C" lm_status lm_cuda_mlp1_q8(struct lm_cuda_ctx *c, int64_t *acc, const float *x, int n,
+                                     const int8_t *wgu_q, const uint16_t *wgu_s, const int8_t *wd_q,
+                                     const uint16_t *wd_s, int k, int inter, const float *norm_w, float eps) {
+    return mlp1_run<GEMV_Q8>(c, acc, x, n, gemv_w{wgu_q, wgu_s}, gemv_w{wd_q, wd_s}, k, inter, norm_w, eps);
 }
 
 extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {

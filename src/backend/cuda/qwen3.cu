@@ -77,6 +77,8 @@ struct lm_cuda_qwen3 {
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
     bool mlp_q8; /* some layer's gate/up or down_proj has Q8_0 quants */
     bool mlp1_fits; /* lm_cuda_mlp1_fits(hidden, intermediate) */
+    bool mlp1_q8_fits; /* lm_cuda_mlp1_q8_fits(hidden, intermediate), and every layer's gate/up and
+                          down_proj have Q8_0 quants */
     int64_t *fix_acc; /* [NL][LM_CUDA_MLP1_MAX_ROWS][H] the MLP kernel's fixed-point residual
                          terms (lm_cuda_mlp1) */
     float *norm, *inv_freq;
@@ -381,7 +383,11 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(dev_alloc_t(m, &m->fix_acc, fix_elems));
     LM_TRY(lm_cuda_memset(m->fix_acc, 0, sizeof(int64_t) * fix_elems));
     m->mlp1_fits = lm_cuda_mlp1_fits(m->ctx, m->H, m->I);
-    for (const layer_dev &d : m->layers) m->mlp_q8 = m->mlp_q8 || d.wgu.q || d.wd.q;
+    m->mlp1_q8_fits = lm_cuda_mlp1_q8_fits(m->ctx, m->H, m->I);
+    for (const layer_dev &d : m->layers) {
+        m->mlp_q8 = m->mlp_q8 || d.wgu.q || d.wd.q;
+        m->mlp1_q8_fits = m->mlp1_q8_fits && d.wgu.q && d.wd.q;
+    }
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
     LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
     LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
@@ -429,6 +435,15 @@ extern "C" lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
     return LM_OK;
 }
 
+/* lm_cuda_qwen3_info.mlp1_min_rows. Over Q8_0 quants the MLP kernel runs from 2 tokens a step:
+ * at 1 the two launches measured faster (docs/perf-notes.md v15), and their down_proj
+ * (LM_CUDA_EPI_ADD_FIX) sums as the kernel does, so a row's bits do not depend on the step's size. */
+static int mlp1_min_rows(const lm_cuda_qwen3 *m) {
+    if (!m->p.mlp1) return 0;
+    if (m->q8_use && m->mlp_q8) return m->mlp1_q8_fits ? 2 : 0;
+    return m->mlp1_fits ? 1 : 0;
+}
+
 extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out) {
     memset(out, 0, sizeof *out);
     out->cfg = m->cfg;
@@ -441,6 +456,7 @@ extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda
     out->weight_bytes = m->weight_bytes;
     out->step_bytes = m->step_bytes;
     out->kv_bytes_per_block = (size_t)m->NL * 2 * m->cfg.n_kv_heads * m->p.block_size * m->D * 2;
+    out->mlp1_min_rows = mlp1_min_rows(m);
 }
 
 extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
@@ -547,7 +563,9 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
      * clears fix_acc[l + 1]) and o_proj (which writes the sums back to x), or the gather and the
      * lm_head: every step on this path folds them the same way, so a row's bits do not depend on
      * what else the step carries. */
-    const bool mlp1 = gemv && m->p.mlp1 && m->mlp1_fits && !(m->q8_use && m->mlp_q8);
+    const bool mlp_q8 = m->q8_use && m->mlp_q8; /* the MLP GEMVs read Q8_0 quants */
+    const int mlp1_from = mlp1_min_rows(m);
+    const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
     for (int l = 0; l < m->NL; l++) {
@@ -572,10 +590,13 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(gemv_any(m, c, m->x, H, m->att, Q, w.wo, nt, Q, H, NULL, 0, LM_CUDA_EPI_ADD,
                             mlp1 && l ? &fo : NULL));
         if (mlp1) {
-            LM_TRY(lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
+            LM_TRY(mlp_q8 ? lm_cuda_mlp1_q8(c, acc_of(l), m->x, nt, w.wgu.q, w.wgu.s, w.wd.q, w.wd.s, H, I,
+                                            w.post_ln, eps)
+                          : lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
         } else if (gemv) {
             LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
-            LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0, LM_CUDA_EPI_ADD));
+            LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
+                            w.wd.q && m->q8_use ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
         } else {
             LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, nt, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));

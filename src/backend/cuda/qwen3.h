@@ -11,7 +11,8 @@
  *   from the CPU's by bf16 rounding (about 1e-3 relative), not by float32 rounding.
  * - Up to gemv_max_rows tokens a call (decode at batch 1-4) run the linear layers as GEMV with
  *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
- *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, params.mlp1):
+ *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, or lm_cuda_mlp1_q8
+ *   over a Q8_0 checkpoint's quants; params.mlp1):
  *   down_proj is split over the intermediate dimension and its partial sums are added as 64-bit
  *   fixed point (deterministic; within float32 rounding of the two-launch MLP), which the next
  *   GEMV folds into the residual stream: 3 kernels a layer besides the attention. Larger calls
@@ -104,7 +105,8 @@ struct lm_cuda_qwen3_params {
                           at most 8; 0 = cuBLAS always) */
     bool mlp1;         /* steps on the GEMV path (up to gemv_max_rows tokens) run each layer's MLP
                           as one kernel (lm_cuda_mlp1: split-K down_proj with fixed-point atomics)
-                          where the shape fits and the MLP is bf16 (default true; LM_CUDA_MLP1=0 in
+                          where the shape fits, over the bf16 rows or (lm_cuda_mlp1_q8) a Q8_0
+                          checkpoint's quants (default true; LM_CUDA_MLP1=0 in
                           the environment: false, for A/B) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
@@ -134,6 +136,11 @@ struct lm_cuda_qwen3_info {
     size_t step_bytes;                   /* weight bytes a decode step reads (every matrix once,
                                             one embedding row): the bandwidth floor's numerator */
     size_t kv_bytes_per_block;           /* K and V, all layers */
+    int mlp1_min_rows;                   /* steps on the GEMV path of at least this many tokens
+                                            run each MLP as one kernel: 1 (bf16, lm_cuda_mlp1),
+                                            2 (Q8_0 quants, lm_cuda_mlp1_q8; one token runs the two
+                                            launches, which sum down_proj the same way), or 0
+                                            (never: params.mlp1 off, or the shape does not fit) */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
