@@ -177,16 +177,19 @@ static double check_gemv(const char *what, const struct dgemv *w, const float *x
     fill(base, (long)nmax * ldy, 1.0f);
     for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
         const int n = rows[ri];
-        for (int epi = 0; epi < 3; epi++) {
+        for (int epi = 0; epi < 4; epi++) {
             if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
+            if (epi == LM_CUDA_EPI_ADD_FIX && !w->q) continue; /* Q8_0 only */
             for (int norm = 0; norm < 2; norm++) {
+                if (epi == LM_CUDA_EPI_ADD_FIX && norm) continue; /* no norm */
                 const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
+                const enum lm_cuda_epilogue repi = epi == LM_CUDA_EPI_ADD_FIX ? LM_CUDA_EPI_ADD : epi;
                 memcpy(ref, base, sizeof(float) * (size_t)n * ldy);
                 if (w->q)
-                    ref_gemv_q8act(ref, ldy, x, w->hq, w->hs, n, k, m, norm ? nw : NULL, 1e-6f, epi);
+                    ref_gemv_q8act(ref, ldy, x, w->hq, w->hs, n, k, m, norm ? nw : NULL, 1e-6f, repi);
                 else
-                    ref_gemv(ref, ldy, x, w->hbf, n, k, m, norm ? nw : NULL, 1e-6f, epi);
-                if (epi == LM_CUDA_EPI_ADD)
+                    ref_gemv(ref, ldy, x, w->hbf, n, k, m, norm ? nw : NULL, 1e-6f, repi);
+                if (repi == LM_CUDA_EPI_ADD)
                     lm_cuda_upload(dy, base, sizeof(float) * (size_t)n * ldy);
                 else
                     poison(dy, sizeof(float) * (size_t)n * ldy);
@@ -206,11 +209,17 @@ static double check_gemv(const char *what, const struct dgemv *w, const float *x
         }
     }
     float *one = malloc(sizeof(float) * (size_t)m), *five = malloc(sizeof(float) * (size_t)5 * ldy);
-    for (int epi = 0; epi < 3; epi += 2) {
-        if (epi == LM_CUDA_EPI_SWIGLU && m % 2) continue;
+    for (int epi = 0; epi < 4; epi++) {
+        if ((epi == LM_CUDA_EPI_SWIGLU && m % 2) || epi == LM_CUDA_EPI_ADD || (epi == LM_CUDA_EPI_ADD_FIX && !w->q))
+            continue;
+        const bool fx = epi == LM_CUDA_EPI_ADD_FIX; /* adds onto base's rows, without a norm */
+        const float *nrm = fx ? NULL : dnw;
         const int mo = epi == LM_CUDA_EPI_SWIGLU ? m / 2 : m;
-        poison(dy, sizeof(float) * (size_t)5 * ldy);
-        run_gemv(w, dy, ldy, dx, 5, k, m, dnw, epi);
+        if (fx)
+            lm_cuda_upload(dy, base, sizeof(float) * (size_t)5 * ldy);
+        else
+            poison(dy, sizeof(float) * (size_t)5 * ldy);
+        run_gemv(w, dy, ldy, dx, 5, k, m, nrm, epi);
         sync_ok("gemv five");
         lm_cuda_download(five, dy, sizeof(float) * (size_t)5 * ldy);
         static const int rsets[] = {1, 2, 4, 0};
@@ -218,8 +227,11 @@ static double check_gemv(const char *what, const struct dgemv *w, const float *x
             for (int r = 0; r < 4; r++) {
                 lm_cuda_ctx_set_pdl(g_ctx, pdl > 0);
                 lm_cuda_ctx_set_gemv_rows(g_ctx, rsets[r]);
-                poison(dy, sizeof(float) * (size_t)m);
-                run_gemv(w, dy, ldy, dx + 2 * k, 1, k, m, dnw, epi);
+                if (fx)
+                    lm_cuda_upload(dy, base + 2 * ldy, sizeof(float) * (size_t)m);
+                else
+                    poison(dy, sizeof(float) * (size_t)m);
+                run_gemv(w, dy, ldy, dx + 2 * k, 1, k, m, nrm, epi);
                 sync_ok("gemv one");
                 lm_cuda_download(one, dy, sizeof(float) * (size_t)mo);
                 CHECK(!memcmp(one, five + 2 * ldy, sizeof(float) * (size_t)mo),
@@ -406,6 +418,11 @@ static void check_fix(int k, int m, int n, bool q8, int rows_per_warp) {
         ref_gemv(ref, m, x, w, n, k, m, NULL, 0, LM_CUDA_EPI_ADD);
     lm_cuda_upload(dy, y0, sizeof(float) * n * m);
     fix_run_check(&dw, dy, dx, y, ref, n, k, m, NULL, LM_CUDA_EPI_ADD, &fa, "residual add, y + add");
+    if (q8) { /* the same with the sum in fixed point (LM_CUDA_EPI_ADD_FIX) */
+        lm_cuda_upload(dy, y0, sizeof(float) * n * m);
+        fix_run_check(&dw, dy, dx, y, ref, n, k, m, NULL, LM_CUDA_EPI_ADD_FIX, &fa,
+                      "fixed-point residual add, y + add");
+    }
     CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw.bf, n, k, m, NULL, 0, LM_CUDA_EPI_SWIGLU, &fa) == LM_ERR_SHAPE,
           "gemv fix with the SwiGLU epilogue must be refused");
     lm_cuda_ctx_set_gemv_rows(g_ctx, 0);
@@ -417,11 +434,12 @@ static void check_fix(int k, int m, int n, bool q8, int rows_per_warp) {
 
 /* Whether an MLP-kernel case (shape si of a test's list, the first being Qwen3-0.6B's 1,024 x
  * 3,072) is skipped because the kernel does not take it here; the first must fit on any device
- * of min_sms or more multiprocessors (a failed check otherwise). */
+ * of min_sms or more multiprocessors and Hopper's 227 KiB of shared memory a block (a failed
+ * check otherwise). */
 static bool mlp1_skip(const char *what, bool fits, size_t si, int k, int inter, int min_sms) {
     if (fits) return false;
     struct lm_cuda_device_info di;
-    CHECK(si > 0 || lm_cuda_device_info(0, &di) != LM_OK || di.sm_count < min_sms,
+    CHECK(si > 0 || lm_cuda_device_info(0, &di) != LM_OK || di.sm_count < min_sms || di.smem_optin < 227 * 1024,
           "%s: Qwen3-0.6B's 1,024 x 3,072 MLP does not fit on %d multiprocessors", what, di.sm_count);
     fprintf(stderr, "%s: k=%d inter=%d does not fit this device: skipped\n", what, k, inter);
     return true;
@@ -533,6 +551,7 @@ static void test_mlp1(void) {
     check_fix(1024, 520, 3, false, 0);
     check_fix(512, 2500, 3, false, 1);
     check_fix(1024, 520, 2, true, 0);
+    check_fix(512, 2500, 3, true, 1); /* Q8_0, warps over several row groups */
     g_rng = saved;
 }
 
@@ -611,6 +630,21 @@ static void test_mlp1_q8(void) {
     CHECK(!lm_cuda_mlp1_q8_fits(g_ctx, 1000, 3072) && !lm_cuda_mlp1_q8_fits(g_ctx, 1056, 3072) &&
               !lm_cuda_mlp1_q8_fits(g_ctx, 1024, 3000) && !lm_cuda_mlp1_q8_fits(g_ctx, 1024, 64 * 1031),
           "mlp1_q8 must refuse a hidden size off 32 or over 1,024 and intermediate sizes off its block split");
+    CHECK(!lm_cuda_mlp1_q8_fits(g_ctx, 1024, 8448), "mlp1_q8 must refuse blocks over its shared memory (du 8: "
+          "~241 KiB at 8 rows)");
+    { /* misaligned scales or quants: refused before anything is read */
+        int8_t *q = dev(4096);
+        uint16_t *sc = dev(4096);
+        int64_t *acc = dev(sizeof(int64_t) * 32);
+        float *xx = dev(sizeof(float) * 32);
+        CHECK(lm_cuda_mlp1_q8(g_ctx, acc, xx, 1, q, sc + 1, q, sc, 32, 96, NULL, 0) == LM_ERR_SHAPE &&
+                  lm_cuda_mlp1_q8(g_ctx, acc, xx, 1, q + 8, sc, q, sc, 32, 96, NULL, 0) == LM_ERR_SHAPE &&
+                  lm_cuda_mlp1_q8(g_ctx, acc, xx, 1, q, sc, q + 8, sc, 32, 96, NULL, 0) == LM_ERR_SHAPE &&
+                  lm_cuda_mlp1_q8(g_ctx, acc, xx, 1, q, sc, q, (uint16_t *)((char *)sc + 1), 32, 96, NULL, 0) ==
+                      LM_ERR_SHAPE,
+              "mlp1_q8 with misaligned gate/up scales, quants or down_proj scales must be refused");
+        lm_cuda_free(q), lm_cuda_free(sc), lm_cuda_free(acc), lm_cuda_free(xx);
+    }
     CHECK(lm_cuda_mlp1_q8_fits(g_ctx, 32, 96) &&
               lm_cuda_mlp1_q8(g_ctx, NULL, NULL, LM_CUDA_MLP1_MAX_ROWS + 1, NULL, NULL, NULL, NULL, 32, 96, NULL,
                               0) == LM_ERR_SHAPE,
@@ -1323,8 +1357,11 @@ static void test_model(void) {
     /* 2b. A Q8_0 copy of the tiny model (quantize_q8): a sequence decoded alone runs the two-launch
      * MLP, in a batch of 3 the MLP kernel (lm_cuda_mlp1_q8); their down_proj sums meet in fixed
      * point the same way (LM_CUDA_EPI_ADD_FIX), so each sequence's logits must be bit-identical
-     * alone and batched. */
-    {
+     * alone and batched. The block timeline (lm_cuda_ctx_trace) shows which ran: down_proj GEMV
+     * blocks alone, none batched. Skipped when the environment turns the quants or the kernel off. */
+    if (!lm_cuda_q8_enabled() || !lm_cuda_qwen3_default_params().mlp1) {
+        fprintf(stderr, "model: Q8_0 alone vs batched skipped (LM_CUDA_Q8 or LM_CUDA_MLP1 off)\n");
+    } else {
         struct lm_cuda_qwen3_params qp = p;
         qp.quantize_q8 = true;
         struct lm_cuda_qwen3 *mq = NULL, *saved_m = g_m;
@@ -1341,6 +1378,15 @@ static void test_model(void) {
         for (int i = 0; i < B; i++)
             if ((int)cs[i].greedy.n < G) G = (int)cs[i].greedy.n;
         g_m = mq, g_next_block = 0;
+        struct lm_cuda_ctx *qc = mq ? lm_cuda_qwen3_ctx(mq) : NULL;
+        enum { CAP = 1 << 16 };
+        struct lm_cuda_trace_entry *te = malloc(sizeof *te * CAP);
+        int down_alone = 0, down_batched = 0, gu_batched = 0, nte = 0;
+        const int H = g_info.cfg.hidden, I = g_info.cfg.intermediate;
+        if (!rc) {
+            lm_cuda_qwen3_set_options(mq, true, true, 8); /* as g_m: prefill chunks of 8 on the GEMV path */
+            rc = lm_cuda_ctx_trace(qc, CAP);
+        }
         for (int i = 0; i < B && !rc; i++) { /* alone: one token a step */
             struct dseq s1, *sp1 = &s1;
             int32_t next;
@@ -1351,6 +1397,8 @@ static void test_model(void) {
                 rc = decode(&sp1, 1, &cs[i].greedy.v[t], NULL, &next, solo[i] + (size_t)t * V);
             free(s1.bt);
         }
+        if (!rc) rc = lm_cuda_ctx_trace_read(qc, te, CAP, &nte);
+        for (int i = 0; i < nte; i++) down_alone += te[i].m == H && te[i].k == I;
         if (!rc) { /* batched: 3 tokens a step */
             struct dseq s3[3], *sp3[3];
             int32_t next[3], ids[3];
@@ -1359,6 +1407,9 @@ static void test_model(void) {
                 sp3[i] = &s3[i];
                 rc = prefill(&s3[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, logits, &next[i]);
             }
+            /* the decode steps on a fresh timeline (dropping the graphs, which hold the old one) */
+            lm_cuda_qwen3_set_options(mq, true, true, 8);
+            if (!rc) rc = lm_cuda_ctx_trace(qc, CAP);
             for (int t = 0; t + 1 < G && !rc; t++) {
                 for (int i = 0; i < B; i++) ids[i] = cs[i].greedy.v[t];
                 rc = decode(sp3, B, ids, NULL, next, logits);
@@ -1367,13 +1418,26 @@ static void test_model(void) {
             }
             for (int i = 0; i < B; i++) free(s3[i].bt);
         }
+        if (!rc) rc = lm_cuda_ctx_trace_read(qc, te, CAP, &nte);
+        for (int i = 0; i < nte && !rc; i++) {
+            down_batched += te[i].m == H && te[i].k == I;
+            gu_batched += te[i].m == 2 * I && te[i].k == H;
+        }
         CHECK(rc == LM_OK, "Q8_0 tiny model decode: %s", lm_error_message());
+        CHECK(rc || (down_alone > 0 && down_batched == 0 && gu_batched > 0),
+              "Q8_0 tiny model: %d down_proj GEMV blocks alone (two launches expected), %d batched (the MLP "
+              "kernel expected: 0), %d MLP blocks batched", down_alone, down_batched, gu_batched);
         CHECK(diff == 0, "Q8_0 tiny model: %d of %d logits rows differ between alone (two-launch MLP) and a "
               "batch of %d (MLP kernel)", diff, B * (G - 1), B);
         fprintf(stderr, "model: Q8_0, alone vs batch of %d over %d steps: %d rows differ\n", B, G - 1, diff);
         for (int i = 0; i < 3; i++) free(solo[i]);
+        free(te);
         g_m = saved_m, g_next_block = saved_next;
-        if (mq) lm_cuda_qwen3_destroy(mq);
+        if (mq) {
+            lm_cuda_qwen3_set_options(mq, true, true, 8); /* drop the graphs before the timeline */
+            lm_cuda_ctx_trace(qc, 0);
+            lm_cuda_qwen3_destroy(mq);
+        }
     }
 
     /* 3. The cuBLAS path (bf16 activations): whole prompts in one call, all cases decoded together. */

@@ -44,6 +44,7 @@ struct lm_cuda_device_info {
     size_t total_mem;  /* bytes of device memory */
     size_t free_mem;   /* bytes free now */
     int l2_bytes;      /* L2 cache size */
+    int smem_optin;    /* bytes of shared memory a block may opt in to (227 KiB on Hopper) */
     int driver, runtime; /* CUDA versions, 1000 * major + 10 * minor */
 };
 
@@ -138,10 +139,11 @@ struct lm_cuda_fix_io {
     const int64_t *add; /* NULL, or [n, width] device int64 (rows dense): the pending terms of
                            the residual stream, added (after conversion) where the launch reads
                            it: to x (width k) before the norm and product, or, with
-                           LM_CUDA_EPI_ADD, to y (width m) before the residual add (y then holds
-                           the sums, and add is consumed) */
+                           LM_CUDA_EPI_ADD or LM_CUDA_EPI_ADD_FIX, to y (width m) before the
+                           residual add (y then holds the sums, and add is consumed) */
     int64_t *zero;      /* NULL, or [zero_n] device int64 the launch sets to 0 (an accumulator a
-                           later lm_cuda_mlp1 adds into) after its wait on the predecessor */
+                           later lm_cuda_mlp1 or lm_cuda_mlp1_q8 adds into) after its wait on
+                           the predecessor */
     int zero_n;
 };
 
@@ -160,7 +162,8 @@ lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x,
 /* lm_cuda_gemv with Q8_0 weights (GGUF's block format, split for 16-byte loads): wq [m, k] int8
  * quants (16-byte aligned), wd [m, k / 32] float16 scales, weight (j, i) = wd[j, i / 32] *
  * wq[j, i]; k a multiple of 32 (LM_ERR_SHAPE otherwise). Each 16-weight half block's products
- * are summed in order, then scaled into the row's float32 sum: a fixed order per output,
+ * are summed in order, then scaled into the row's float32 sum (LM_CUDA_EPI_ADD_FIX: each
+ * 32-weight block's, into an int64 fixed-point sum): a fixed order per output,
  * independent of n (so one row alone and in a batch give the same bits). Reads 1.0625 bytes a
  * weight against bf16's 2: batch-1 decode of a Q8_0 model (docs/perf-notes.md v11). */
 lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
@@ -198,7 +201,10 @@ bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter);
  * lm_cuda_gemv_q8 does and the gate/up sums run in its order, so g_ti and u_ti equal its SwiGLU
  * epilogue's bits; the units h_ti are quantized per 32 the same way (as lm_cuda_gemv_q8 over h
  * would), each block's down_proj partial sum is one integer dot product of 32 quants a Q8_0
- * block, scaled, and the blocks' partial sums meet in fixed point as in lm_cuda_mlp1. Blocks own
+ * block, scaled and converted to fixed point on its own (as LM_CUDA_EPI_ADD_FIX does; bf16's
+ * blocks convert their whole partial sum once), and the blocks' sums meet through 64-bit
+ * atomics as in lm_cuda_mlp1: the two-launch MLP with LM_CUDA_EPI_ADD_FIX gives the same bits.
+ * The scales must be 2-byte and acc 8-byte aligned. Blocks own
  * whole Q8_0 blocks of units: 32 (du 4) or 64 (du 8), 96 blocks of 32 for Qwen3-0.6B (~105 KiB of
  * shared memory a block at one row, against bf16's 148 KiB over 128 blocks).
  * LM_ERR_SHAPE unless lm_cuda_mlp1_q8_fits and 1 <= n <= LM_CUDA_MLP1_MAX_ROWS. */
@@ -207,8 +213,10 @@ lm_status lm_cuda_mlp1_q8(struct lm_cuda_ctx *c, int64_t *acc, const float *x, i
                           const float *norm_w, float eps);
 /* Whether lm_cuda_mlp1_q8 takes this shape on c's device: k a multiple of 32 up to 1,024 (a
  * thread holds the scales of 4 down_proj rows), inter = 8 * du * blocks with du 4 or 8 and
- * blocks <= multiprocessors (the smaller du), and the shared memory as for lm_cuda_mlp1 at 1.0625
- * bytes a weight. */
+ * blocks <= multiprocessors (the smaller du), and within the limits of lm_cuda_mlp1 a block's
+ * shared memory: 8 staged rows of x at 5.125 bytes an element (float32, int8 quants, scales),
+ * the gate/up rows at 1.0625 bytes a weight and the down_proj columns at 1 (their scales sit in
+ * registers). */
 bool lm_cuda_mlp1_q8_fits(const struct lm_cuda_ctx *c, int k, int inter);
 
 /* Whether a Q8_0 checkpoint keeps its quants on the device for lm_cuda_gemv_q8: true unless the

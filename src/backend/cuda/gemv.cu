@@ -436,8 +436,8 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-/* Q8_0: the down_proj rows a thread of k_mlp1 owns (t, t + 256, ...), whose scales it holds in
- * registers: hidden sizes up to 4 x 256. */
+/* Q8_0: the down_proj rows a thread of k_mlp1 owns (4 at most, 256 apart, rotated per block),
+ * whose scales it holds in registers: hidden sizes up to 4 x 256. */
 constexpr int MLP1_Q8_ROWS = 4;
 
 /* Dynamic shared memory of k_mlp1 in format F: T staged rows of x (gemv_smem_bytes), then the
@@ -455,9 +455,10 @@ size_t mlp1_smem_bytes(int T, int du, int k) {
  * registers held) before the wait, so that they stream while the preceding o_proj finishes and
  * the next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
  * 2 * DU * w + 2 * DU - 1 in k_gemv's order for format F (the same bits as its SwiGLU epilogue),
- * and thread t the down_proj rows t, t + 256, ... over the block's units in unit order (Q8_0: the
- * units quantized per 32 as k_gemv quantizes its input, one integer dot product a block of 32),
- * converts each activation row's sum to fixed point and adds it to acc with one 64-bit atomic:
+ * and thread t the down_proj rows t, t + 256, ... (rotated per block) over the block's units in
+ * unit order, converts each activation row's sum to fixed point (Q8_0: the units quantized per
+ * 32 as k_gemv quantizes its input, one integer dot product a block of 32, each block's product
+ * converted on its own: q8_fix, as LM_CUDA_EPI_ADD_FIX) and adds it to acc with one 64-bit atomic:
  * integer addition, so the total does not depend on the order the blocks' atomics land in, nor
  * (every row's sums being its own) on T. Q8_0 scales: wgu_s [2 * I, K / 32], wd_s [K, I / 32]. */
 template <int T, int DU, int F>
@@ -680,10 +681,11 @@ lm_status mlp1_run(lm_cuda_ctx *c, int64_t *acc, const float *x, int n, gemv_w g
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA mlp1%s: %d rows, hidden %d, intermediate %d: needs 1 to %d rows, a hidden "
                          "size a multiple of %s, an intermediate size of 8 x du x at most %d blocks "
-                         "(du %s) whose weights fit a block's shared memory, and 16-byte aligned weights%s",
+                         "(du %s) whose weights fit a block's shared memory, 16-byte aligned weights%s "
+                         "and an 8-byte aligned accumulator",
                          q8 ? " (Q8_0)" : "", n, k, inter, LM_CUDA_MLP1_MAX_ROWS,
                          q8 ? "32 up to 1,024" : "8", c->sm_count, q8 ? "4 or 8" : "1, 2, 3, 4, 6 or 8",
-                         q8 ? " and gate/up scales" : "");
+                         q8 ? ", 16-byte aligned gate/up scales, 2-byte aligned down_proj scales" : "");
     long long *a = (long long *)acc;
     cudaError_t e;
     if constexpr (F == GEMV_Q8) {

@@ -44,6 +44,7 @@ extern "C" lm_status lm_cuda_device_info(int dev, struct lm_cuda_device_info *ou
     out->sm_count = p.multiProcessorCount;
     out->total_mem = p.totalGlobalMem;
     out->l2_bytes = p.l2CacheSize;
+    out->smem_optin = (int)p.sharedMemPerBlockOptin;
     LM_CU(cudaDriverGetVersion(&out->driver));
     LM_CU(cudaRuntimeGetVersion(&out->runtime));
     int cur = 0;

@@ -80,7 +80,7 @@ struct lm_cuda_qwen3 {
     bool mlp1_q8_fits; /* lm_cuda_mlp1_q8_fits(hidden, intermediate), and every layer's gate/up and
                           down_proj have Q8_0 quants */
     int64_t *fix_acc; /* [NL][LM_CUDA_MLP1_MAX_ROWS][H] the MLP kernel's fixed-point residual
-                         terms (lm_cuda_mlp1) */
+                         terms (lm_cuda_mlp1, lm_cuda_mlp1_q8) */
     float *norm, *inv_freq;
     uint16_t *k_pool, *v_pool;
     size_t layer_elems; /* elements of one layer's K (or V) pool */
@@ -439,9 +439,9 @@ extern "C" lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
  * at 1 the two launches measured faster (docs/perf-notes.md v15), and their down_proj
  * (LM_CUDA_EPI_ADD_FIX) sums as the kernel does, so a row's bits do not depend on the step's size. */
 static int mlp1_min_rows(const lm_cuda_qwen3 *m) {
-    if (!m->p.mlp1) return 0;
-    if (m->q8_use && m->mlp_q8) return m->mlp1_q8_fits ? 2 : 0;
-    return m->mlp1_fits ? 1 : 0;
+    int r = 0;
+    if (m->p.mlp1) r = m->q8_use && m->mlp_q8 ? (m->mlp1_q8_fits ? 2 : 0) : (m->mlp1_fits ? 1 : 0);
+    return r <= m->p.gemv_max_rows ? r : 0;
 }
 
 extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out) {
@@ -558,7 +558,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     c->pdl = pdl;
     if (rc) return rc;
 
-    /* On the GEMV path, each layer's MLP is one kernel (lm_cuda_mlp1), which leaves layer l's
+    /* On the GEMV path, each layer's MLP is one kernel (lm_cuda_mlp1 or lm_cuda_mlp1_q8; over Q8_0
+     * quants from 2 tokens: mlp1_min_rows), which leaves layer l's
      * down_proj output in fix_acc[l] for the next kernels to fold in: the next q/k/v (which also
      * clears fix_acc[l + 1]) and o_proj (which writes the sums back to x), or the gather and the
      * lm_head: every step on this path folds them the same way, so a row's bits do not depend on
@@ -595,8 +596,9 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
                           : lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
         } else if (gemv) {
             LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
+            /* where larger steps run lm_cuda_mlp1_q8, down_proj sums as it does */
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
-                            w.wd.q && m->q8_use ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
+                            mlp1_from == 2 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
         } else {
             LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, nt, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));

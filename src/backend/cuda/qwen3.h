@@ -12,9 +12,10 @@
  * - Up to gemv_max_rows tokens a call (decode at batch 1-4) run the linear layers as GEMV with
  *   float32 activations, each output's sum in a fixed order: a sequence's logits are bit-identical
  *   whatever else is in the batch. There the MLP is one kernel (lm_cuda_mlp1, or lm_cuda_mlp1_q8
- *   over a Q8_0 checkpoint's quants; params.mlp1):
+ *   over a Q8_0 checkpoint's quants from 2 tokens a call; params.mlp1):
  *   down_proj is split over the intermediate dimension and its partial sums are added as 64-bit
- *   fixed point (deterministic; within float32 rounding of the two-launch MLP), which the next
+ *   fixed point (deterministic; bf16: within float32 rounding of the two-launch MLP; Q8_0: the
+ *   same bits as the two launches that serve one token, whose down_proj sums the same way), which the next
  *   GEMV folds into the residual stream: 3 kernels a layer besides the attention. Larger calls
  *   (prefill, large batches) use cuBLAS with bf16 activations and float32 accumulation, like
  *   other GPU engines: results then match at bf16 tolerance, not bit for bit.
@@ -105,8 +106,9 @@ struct lm_cuda_qwen3_params {
                           at most 8; 0 = cuBLAS always) */
     bool mlp1;         /* steps on the GEMV path (up to gemv_max_rows tokens) run each layer's MLP
                           as one kernel (lm_cuda_mlp1: split-K down_proj with fixed-point atomics)
-                          where the shape fits, over the bf16 rows or (lm_cuda_mlp1_q8) a Q8_0
-                          checkpoint's quants (default true; LM_CUDA_MLP1=0 in
+                          where the shape fits, over the bf16 rows or (lm_cuda_mlp1_q8, from 2
+                          tokens: lm_cuda_qwen3_info.mlp1_min_rows) a Q8_0 checkpoint's quants
+                          (default true; LM_CUDA_MLP1=0 in
                           the environment: false, for A/B) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
