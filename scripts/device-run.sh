@@ -153,10 +153,17 @@ for step in "$@"; do
     # SIGTERM; the shutdown line. Outputs: serve-c<C>$PROFILE_TAG.log, profile-c<C>$PROFILE_TAG.txt.
     # PROFILE_EXTRA: a JSON object merged into every request (e.g. '{"min_p":1e-9}' makes the
     # engine sample on the host from copied logits, for comparison).
+    # SERVE_Q8=1 serves the synthetic model's Q8_0 GGUF instead.
     [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    SM=/tmp/q06
+    if [ "${SERVE_Q8:-0}" = 1 ]; then
+      SM=/tmp/q06-q8.gguf
+      [ -f $SM ] || $LUMEN build --model /tmp/q06 --out $SM --dtype q8_0 >"$OUT/build-q8.log" 2>&1 \
+        || tail -5 "$OUT/build-q8.log"
+    fi
     for conc in $(echo ${PROFILE_CONC:-64} | tr , ' '); do
       rm -rf /tmp/lumen-records.jsonl /tmp/lumen-profile-c$conc
-      $LUMEN serve --device cuda --model /tmp/q06 --port 8123 --ctx-size 4096 --max-seqs ${SERVE_SEQS:-256} \
+      $LUMEN serve --device cuda --model $SM --port 8123 --ctx-size 4096 --max-seqs ${SERVE_SEQS:-256} \
         --max-batch-tokens ${SERVE_BATCH:-2048} --kv-size ${SERVE_KV:-16G} --max-queue 1024 \
         --records /tmp/lumen-records.jsonl >"$OUT/serve-c$conc${PROFILE_TAG:-}.log" 2>&1 &
       spid=$!
