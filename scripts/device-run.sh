@@ -37,6 +37,15 @@ if ! $LUMEN version >"$OUT/carried.log" 2>&1; then
   echo "built in $(( $(date +%s) - t0 )) s"
   LUMEN=build-dev/lumen TEST=build-dev/tests/test_cuda TEST_ENG=build-dev/tests/test_cuda_engine
 fi
+# The synthetic Qwen3-0.6B (/tmp/q06) and its Q8_0 GGUF (/tmp/q06-q8.gguf), made once a machine.
+need_q06() {
+  [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log"
+}
+need_q8() {
+  need_q06
+  [ -f /tmp/q06-q8.gguf ] || $LUMEN build --model /tmp/q06 --out /tmp/q06-q8.gguf --dtype q8_0 \
+    >"$OUT/build-q8.log" 2>&1 || tail -5 "$OUT/build-q8.log"
+}
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
@@ -47,23 +56,23 @@ for step in "$@"; do
     timeout ${TEST_TIMEOUT:-300} $TEST >"$OUT/test_cuda.log" 2>&1; rc=$?
     echo "test_cuda exit $rc"; grep -E "failed|worst|model:|checks" "$OUT/test_cuda.log" | head -40 ;;
   synth)
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log" ;;
+    need_q06 ;;
   bench)
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     timeout 300 $LUMEN cudabench --model /tmp/q06 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
   micro)
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     timeout 200 $LUMEN cudabench --model /tmp/q06 -p 0 --batches 8 --micro --variants 2>&1 | tee "$OUT/micro.log" ;;
   ncu)
     # Per-kernel GPU times of batch-1 decode steps (kernels serialised: no PDL overlap).
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     timeout 240 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count ${NCU_COUNT:-1200} \
       $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "${NCU_BATCHES:-}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     python3 scripts/ncu-summary.py "$OUT/ncu.csv" | tee "$OUT/ncu.txt" | head -30 ;;
   ncuattn)
     # One decode attention launch and one q/k/v GEMV under Nsight Compute's full section set.
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for k in ${NCU_KERNELS:-k_attn_dec k_gemv}; do  # v7: batch-1 decode attention is k_attn_dec
       timeout 120 $NCU --clock-control none --set full -k regex:$k --launch-skip 60 --launch-count 1 \
@@ -75,7 +84,7 @@ for step in "$@"; do
     echo "test_cuda_engine exit $rc"; grep -vE "^$" "$OUT/test_cuda_engine.log" | tail -25 ;;
   longctx)
     # decode at depth, split-KV attention on (1) and off (0): lumen perf --device cuda -d D
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     for d in ${LONG_DEPTHS:-0 1000 4000}; do for sk in 1 0; do
       echo "depth $d, LM_CUDA_SPLIT_KV=$sk"
       LM_CUDA_SPLIT_KV=$sk timeout 200 $LUMEN perf --device cuda --model /tmp/q06 -p 0 -n 64 -d $d -r 3 \
@@ -84,9 +93,7 @@ for step in "$@"; do
   q8)
     # The synthetic 0.6B as a Q8_0 GGUF (lumen build): lumen perf --device cuda with the GEMV
     # reading the quants, then reading the bf16 copy (LM_CUDA_Q8=0), for A/B.
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
-    [ -f /tmp/q06-q8.gguf ] || $LUMEN build --model /tmp/q06 --out /tmp/q06-q8.gguf --dtype q8_0 \
-      >"$OUT/build-q8.log" 2>&1 || tail -5 "$OUT/build-q8.log"
+    need_q8
     timeout 300 $LUMEN perf --device cuda --model /tmp/q06-q8.gguf -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \
       --batch ${PERF_BATCH:-1,8,32,64,128,256} 2>&1 | tee "$OUT/perf-q8.log"
     echo "LM_CUDA_Q8=0 (bf16 copy):"
@@ -97,13 +104,8 @@ for step in "$@"; do
     # "LM_CUDA_MLP1=0|LM_CUDA_MLP1=1"; a setting may hold several VAR=value words), AB_ROUNDS
     # rounds (default 2), on the synthetic 0.6B or with AB_Q8=1 its Q8_0 GGUF: lumen perf --device
     # cuda -p 0 -n 128 -r $PERF_REPS at batches $AB_BATCH (default 1,2,4).
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     M=/tmp/q06
-    if [ "${AB_Q8:-0}" = 1 ]; then
-      M=/tmp/q06-q8.gguf
-      [ -f $M ] || $LUMEN build --model /tmp/q06 --out $M --dtype q8_0 >"$OUT/build-q8.log" 2>&1 \
-        || tail -5 "$OUT/build-q8.log"
-    fi
+    if [ "${AB_Q8:-0}" = 1 ]; then need_q8; M=/tmp/q06-q8.gguf; else need_q06; fi
     IFS='|' read -ra envs <<<"${AB_ENVS:-LM_CUDA_MLP1=0|LM_CUDA_MLP1=1}"
     for r in $(seq ${AB_ROUNDS:-2}); do for e in "${envs[@]}"; do
       echo "== $e ($(basename $M), round $r)"
@@ -138,13 +140,13 @@ for step in "$@"; do
       LM_CPU_BF16_ACT=0 timeout 600 $CARRY/bin/$t >"$OUT/$t.log" 2>&1; echo "$t exit $?"
       grep -E "failed|checked|top-1|matmul bf16 act \(avx512bf16, 2" "$OUT/$t.log" | head -12
     done
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     for a in 0 1; do echo "== LM_CPU_BF16_ACT=$a"
       LM_CPU_BF16_ACT=$a timeout 280 $LUMEN perf --model /tmp/q06 -t ${CPU_THREADS:-2} -p ${CPU_P:-512} \
         -n ${CPU_N:-64} -r ${CPU_REPS:-2} --batch ${CPU_BATCH:-1,16} 2>&1 | tee "$OUT/cpu-perf-$a.log"
     done ;;
   perf)
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
+    need_q06
     timeout 300 $LUMEN perf --device cuda --model /tmp/q06 -p 512 -n 128 -r ${PERF_REPS:-5} --no-bw \
       --batch ${PERF_BATCH:-1,8,32,64,128,256} 2>&1 | tee "$OUT/perf.log" ;;
   serve)
@@ -154,13 +156,8 @@ for step in "$@"; do
     # PROFILE_EXTRA: a JSON object merged into every request (e.g. '{"min_p":1e-9}' makes the
     # engine sample on the host from copied logits, for comparison).
     # SERVE_Q8=1 serves the synthetic model's Q8_0 GGUF instead.
-    [ -d /tmp/q06 ] || $LUMEN synth --shape qwen3-0.6b --out /tmp/q06 >"$OUT/synth.log" 2>&1
     SM=/tmp/q06
-    if [ "${SERVE_Q8:-0}" = 1 ]; then
-      SM=/tmp/q06-q8.gguf
-      [ -f $SM ] || $LUMEN build --model /tmp/q06 --out $SM --dtype q8_0 >"$OUT/build-q8.log" 2>&1 \
-        || tail -5 "$OUT/build-q8.log"
-    fi
+    if [ "${SERVE_Q8:-0}" = 1 ]; then need_q8; SM=/tmp/q06-q8.gguf; else need_q06; fi
     for conc in $(echo ${PROFILE_CONC:-64} | tr , ' '); do
       rm -rf /tmp/lumen-records.jsonl /tmp/lumen-profile-c$conc
       $LUMEN serve --device cuda --model $SM --port 8123 --ctx-size 4096 --max-seqs ${SERVE_SEQS:-256} \

@@ -102,10 +102,17 @@ __device__ __forceinline__ float q8_scale(float amax, float *id) {
     *id = d != 0.f ? __fdiv_rn(1.0f, d) : 0.f;
     return d;
 }
+__device__ __forceinline__ int q8_round(float v, float id) { return (int)roundf(__fmul_rn(v, id)); }
 __device__ __forceinline__ uint32_t q8_pack4(float a, float b, float c, float d, float id) {
-    const int q0 = (int)roundf(__fmul_rn(a, id)), q1 = (int)roundf(__fmul_rn(b, id));
-    const int q2 = (int)roundf(__fmul_rn(c, id)), q3 = (int)roundf(__fmul_rn(d, id));
-    return (uint32_t)(q0 & 255) | (uint32_t)(q1 & 255) << 8 | (uint32_t)(q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
+    return (uint32_t)(q8_round(a, id) & 255) | (uint32_t)(q8_round(b, id) & 255) << 8 |
+           (uint32_t)(q8_round(c, id) & 255) << 16 | (uint32_t)(q8_round(d, id) & 255) << 24;
+}
+/* s + the integer dot product of 16 int8 quants a and b (exact). */
+__device__ __forceinline__ int dot16(uint4 a, uint4 b, int s) {
+    s = __dp4a((int)a.x, (int)b.x, s);
+    s = __dp4a((int)a.y, (int)b.y, s);
+    s = __dp4a((int)a.z, (int)b.z, s);
+    return __dp4a((int)a.w, (int)b.w, s);
 }
 
 /* GEMV_Q8: T staged rows (x * norm_w, gemv_slot<16> in gemv_smem) quantized to int8 per
@@ -167,10 +174,7 @@ __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R
         const float dw = __half2float(__ushort_as_half(sc[r]));
 #pragma unroll
         for (int t = 0; t < T; t++) {
-            int sdot = __dp4a((int)q[r].x, (int)xv[t].x, 0);
-            sdot = __dp4a((int)q[r].y, (int)xv[t].y, sdot);
-            sdot = __dp4a((int)q[r].z, (int)xv[t].z, sdot);
-            sdot = __dp4a((int)q[r].w, (int)xv[t].w, sdot);
+            int sdot = dot16(q[r], xv[t], 0);
             if constexpr (FX) {
                 sdot += __shfl_xor_sync(0xffffffffu, sdot, 1);
                 if (!(lane & 1)) acc[t][r] += q8_fix(__fmul_rn(dw, dx[t]), sdot);
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if constexpr (FX)
-                    accf[t][r] = warp_sum_ll(accf[t][r]);
+                    accf[t][r] = warp_sum(accf[t][r]);
                 else
                     acc[t][r] = __fmul_rn(warp_sum(acc[t][r]), inv[t]);
             }
@@ -571,7 +575,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
                 const float v = hs[warp][d * 32 + lane];
                 float id;
                 const float s = q8_scale(warp_max(fabsf(v)), &id);
-                hq[warp][d * 32 + lane] = (int8_t)(int)roundf(__fmul_rn(v, id));
+                hq[warp][d * 32 + lane] = (int8_t)q8_round(v, id);
                 if (lane == 0) hd[warp][d] = s;
             }
         }
@@ -601,15 +605,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
                 for (int t = 0; t < T; t++) {
                     const uint4 h0 = *reinterpret_cast<const uint4 *>(&hq[t][d * 32]);
                     const uint4 h1 = *reinterpret_cast<const uint4 *>(&hq[t][d * 32 + 16]);
-                    int s = __dp4a((int)w0.x, (int)h0.x, 0);
-                    s = __dp4a((int)w0.y, (int)h0.y, s);
-                    s = __dp4a((int)w0.z, (int)h0.z, s);
-                    s = __dp4a((int)w0.w, (int)h0.w, s);
-                    s = __dp4a((int)w1.x, (int)h1.x, s);
-                    s = __dp4a((int)w1.y, (int)h1.y, s);
-                    s = __dp4a((int)w1.z, (int)h1.z, s);
-                    s = __dp4a((int)w1.w, (int)h1.w, s);
-                    v[t] += q8_fix(__fmul_rn(dw, hd[t][d]), s);
+                    v[t] += q8_fix(__fmul_rn(dw, hd[t][d]), dot16(w1, h1, dot16(w0, h0, 0)));
                 }
             }
             add(row, v);

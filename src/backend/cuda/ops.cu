@@ -133,7 +133,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->sm_count = info.sm_count;
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
-    cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device);
+    c->smem_optin = info.smem_optin;
     c->attn_dec = p.attn_dec;
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

@@ -596,9 +596,9 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
                           : lm_cuda_mlp1(c, acc_of(l), m->x, nt, w.wgu.bf, w.wd.bf, H, I, w.post_ln, eps));
         } else if (gemv) {
             LM_TRY(gemv_any(m, c, m->h, I, m->x, H, w.wgu, nt, H, 2 * I, w.post_ln, eps, LM_CUDA_EPI_SWIGLU));
-            /* where larger steps run lm_cuda_mlp1_q8, down_proj sums as it does */
+            /* a step below mlp1_from whose larger steps run the kernel: sum down_proj as it does */
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
-                            mlp1_from == 2 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
+                            mlp1_from > 1 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
         } else {
             LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, nt, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));

@@ -111,7 +111,7 @@ __device__ __forceinline__ T block_reduce(T v, T ident, T *red) {
     __syncthreads();
     return r;
 }
-__device__ double block_sum_d(double v, SmpShared &sh) { return block_reduce<double, warp_sum_d>(v, 0.0, sh.dred); }
+__device__ double block_sum_d(double v, SmpShared &sh) { return block_reduce<double, warp_sum<double>>(v, 0.0, sh.dred); }
 __device__ float block_max(float v, SmpShared &sh) { return block_reduce<float, warp_max>(v, -INFINITY, sh.fred); }
 
 /* Exclusive prefix sum of one unsigned per thread (in thread order); *total gets the sum. */
