@@ -18,7 +18,10 @@
  * - a cancelled request gives its KV blocks back within a step;
  * - device sampling (temperature, top_k, top_p) with a seed is reproducible on fresh engines,
  *   and another seed draws otherwise (batched, or over a cached prefix, the logits differ at bf16
- *   level and a draw near a boundary may flip: printed, not checked).
+ *   level and a draw near a boundary may flip: printed, not checked);
+ * - speculative decoding (n-gram drafts): greedy ids equal plain decoding's and the fixtures'
+ *   (near ties excused as above), alone and batched; seeded draws equal plain decoding's for at
+ *   least half the sequences (draft rows draw with the token's own counter); blocks come back.
  * Skips (exit 77) when built without CUDA or when no CUDA device is found.
  * LM_LABEL: model
  * LM_LINK: lm_engine lm_family lm_format lm_text lm_backend lm_base */
@@ -307,8 +310,11 @@ static void test_kv_copy(void) {
 
 static void on_finish(struct lm_sched_req *r) { (*(int *)r->ctx)++; }
 
+static struct lm_spec_params g_spec; /* new_sched's speculative decoding (zeroed: off) */
+
 static struct lm_sched *new_sched(struct lm_model *m, int max_seqs) {
     struct lm_sched_params p = lm_sched_default_params();
+    p.spec = g_spec;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = 256;
     p.max_ctx = 1100;
@@ -360,6 +366,15 @@ static int compare_ids(const struct fcase *c, const int32_t *got, int n_got, con
     return 0;
 }
 
+/* compare_ids of request `got` against `want`'s ids, or the fixture's greedy ids (want NULL, at
+ * most T); returns 1 for a comparison stopped at a near tie, else 0. */
+static int req_ties(const struct fcase *c, const struct lm_sched_req *got, const struct lm_sched_req *want,
+                    int T, const char *what) {
+    const int32_t *w = want ? want->result.ids.v : c->greedy;
+    int nw = want ? (int)want->result.ids.n : c->n_greedy < T ? c->n_greedy : T;
+    return compare_ids(c, got->result.ids.v, (int)got->result.ids.n, w, nw, what) > 0;
+}
+
 static void test_sched_greedy(void) {
     enum { N = 8, T = 24 };
     struct lm_sched_req batch[N], alone[N];
@@ -384,13 +399,8 @@ static void test_sched_greedy(void) {
     s = new_sched(g_gpu, N);
     if (!s) return;
     for (int i = 0; i < N; i++) {
-        const struct fcase *c = &g_cases[i];
-        int r = compare_ids(c, batch[i].result.ids.v, (int)batch[i].result.ids.n, alone[i].result.ids.v,
-                            (int)alone[i].result.ids.n, "batched vs alone");
-        ties += r > 0;
-        r = compare_ids(c, alone[i].result.ids.v, (int)alone[i].result.ids.n, c->greedy,
-                        c->n_greedy < T ? c->n_greedy : T, "alone vs fixture");
-        ties += r > 0;
+        ties += req_ties(&g_cases[i], &batch[i], &alone[i], T, "batched vs alone");
+        ties += req_ties(&g_cases[i], &alone[i], NULL, T, "alone vs fixture");
     }
     fprintf(stderr, "scheduler: %d requests batched and alone, greedy %d tokens each; %d comparisons "
                     "stopped at a near tie\n", N, T, ties);
@@ -509,6 +519,81 @@ static void test_seeded(void) {
     for (int i = 0; i < 7; i++) lm_gen_result_free(&all[i]->result);
 }
 
+/* Speculative decoding on the device: verification rows run as a multi-token step (another
+ * attention kernel than the decode graph's, and cuBLAS beyond gemv_max_rows tokens), so the
+ * logits differ from plain decoding's at bf16 level: greedy ids are compared as the batched ones
+ * are (a flip is excused only at a fixture near tie); seeded draws use the token's index in the
+ * request as their counter on draft rows too, so most sequences match plain decoding exactly. */
+static void test_spec(void) {
+    enum { N = 8, T = 24, NS = 4 };
+    int done = 0, ties = 0;
+    struct lm_sched_req plain[N], spec[N], batch[N], sp_plain[NS], sp_spec[NS];
+    struct lm_sampling_params sp = {.temperature = 0.8f, .top_p = 0.95f, .top_k = 40, .seed = 77,
+                                    .seeded = true};
+    for (int i = 0; i < N; i++) {
+        req_init(&plain[i], &g_cases[i], T, &done);
+        run_fresh(&plain[i]);
+    }
+    for (int i = 0; i < NS; i++) {
+        req_init(&sp_plain[i], &g_cases[i], T, &done);
+        sp_plain[i].gen.sampling = sp;
+        sp_plain[i].gen.sampling.seed += (uint64_t)i;
+        run_fresh(&sp_plain[i]);
+    }
+    g_spec = (struct lm_spec_params){4, 3, 1};
+    for (int i = 0; i < N; i++) {
+        req_init(&spec[i], &g_cases[i], T, &done);
+        run_fresh(&spec[i]);
+    }
+    int seeded_same = 0, seeded_prefix = 0;
+    for (int i = 0; i < NS; i++) {
+        req_init(&sp_spec[i], &g_cases[i], T, &done);
+        sp_spec[i].gen.sampling = sp_plain[i].gen.sampling;
+        run_fresh(&sp_spec[i]);
+        int k = first_diff(&sp_plain[i].result.ids, &sp_spec[i].result.ids, T);
+        seeded_same += k == T;
+        seeded_prefix += k;
+    }
+    struct lm_sched *s = new_sched(g_gpu, N);
+    g_spec = (struct lm_spec_params){0, 0, 0};
+    if (!s) return;
+    for (int i = 0; i < N; i++) req_init(&batch[i], &g_cases[i], T, &done);
+    run_all(s, batch, N);
+    struct lm_sched_stats st;
+    lm_sched_stats(s, &st);
+    CHECK(st.kv_blocks_used == 0, "speculative: %d KV blocks held after the requests ended",
+          st.kv_blocks_used);
+    CHECK(st.spec_accepted_tokens > 0 && st.spec_draft_tokens > st.spec_accepted_tokens,
+          "speculative, batched: %lld of %lld draft tokens accepted", st.spec_accepted_tokens,
+          st.spec_draft_tokens);
+    long long acc = 0, drafted = 0;
+    for (int i = 0; i < N; i++) {
+        acc += spec[i].result.accepted_tokens;
+        drafted += spec[i].result.draft_tokens;
+        ties += req_ties(&g_cases[i], &spec[i], &plain[i], T, "speculative vs plain");
+        ties += req_ties(&g_cases[i], &spec[i], NULL, T, "speculative vs fixture");
+        ties += req_ties(&g_cases[i], &batch[i], &spec[i], T, "speculative batched vs alone");
+    }
+    CHECK(acc > 0, "speculative alone: %lld of %lld draft tokens accepted", acc, drafted);
+    CHECK(seeded_same >= NS / 2, "seeded, speculative vs plain: %d of %d sequences equal", seeded_same,
+          NS);
+    fprintf(stderr, "speculative: greedy %d requests x %d tokens alone (%lld of %lld draft tokens "
+                    "accepted) and batched (%lld of %lld), %d comparisons stopped at a near tie; seeded: "
+                    "%d of %d sequences equal to plain decoding (%d of %d tokens before a difference)\n",
+            N, T, acc, drafted, st.spec_accepted_tokens, st.spec_draft_tokens, ties, seeded_same, NS,
+            seeded_prefix, NS * T);
+    lm_sched_destroy(s);
+    for (int i = 0; i < N; i++) {
+        lm_gen_result_free(&plain[i].result);
+        lm_gen_result_free(&spec[i].result);
+        lm_gen_result_free(&batch[i].result);
+    }
+    for (int i = 0; i < NS; i++) {
+        lm_gen_result_free(&sp_plain[i].result);
+        lm_gen_result_free(&sp_spec[i].result);
+    }
+}
+
 int main(void) {
     struct lm_model_open_params p = lm_model_default_open_params();
     p.device = "cuda";
@@ -538,6 +623,7 @@ int main(void) {
         test_sched_greedy();
         test_cancel();
         test_seeded();
+        test_spec();
     }
     for (int i = 0; i < g_n_cases; i++) free(g_cases[i].prompt);
     lm_model_close(g_cpu);

@@ -490,7 +490,7 @@ static void test_metrics(void) {
                                                        .decode_s = 0,
                                                        .latency_s = 3.0});
     struct lm_buf out = {0};
-    lm_metrics_render(m, &(struct lm_metrics_gauges){2, 3, 10, 5, 90}, &out);
+    lm_metrics_render(m, &(struct lm_metrics_gauges){2, 3, 10, 5, 90, 7, 20, 12}, &out);
     const char *t = out.p;
     CHECK(metric(t, "lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}") ==
                   2 &&
@@ -521,8 +521,12 @@ static void test_metrics(void) {
               metric(t, "lumen_kv_cache_blocks_cached") == 5 &&
               metric(t, "lumen_kv_cache_blocks_free") == 90,
           "gauges");
+    CHECK(metric(t, "lumen_spec_decode_num_drafts_total") == 7 &&
+              metric(t, "lumen_spec_decode_num_draft_tokens_total") == 20 &&
+              metric(t, "lumen_spec_decode_num_accepted_tokens_total") == 12,
+          "speculative decoding counters");
     lm_buf_reset(&out);
-    lm_metrics_render(m, &(struct lm_metrics_gauges){0, 0, -1, -1, -1}, &out);
+    lm_metrics_render(m, &(struct lm_metrics_gauges){0, 0, -1, -1, -1, 0, 0, 0}, &out);
     CHECK(metric(out.p, "lumen_kv_cache_blocks_used") == -1 && !strstr(out.p, "kv_cache"),
           "unknown gauges left out");
 
@@ -531,7 +535,7 @@ static void test_metrics(void) {
         char path[] = "/tmp/lm_test_metrics_XXXXXX";
         int fd = mkstemp(path);
         lm_buf_reset(&out);
-        lm_metrics_render(m, &(struct lm_metrics_gauges){2, 3, 10, 5, 90}, &out);
+        lm_metrics_render(m, &(struct lm_metrics_gauges){2, 3, 10, 5, 90, 7, 20, 12}, &out);
         CHECK(fd >= 0 && write(fd, out.p, out.len) == (ssize_t)out.len, "write metrics");
         close(fd);
         char cmd[256];

@@ -2055,6 +2055,15 @@ static void test_metrics_api(void) {
               DELTA("lumen_inter_token_latency_seconds_count") == (double)(completion - 2),
           "histogram counts");
     CHECK(strstr(b, "lumen_num_requests_running 0") && strstr(b, "lumen_num_requests_waiting 0"), "idle gauges");
+    /* The main server speculates: by now it has verified drafts and accepted some. */
+    CHECK(scrape(b, "lumen_spec_decode_num_draft_tokens_total") >
+                  scrape(b, "lumen_spec_decode_num_accepted_tokens_total") &&
+              scrape(b, "lumen_spec_decode_num_accepted_tokens_total") > 0 &&
+              scrape(b, "lumen_spec_decode_num_drafts_total") > 0,
+          "speculative decoding counters: %g drafts, %g draft tokens, %g accepted",
+          scrape(b, "lumen_spec_decode_num_drafts_total"),
+          scrape(b, "lumen_spec_decode_num_draft_tokens_total"),
+          scrape(b, "lumen_spec_decode_num_accepted_tokens_total"));
 #undef DELTA
     if (system("command -v promtool >/dev/null 2>&1") == 0) {
         char path[] = "/tmp/lm_test_scrape_XXXXXX";
@@ -2146,7 +2155,12 @@ int main(void) {
 
     snprintf(g_records, sizeof g_records, "/tmp/lm_test_records_%d.jsonl", (int)getpid());
     unlink(g_records);
-    const char *main_extra[] = {"--records", g_records, NULL};
+    /* The main server speculates (n-gram drafts, 1-grams allowed so that drafts are frequent):
+     * every greedy text below must still equal transformers' reference. */
+    const char *main_extra[] = {"--records", g_records, "--speculative-config",
+                                "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                                "\"prompt_lookup_min\": 1}",
+                                NULL};
     bool up = tok && start_server(0, main_extra, g_base, sizeof g_base);
     CHECK(up, "lumen serve did not come up (%s)", LM_LUMEN_BIN);
     if (!up) {

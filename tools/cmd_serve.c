@@ -77,6 +77,14 @@ static void help(FILE *f) {
             "  --max-connections N  open connections at most (default 1024, lowered to what\n"
             "                   ulimit -n allows); beyond it new connections are closed at once,\n"
             "                   with a log line\n"
+            "  --speculative-config JSON  speculative decoding, as vLLM's option: e.g.\n"
+            "                   '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'. Each step, a\n"
+            "                   decoding request also runs up to num_speculative_tokens (1..15)\n"
+            "                   tokens proposed by n-gram prompt lookup: the tokens that followed\n"
+            "                   the latest earlier occurrence of its last prompt_lookup_max (default\n"
+            "                   4) down to prompt_lookup_min (default 2) tokens, in its prompt and\n"
+            "                   output. The model keeps those it agrees with: the output is the\n"
+            "                   same as without it, in fewer steps where text repeats (default: off)\n"
             "  --records FILE   append one JSON line per generation request to FILE: ids, headers\n"
             "                   (X-Request-Id, X-Conversation-Id, X-Lumen-Phase, X-Lumen-Turn),\n"
             "                   engine times, token counts and SHA-256 digests of the contents,\n"
@@ -151,6 +159,7 @@ int lm_cmd_serve(int argc, char **argv) {
         {"kv-size", required_argument, 0, 'K'}, {"shutdown-timeout-s", required_argument, 0, 'D'},
         {"device", required_argument, 0, 'd'},
         {"timeout-keep-alive", required_argument, 0, 'A'}, {"max-connections", required_argument, 0, 'C'},
+        {"speculative-config", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *tok_dir = NULL;
@@ -211,6 +220,12 @@ int lm_cmd_serve(int argc, char **argv) {
                 return 2;
             }
             kv_size = optarg;
+            break;
+        case 'X':
+            if (lm_spec_parse(optarg, &sp.spec)) {
+                fprintf(stderr, "lumen serve: --speculative-config: %s\n", lm_error_message());
+                return 2;
+            }
             break;
         case 'd':
             if (!lm_cmd_device_ok("serve", optarg)) return 2;

@@ -28,7 +28,9 @@ struct seq {
     bool started;     /* admitted at least once */
     bool preempt;     /* chosen as a victim during this step's planning */
     bool flush;       /* ended at EOS or length: release the held text */
-    int chunk;        /* tokens planned for this step */
+    int chunk;        /* tokens planned for this step (1 + n_draft for a decoding sequence) */
+    int n_draft;      /* draft tokens planned for this step (speculative decoding) */
+    int32_t draft[LM_SPEC_MAX_TOKENS]; /* them; also copied to tokens[n_tokens..) for the step */
     struct seq *next; /* waiting list */
 };
 
@@ -41,9 +43,11 @@ struct lm_sched {
     const struct lm_gen_defaults *gd;
     const struct lm_tokenizer *tok;
     int vocab;
-    float *logits;              /* [max_seqs, vocab] */
-    struct lm_device_sampling *dsamp;  /* [max_seqs] the step's rows, when the device samples */
-    int32_t *ids;                      /* [max_seqs] the ids it chose */
+    int max_rows;               /* output rows a step can have: max_seqs, or with speculation
+                                   min(max_batch_tokens, max_seqs x (1 + num_speculative_tokens)) */
+    float *logits;              /* [max_rows, vocab] (pages touched only as rows are used) */
+    struct lm_device_sampling *dsamp;  /* [max_rows] the step's rows, when the device samples */
+    int32_t *ids;                      /* [max_rows] the ids it chose */
     struct lm_batch_seq *batch; /* [max_seqs] */
     struct seq **plan;          /* [max_seqs] */
     struct seq **running;       /* [max_seqs] in arrival order */
@@ -78,6 +82,8 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
                          "one token a step)",
                          p->max_batch_tokens, p->max_seqs);
     if (p->max_ctx < 1) return lm_errorf(LM_ERR_INVALID, "max_ctx %d is below 1", p->max_ctx);
+    lm_status src = lm_spec_check(&p->spec);
+    if (src) return src;
     long need = (p->max_ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
     if (p->n_blocks < need)
         return lm_errorf(LM_ERR_INVALID,
@@ -102,16 +108,19 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
         return rc;
     }
     lm_sampler_init(&s->sampler, s->vocab);
-    s->logits = malloc(sizeof(float) * (size_t)s->vocab * (size_t)p->max_seqs);
+    long rows = (long)p->max_seqs * (1 + p->spec.num_speculative_tokens);
+    s->max_rows = (int)(rows < p->max_batch_tokens ? rows : p->max_batch_tokens);
+    if (s->max_rows < p->max_seqs) s->max_rows = p->max_seqs;
+    s->logits = malloc(sizeof(float) * (size_t)s->vocab * (size_t)s->max_rows);
     s->batch = calloc((size_t)p->max_seqs, sizeof *s->batch);
     s->plan = calloc((size_t)p->max_seqs, sizeof *s->plan);
     s->running = calloc((size_t)p->max_seqs, sizeof *s->running);
-    s->dsamp = calloc((size_t)p->max_seqs, sizeof *s->dsamp);
-    s->ids = calloc((size_t)p->max_seqs, sizeof *s->ids);
+    s->dsamp = calloc((size_t)s->max_rows, sizeof *s->dsamp);
+    s->ids = calloc((size_t)s->max_rows, sizeof *s->ids);
     if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids) {
         lm_sched_destroy(s);
         return lm_errorf(LM_ERR_NOMEM, "out of memory for the scheduler's logits (%d x %d floats)",
-                         p->max_seqs, s->vocab);
+                         s->max_rows, s->vocab);
     }
     *out = s;
     return LM_OK;
@@ -368,15 +377,27 @@ static struct seq *victim(struct lm_sched *s) {
     return NULL;
 }
 
+/* Proposes q's draft for this step into q->draft (at most `room` tokens, and no more than its
+ * max_tokens can still take after this step's own token). Returns the count. */
+static int propose(const struct lm_sched *s, struct seq *q, int room) {
+    int left = q->r->gen.max_tokens - (q->n_tokens - q->n_prompt) - 1;
+    if (room > left) room = left;
+    if (room > s->p.spec.num_speculative_tokens) room = s->p.spec.num_speculative_tokens;
+    if (room <= 0) return 0;
+    return lm_spec_propose(&s->p.spec, q->tokens, q->n_tokens, room, q->draft);
+}
+
 /* Plans this step into s->plan; returns the number of sequences in it. */
 static int plan_step(struct lm_sched *s) {
     int n_dec = 0;
     for (int i = 0; i < s->n_running; i++)
         n_dec += s->running[i]->n_tokens - s->running[i]->n_computed == 1;
-    int budget = s->p.max_batch_tokens - n_dec; /* for prefill chunks */
+    int budget = s->p.max_batch_tokens - n_dec; /* for drafts, then prefill chunks */
+    int rows = s->n_running; /* output rows at most: one a sequence, plus the drafts */
     int n_plan = 0;
     for (int i = 0; i < s->n_running; i++) {
         struct seq *q = s->running[i];
+        q->n_draft = 0;
         if (q->preempt) continue;
         int pending = q->n_tokens - q->n_computed;
         assert(pending >= 1);
@@ -397,6 +418,27 @@ static int plan_step(struct lm_sched *s) {
         }
         if (!ok) continue;
         if (pending > 1) budget -= chunk;
+        if (pending == 1 && s->p.spec.num_speculative_tokens > 0) {
+            int room = budget < s->max_rows - rows ? budget : s->max_rows - rows;
+            int d = propose(s, q, room);
+            /* Blocks for the draft's positions, only from the free pool: a draft is a guess and
+             * must not preempt anyone. */
+            int need = (q->n_computed + 1 + d + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+            while (q->n_blocks < need) {
+                int b = lm_kv_alloc(&s->kv);
+                if (b < 0) break;
+                q->blocks[q->n_blocks++] = b;
+            }
+            if (d > q->n_blocks * LM_KV_BLOCK - q->n_computed - 1)
+                d = q->n_blocks * LM_KV_BLOCK - q->n_computed - 1;
+            if (d > 0) {
+                memcpy(q->tokens + q->n_tokens, q->draft, sizeof *q->tokens * (size_t)d);
+                q->n_draft = d;
+                chunk += d;
+                budget -= d;
+                rows += d;
+            }
+        }
         q->chunk = chunk;
         s->plan[n_plan++] = q;
     }
@@ -439,6 +481,17 @@ static struct lm_device_sampling device_params(const struct seq *q) {
 static bool accept_token(struct lm_sched *s, struct seq *q, int32_t id,
                          const struct lm_token_logprob *lp);
 
+/* Samples q's next token from the logits `row` with its parameters, history and RNG; fills
+ * *lp when the request asks for logprobs. */
+static int32_t choose_token(struct lm_sched *s, struct seq *q, const float *row,
+                            struct lm_token_logprob *lp) {
+    const struct lm_sampling_params *p = &q->r->gen.sampling;
+    int n_out = q->n_tokens - q->n_prompt;
+    struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt,
+                                    (size_t)n_out};
+    return lm_sample_next(&s->sampler, row, p, &hist, &q->rng, p->logprobs ? lp : NULL);
+}
+
 /* Samples q's next token from `row` (or takes `id` the device chose, when row is NULL) and
  * streams it; finishes q when it ends. Returns true when q finished. */
 static bool take_token(struct lm_sched *s, struct seq *q, const float *row, int32_t id) {
@@ -446,12 +499,8 @@ static bool take_token(struct lm_sched *s, struct seq *q, const float *row, int3
     struct lm_gen_result *res = &r->result;
     if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
     if (!row) return accept_token(s, q, id, NULL);
-    int n_out = q->n_tokens - q->n_prompt;
-    struct lm_token_history hist = {q->tokens, (size_t)q->n_prompt, q->tokens + q->n_prompt,
-                                    (size_t)n_out};
     struct lm_token_logprob lp;
-    id = lm_sample_next(&s->sampler, row, &r->gen.sampling, &hist, &q->rng,
-                        r->gen.sampling.logprobs ? &lp : NULL);
+    id = choose_token(s, q, row, &lp);
     return accept_token(s, q, id, r->gen.sampling.logprobs ? &lp : NULL);
 }
 
@@ -496,6 +545,36 @@ static bool accept_token(struct lm_sched *s, struct seq *q, int32_t id,
 
 /* ---- the step ---- */
 
+/* After a step that ran q's pending token and its n_draft draft tokens (output rows
+ * row0..row0 + n_draft): takes the model's token of each row in order, as plain decoding would
+ * (sampler state and history as of that token), for as long as each token equals the draft token
+ * fed after it (speculative sampling for a one-hot draft: spec.h). The pending token's K/V and
+ * those of accepted draft tokens are kept; the rest lie past n_computed and are overwritten
+ * later. Returns the rows q had. */
+static int verify(struct lm_sched *s, struct seq *q, bool on_device, int row0) {
+    const int nd = q->n_draft, rows = nd + 1;
+    q->n_computed++; /* the pending token */
+    q->n_draft = 0;
+    s->st.spec_drafts++;
+    s->st.spec_draft_tokens += nd;
+    q->r->result.draft_tokens += nd;
+    for (int j = 0; j <= nd; j++) {
+        const float *row = on_device ? NULL : s->logits + (size_t)(row0 + j) * s->vocab;
+        struct lm_token_logprob lp;
+        int32_t id = row ? choose_token(s, q, row, &lp) : s->ids[row0 + j];
+        bool match = j < nd && id == q->draft[j];
+        if (match) { /* counted now: taking the token may finish q and free its request */
+            s->st.spec_accepted_tokens++;
+            q->r->result.accepted_tokens++;
+        }
+        if (accept_token(s, q, id, row && q->r->gen.sampling.logprobs ? &lp : NULL)) return rows;
+        if (!match) break;
+        q->n_computed++; /* the draft token fed at this position was the model's own */
+    }
+    index_full_blocks(s, q);
+    return rows;
+}
+
 static bool cancelled(const struct seq *q) {
     return q->r->gen.cancel && atomic_load(q->r->gen.cancel);
 }
@@ -529,14 +608,21 @@ int lm_sched_step(struct lm_sched *s) {
     bool on_device = lm_model_samples_on_device(s->m);
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
-        bool last = q->n_computed + q->chunk == q->n_tokens && q->r->gen.max_tokens > 0;
+        bool last = q->n_computed + q->chunk - q->n_draft == q->n_tokens && q->r->gen.max_tokens > 0;
         s->batch[i] = (struct lm_batch_seq){q->tokens + q->n_computed, q->chunk, q->n_computed,
-                                            q->blocks, last ? LM_LOGITS_LAST : LM_LOGITS_NONE};
+                                            q->blocks,
+                                            q->n_draft  ? LM_LOGITS_ALL
+                                            : last      ? LM_LOGITS_LAST
+                                                        : LM_LOGITS_NONE};
         tokens += q->chunk;
         if (last) {
             on_device = on_device && device_samples(q);
-            if (on_device) s->dsamp[rows] = device_params(q);
-            rows++;
+            /* A draft's rows draw the tokens plain decoding would draw there: the counter is the
+             * token's index in the request. */
+            for (int j = 0; j <= q->n_draft; j++, rows++) {
+                s->dsamp[rows] = device_params(q);
+                s->dsamp[rows].counter += (uint64_t)j;
+            }
         }
     }
     double tf = lm_now_ms();
@@ -545,7 +631,7 @@ int lm_sched_step(struct lm_sched *s) {
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
     s->st.steps++;
     s->st.step_tokens += tokens;
-    s->st.decode_steps += tokens == n;
+    s->st.decode_steps += tokens == n; /* (a step with drafts counts as a mixed one) */
     s->st.device_sampled_steps += on_device;
     if (rc) {
         char msg[256];
@@ -559,6 +645,10 @@ int lm_sched_step(struct lm_sched *s) {
     int row = 0;
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
+        if (q->n_draft) {
+            row += verify(s, q, on_device, row);
+            continue;
+        }
         bool wants = s->batch[i].logits == LM_LOGITS_LAST;
         q->n_computed += q->chunk;
         index_full_blocks(s, q);

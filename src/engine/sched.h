@@ -12,7 +12,10 @@
  *     of the budget in admission order (chunked prefill, so a long prompt never stalls the
  *     decodes); a sequence that needs a KV block when none is free takes one from the most
  *     recently admitted sequence, which is preempted (its blocks are released, still cached, and
- *     it is recomputed when readmitted: vLLM's recompute preemption);
+ *     it is recomputed when readmitted: vLLM's recompute preemption); with speculative decoding
+ *     on (params.spec), a decoding sequence also carries up to num_speculative_tokens draft
+ *     tokens proposed by n-gram lookup (engine/spec.h), as far as the token budget, its
+ *     max_tokens and the free KV blocks allow (drafts never preempt anyone);
  *  4. runs the step as one lm_model_forward, so every weight matrix is read once per step; on a
  *     model that chooses tokens on its device (lm_model_samples_on_device: CUDA) and when every
  *     sequence that needs a token samples in a way the device can (greedy, temperature, top_k,
@@ -22,7 +25,10 @@
  *  5. indexes the blocks that became full, samples each sequence that reached its last token
  *     (per sequence: its own sampling parameters, token history and RNG), streams text through
  *     its emitter (stop strings held back) and finishes sequences at EOS, a stop string or
- *     max_tokens.
+ *     max_tokens. A sequence with a draft samples its rows in order, as plain decoding would
+ *     sample those tokens, and stops at the first token that differs from the draft (that token
+ *     is kept: it is the model's own); the K/V of the rejected draft positions is overwritten
+ *     later. So speculation changes how many steps a request takes, never its tokens (spec.h).
  *
  * Batch invariance: the forward computes every row as it would alone (family/model.h), and
  * sampling is per sequence, so a request's ids do not depend on what runs beside it, on the
@@ -40,6 +46,7 @@
 #include "base/status.h"
 #include "engine/generate.h"
 #include "engine/kv.h"
+#include "engine/spec.h"
 #include "family/model.h"
 
 struct lm_sched_params {
@@ -48,6 +55,7 @@ struct lm_sched_params {
                              at least max_seqs */
     int n_blocks;         /* KV blocks of LM_KV_BLOCK positions in the pool; must hold max_ctx */
     int max_ctx;          /* positions one sequence may reach (prompt + completion) */
+    struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed: off */
 };
 struct lm_sched_params lm_sched_default_params(void); /* n_blocks and max_ctx are 0: set them */
 
@@ -97,6 +105,10 @@ struct lm_sched_stats {
     long long decode_steps;  /* steps with no prefill chunk (every sequence decodes one token) */
     long long device_sampled_steps; /* steps whose tokens the device chose (only ids came back;
                                        lm_model_forward_sample) */
+    /* Speculative decoding (vLLM's spec_decode counters): */
+    long long spec_drafts;          /* sequence-steps that verified a draft */
+    long long spec_draft_tokens;    /* draft tokens verified */
+    long long spec_accepted_tokens; /* of which accepted (each saves a step) */
 };
 
 struct lm_sched;

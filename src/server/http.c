@@ -845,7 +845,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *mc, struct conn *k)
                                   .waiting = ws.waiting,
                                   .kv_blocks_used = ws.engine.kv_blocks_used,
                                   .kv_blocks_cached = ws.engine.kv_blocks_cached,
-                                  .kv_blocks_free = ws.engine.kv_blocks_free};
+                                  .kv_blocks_free = ws.engine.kv_blocks_free,
+                                  .spec_drafts = ws.engine.spec_drafts,
+                                  .spec_draft_tokens = ws.engine.spec_draft_tokens,
+                                  .spec_accepted_tokens = ws.engine.spec_accepted_tokens};
     struct lm_buf out = {0};
     lm_metrics_render(srv->metrics, &g, &out);
     return respond(mc, k, 200, "text/plain; version=0.0.4; charset=utf-8", lm_buf_take(&out));

@@ -168,4 +168,13 @@ void lm_metrics_render(struct lm_metrics *m, const struct lm_metrics_gauges *g,
           g->kv_blocks_cached);
     gauge(out, "lumen_kv_cache_blocks_free", "KV-cache blocks neither held nor cached.",
           g->kv_blocks_free);
+    counter(out, "lumen_spec_decode_num_drafts_total",
+            "Speculative decoding: sequence-steps that verified a draft.",
+            (unsigned long long)g->spec_drafts);
+    counter(out, "lumen_spec_decode_num_draft_tokens_total",
+            "Speculative decoding: draft tokens verified.",
+            (unsigned long long)g->spec_draft_tokens);
+    counter(out, "lumen_spec_decode_num_accepted_tokens_total",
+            "Speculative decoding: draft tokens accepted (each one a forward step saved).",
+            (unsigned long long)g->spec_accepted_tokens);
 }

@@ -52,6 +52,11 @@ struct lm_metrics_gauges {
     long kv_blocks_used;   /* held by running sequences */
     long kv_blocks_cached; /* held by no sequence, kept for prefix reuse (evictable) */
     long kv_blocks_free;   /* neither */
+    /* Speculative decoding, counters since start (vLLM's spec_decode_num_drafts,
+     * spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens; all 0 when it is off). */
+    long long spec_drafts;          /* sequence-steps that verified a draft */
+    long long spec_draft_tokens;    /* draft tokens verified */
+    long long spec_accepted_tokens; /* of which accepted */
 };
 
 /* Appends the exposition text (HELP and TYPE for every family) to `out`. */

@@ -18,6 +18,7 @@
 #include <stddef.h>
 
 #include "base/status.h"
+#include "engine/spec.h"
 #include "family/model.h"
 
 struct lm_server_params {
@@ -34,6 +35,7 @@ struct lm_server_params {
                                   a quarter of the available memory */
     double shutdown_timeout_s; /* stop lets in-flight requests finish this long; default 10 (a
                                   negative value: cancel at once) */
+    struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed (default): off */
     const char *records_path; /* append one JSONL record per generation request (records.h);
                                  NULL (default): none */
     bool reasoning;    /* split chat output into reasoning_content and content with the family's

@@ -61,6 +61,7 @@ struct lm_worker_params lm_worker_params_from_server(const struct lm_server_para
     if (sp->max_seqs > 0) p.max_seqs = sp->max_seqs;
     if (sp->max_batch_tokens > 0) p.max_batch_tokens = sp->max_batch_tokens;
     if (sp->kv_tokens > 0) p.kv_tokens = sp->kv_tokens;
+    p.spec = sp->spec;
     p.log_summary = sp->log_requests;
     if (sp->shutdown_timeout_s > 0)
         p.shutdown_timeout_s = sp->shutdown_timeout_s;
@@ -394,7 +395,8 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
     struct lm_sched_params sp = {.max_seqs = p.max_seqs,
                                  .max_batch_tokens = p.max_batch_tokens,
                                  .n_blocks = (int)((kv + LM_KV_BLOCK - 1) / LM_KV_BLOCK),
-                                 .max_ctx = p.ctx_size};
+                                 .max_ctx = p.ctx_size,
+                                 .spec = p.spec};
     struct lm_worker *w = calloc(1, sizeof *w);
     if (!w) return lm_errorf(LM_ERR_NOMEM, "out of memory");
     w->model = m;
@@ -413,6 +415,11 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
                 LM_KV_BLOCK,
                 (double)sp.n_blocks * LM_KV_BLOCK * (double)lm_model_kv_bytes_per_token(m) /
                     1048576.0);
+    if (p.log_summary && p.spec.num_speculative_tokens > 0)
+        fprintf(stderr,
+                "lumen serve: speculative decoding: ngram, num_speculative_tokens %d, "
+                "prompt_lookup_max %d, prompt_lookup_min %d\n",
+                p.spec.num_speculative_tokens, p.spec.prompt_lookup_max, p.spec.prompt_lookup_min);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int rc = pthread_create(&w->thread, NULL, engine_main, w);
@@ -475,6 +482,15 @@ void lm_worker_shutdown(struct lm_worker *w) {
             st.later_turn_reusable_tokens, st.warm_requests, st.warm_tokens, e->steps,
             e->steps ? (double)e->step_tokens / (double)e->steps : 0.0, e->preemptions,
             e->evictions, e->decode_steps, e->device_sampled_steps, e->busy_s, e->forward_s);
+        if (e->spec_drafts)
+            fprintf(stderr,
+                    "lumen serve: speculative decoding: %lld drafts, %lld draft tokens, %lld "
+                    "accepted (%.1f%%), %.2f tokens a draft step\n",
+                    e->spec_drafts, e->spec_draft_tokens, e->spec_accepted_tokens,
+                    e->spec_draft_tokens
+                        ? 100.0 * (double)e->spec_accepted_tokens / (double)e->spec_draft_tokens
+                        : 0.0,
+                    1.0 + (double)e->spec_accepted_tokens / (double)e->spec_drafts);
     }
 }
 

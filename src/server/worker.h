@@ -99,6 +99,7 @@ struct lm_worker_params {
                                   memory available, and never below ctx_size */
     double shutdown_timeout_s; /* how long shutdown lets in-flight requests finish (default 10) */
     bool warm_next_turn;       /* cache each chat turn's canonical form (default true) */
+    struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed (default): off */
     bool log_summary;          /* at shutdown, one line on stderr: requests, prefix-cache hit
                                   rates, steps, preemptions (default false) */
 };

@@ -1,0 +1,64 @@
+/* spec.h: speculative decoding: the draft proposer (n-gram prompt lookup) and its settings.
+ *
+ * Speculative decoding (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+ * Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
+ * Sampling") runs a sequence's last token plus k proposed ("draft") tokens through the model in
+ * one forward step and keeps the longest prefix of the draft the model agrees with, plus one
+ * token of its own: 1 to k + 1 tokens a step for the weight reads of one.
+ *
+ * The proposer here is n-gram prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM's
+ * speculative method "ngram"): find the most recent earlier occurrence of the sequence's last n
+ * tokens (n from prompt_lookup_max down to prompt_lookup_min) in its own prompt and output, and
+ * propose the tokens that followed it. It needs no second model, so it works on any checkpoint,
+ * and pays where the output repeats its input (summaries, code edits, retrieval answers, quoted
+ * text, multi-turn chat that echoes earlier turns).
+ *
+ * Verification (engine/sched.c) is exact. A proposal is a single token d (a one-hot draft
+ * distribution q), and speculative sampling's rule for it (accept d with probability
+ * min(1, p(d) / q(d)) = p(d); on rejection draw from norm(max(0, p - q)), which is p without d)
+ * is the same as drawing the token from the model's p as plain decoding would and accepting d
+ * when the draw equals it. The scheduler does exactly that, with the draw plain decoding would
+ * make for that token (the same RNG state, or on the device the same (seed, token index)), so a
+ * request's tokens are the same with speculation on or off, greedy or sampled, as long as the
+ * forward gives a row the same logits in a multi-token step as alone (family/model.h's batch
+ * invariance). */
+#ifndef LM_ENGINE_SPEC_H
+#define LM_ENGINE_SPEC_H
+
+#include <stdint.h>
+
+#include "base/status.h"
+
+#define LM_SPEC_MAX_TOKENS 15 /* the most draft tokens a step may verify per sequence */
+
+/* vLLM's speculative_config keys (method "ngram"). A zeroed struct is "off". */
+struct lm_spec_params {
+    int num_speculative_tokens; /* draft tokens proposed per step, 0 (off) .. LM_SPEC_MAX_TOKENS */
+    int prompt_lookup_max;      /* longest n-gram matched, >= prompt_lookup_min */
+    int prompt_lookup_min;      /* shortest n-gram matched, >= 1 */
+};
+
+/* lumen's defaults when speculation is on and a key is not given: 4 and 2. A 1-gram proposes
+ * after any repeated token and is mostly wrong on free text, so it costs verification work for
+ * little gain; pass prompt_lookup_min 1 to allow it. */
+#define LM_SPEC_DEFAULT_LOOKUP_MAX 4
+#define LM_SPEC_DEFAULT_LOOKUP_MIN 2
+
+/* Checks p (off is valid). LM_ERR_INVALID naming the key and its range. */
+lm_status lm_spec_check(const struct lm_spec_params *p);
+
+/* Parses a vLLM-style speculative config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
+ * "prompt_lookup_max": 4, "prompt_lookup_min": 2}, into *out (missing lookup keys take the
+ * defaults above; method may be omitted). LM_ERR_INVALID names the key: malformed JSON, a method
+ * other than "ngram" (lumen has no draft-model method), an unknown key, a value out of range. */
+lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
+
+/* Proposes up to max_draft (<= LM_SPEC_MAX_TOKENS) tokens to follow tokens[0..n): for n-gram
+ * sizes g = prompt_lookup_max down to prompt_lookup_min (and g < n), the latest start j < n - g
+ * with tokens[j..j+g) == tokens[n-g..n) gives draft[i] = tokens[j + g + i] for i < max_draft
+ * while j + g + i < n. Returns the number written (0: no match). tokens are borrowed. O(n * g)
+ * in the worst case, one pass a size. */
+int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
+                    int32_t *draft);
+
+#endif
