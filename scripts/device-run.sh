@@ -155,18 +155,19 @@ for step in "$@"; do
     # SIGTERM; the shutdown line. Outputs: serve-c<C>$PROFILE_TAG.log, profile-c<C>$PROFILE_TAG.txt.
     # PROFILE_EXTRA: a JSON object merged into every request (e.g. '{"min_p":1e-9}' makes the
     # engine sample on the host from copied logits, for comparison).
-    # SERVE_Q8=1 serves the synthetic model's Q8_0 GGUF instead.
+    # SERVE_Q8=1 serves the synthetic model's Q8_0 GGUF instead. SERVE_SPEC: a speculative config
+    # for lumen serve (--speculative-config JSON). PROFILE_DATASET: default sharegpt.
     SM=/tmp/q06
     if [ "${SERVE_Q8:-0}" = 1 ]; then need_q8; SM=/tmp/q06-q8.gguf; else need_q06; fi
     for conc in $(echo ${PROFILE_CONC:-64} | tr , ' '); do
       rm -rf /tmp/lumen-records.jsonl /tmp/lumen-profile-c$conc
       $LUMEN serve --device cuda --model $SM --port 8123 --ctx-size 4096 --max-seqs ${SERVE_SEQS:-256} \
         --max-batch-tokens ${SERVE_BATCH:-2048} --kv-size ${SERVE_KV:-16G} --max-queue 1024 \
-        --records /tmp/lumen-records.jsonl >"$OUT/serve-c$conc${PROFILE_TAG:-}.log" 2>&1 &
+        ${SERVE_SPEC:+--speculative-config "$SERVE_SPEC"} --records /tmp/lumen-records.jsonl >"$OUT/serve-c$conc${PROFILE_TAG:-}.log" 2>&1 &
       spid=$!
       for i in $(seq 1 120); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 0.5; done
       curl -s http://127.0.0.1:8123/v1/models; echo
-      timeout 400 $LUMEN profile --url http://127.0.0.1:8123 --dataset sharegpt --context-tokens 4096 \
+      timeout 400 $LUMEN profile --url http://127.0.0.1:8123 --dataset ${PROFILE_DATASET:-sharegpt} --context-tokens 4096 \
         --concurrency $conc --conversations ${PROFILE_CONVS:-256} --max-tokens 128 \
         --model-dir /tmp/q06 --server-records /tmp/lumen-records.jsonl ${PROFILE_EXTRA:+--extra-body "$PROFILE_EXTRA"} \
         --artifact-dir /tmp/lumen-profile-c$conc --quiet >"$OUT/profile-c$conc${PROFILE_TAG:-}.txt" 2>&1

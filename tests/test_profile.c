@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "check.h"
 
 static pid_t g_server = -1;
@@ -91,15 +92,20 @@ static void print_file(const char *path) {
 /* Starts `lumen serve` and waits up to 120 s for /health; false (with the log shown) if not. */
 static char g_records[256];
 
-static bool start_server(int port, const char *log) {
+/* spec: a --speculative-config for the server, or NULL. */
+static bool start_server(int port, const char *log, const char *spec) {
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     g_server = fork();
     if (g_server == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(127);
-        execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", port_s,
-              "--records", g_records, (char *)NULL);
+        if (spec)
+            execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", port_s,
+                  "--records", g_records, "--speculative-config", spec, (char *)NULL);
+        else
+            execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "serve", "--model", TINY_MODEL, "--port", port_s,
+                  "--records", g_records, (char *)NULL);
         _exit(127);
     }
     char url[64];
@@ -131,6 +137,73 @@ static const char *msg(json_t *rec, size_t i, const char **role) {
     json_t *m = json_array_get(json_object_get(rec, "messages"), i);
     *role = str(m, "role");
     return str(m, "content");
+}
+
+static size_t append(char *p, size_t s, size_t n, void *ud) {
+    lm_buf_append(ud, p, s * n);
+    return s * n;
+}
+
+/* The value of a sample `name` (no labels) in the server's /metrics, or -1. */
+static double scrape_metric(int port, const char *name) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", port);
+    struct lm_buf b = {0};
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, append);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
+    double v = -1;
+    if (curl_easy_perform(h) == CURLE_OK && b.p) {
+        size_t n = strlen(name);
+        for (const char *q = b.p; (q = strstr(q, name)); q += n)
+            if ((q == b.p || q[-1] == '\n') && q[n] == ' ') {
+                v = strtod(q + n + 1, NULL);
+                break;
+            }
+    }
+    curl_easy_cleanup(h);
+    lm_buf_free(&b);
+    return v;
+}
+
+/* A server with speculative decoding: the profile's summary reports its acceptance, and the
+ * counts are the server's own token counters (not its draft-step counter added in). */
+static void test_speculative(const char *dir) {
+    char log[256], sdir[256], cmd[2048];
+    snprintf(log, sizeof log, "%s/server_spec.log", dir);
+    snprintf(sdir, sizeof sdir, "%s/spec", dir);
+    int port = free_port();
+    if (port <= 0 || !start_server(port, log, "{\"method\":\"ngram\",\"num_speculative_tokens\":3,"
+                                                "\"prompt_lookup_min\":1}")) {
+        CHECK(false, "lumen serve --speculative-config did not come up");
+        stop_server();
+        return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' profile --url http://127.0.0.1:%d --dataset spec_bench --category qa "
+             "--conversations 3 --max-tokens 24 --warmup-requests 0 --artifact-dir '%s' --quiet > "
+             "'%s/spec.txt'",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sdir, dir);
+    int rc = system(cmd);
+    CHECK(rc == 0, "lumen profile against a speculating server exited with %d", rc);
+    double drafted = scrape_metric(port, "lumen_spec_decode_num_draft_tokens_total");
+    double accepted = scrape_metric(port, "lumen_spec_decode_num_accepted_tokens_total");
+    double drafts = scrape_metric(port, "lumen_spec_decode_num_drafts_total");
+    stop_server();
+    char path[512];
+    snprintf(path, sizeof path, "%s/summary.json", sdir);
+    json_t *sj = json_load_file(path, 0, NULL);
+    json_t *sp = json_object_get(sj, "speculative");
+    CHECK(!strcmp(str(sp, "mode"), "speculative") && drafted > 0 && accepted > 0 && drafts > 0 &&
+              json_integer_value(json_object_get(sp, "draft_tokens")) == (json_int_t)drafted &&
+              json_integer_value(json_object_get(sp, "accepted_tokens")) == (json_int_t)accepted,
+          "speculative run: summary %s, %lld of %lld; the server's counters: %g of %g (%g drafts)",
+          str(sp, "mode"), (long long)json_integer_value(json_object_get(sp, "accepted_tokens")),
+          (long long)json_integer_value(json_object_get(sp, "draft_tokens")), accepted, drafted,
+          drafts);
+    json_decref(sj);
 }
 
 int main(void) {
@@ -167,7 +240,7 @@ int main(void) {
 
     int port = free_port();
     CHECK(port > 0, "free port");
-    if (port <= 0 || !start_server(port, log)) {
+    if (port <= 0 || !start_server(port, log, NULL)) {
         CHECK(false, "lumen serve did not come up");
         stop_server();
         return check_exit("test_profile");
@@ -209,6 +282,7 @@ int main(void) {
     rc = system(cmd);
     CHECK(rc == 0, "lumen profile sweep exited with %d", rc);
     stop_server();
+    test_speculative(dir);
     char path[512];
     snprintf(path, sizeof path, "%s/summary.json", sg_dir);
     json_t *sg = json_load_file(path, 0, NULL);

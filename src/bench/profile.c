@@ -87,41 +87,56 @@ static lm_status session_open(struct session *s, const struct lm_bench_profile_o
     return LM_OK;
 }
 
-/* Speculative counters in a Prometheus text body: sums of the samples whose metric name holds
- * "draft" (drafted) or "accept" (accepted). Returns {"drafted": x, "accepted": y, "lines":
- * [...]} or NULL when there is none. */
+/* True when `name` ends with `suffix`, or with `suffix` + "_total". */
+static bool name_ends(const char *name, const char *suffix) {
+    size_t n = strlen(name), k = strlen(suffix);
+    if (n >= k + 6 && !strcmp(name + n - 6, "_total")) n -= 6;
+    return n >= k && !strncmp(name + n - k, suffix, k);
+}
+
+/* Speculative counters in a Prometheus text body. Token counters first: the samples whose
+ * metric name ends in "draft_tokens" (drafted) or "accepted_tokens" (accepted), optionally
+ * with "_total" (vLLM's spec_decode_num_draft_tokens / _num_accepted_tokens, lumen's
+ * lumen_spec_decode_*); only when a body has none of those, the sums of the samples whose name
+ * holds "draft" or "accept" (other servers). A name such as spec_decode_num_drafts (steps, not
+ * tokens) or ..._accepted_tokens_per_pos (a breakdown) then does not count twice. Returns
+ * {"drafted": x, "accepted": y, "lines": [...]} or NULL when there is none. */
 static json_t *spec_counters(const char *text) {
     if (!text) return NULL;
     double drafted = 0, accepted = 0;
     bool any = false;
     json_t *lines = json_array();
-    for (const char *p = text; *p;) {
-        const char *e = strchr(p, '\n');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len && p[0] != '#' && len < 512) {
-            char line[512];
-            memcpy(line, p, len);
-            line[len] = 0;
-            char *sp = strrchr(line, ' ');
-            size_t name_len = strcspn(line, "{ ");
-            char name[256];
-            snprintf(name, sizeof name, "%.*s", (int)(name_len < 255 ? name_len : 255), line);
-            bool is_acc = strstr(name, "accept") != NULL;
-            bool is_draft = !is_acc && strstr(name, "draft") != NULL;
-            if (sp && (is_acc || is_draft) && !strstr(name, "_bucket") && !strstr(name, "_sum") &&
-                !strstr(name, "_count") && !strstr(name, "_created")) {
-                double v = strtod(sp + 1, NULL);
-                if (isfinite(v)) {
-                    if (is_acc)
-                        accepted += v;
-                    else
-                        drafted += v;
-                    any = true;
-                    json_array_append_new(lines, json_string(line));
+    for (int tier = 0; tier < 2 && !any; tier++) {
+        for (const char *p = text; *p;) {
+            const char *e = strchr(p, '\n');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            if (len && p[0] != '#' && len < 512) {
+                char line[512];
+                memcpy(line, p, len);
+                line[len] = 0;
+                char *sp = strrchr(line, ' ');
+                size_t name_len = strcspn(line, "{ ");
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)(name_len < 255 ? name_len : 255), line);
+                bool is_acc = tier == 0 ? name_ends(name, "accepted_tokens")
+                                        : strstr(name, "accept") != NULL;
+                bool is_draft = !is_acc && (tier == 0 ? name_ends(name, "draft_tokens")
+                                                      : strstr(name, "draft") != NULL);
+                if (sp && (is_acc || is_draft) && !strstr(name, "_bucket") &&
+                    !strstr(name, "_sum") && !strstr(name, "_count") && !strstr(name, "_created")) {
+                    double v = strtod(sp + 1, NULL);
+                    if (isfinite(v)) {
+                        if (is_acc)
+                            accepted += v;
+                        else
+                            drafted += v;
+                        any = true;
+                        json_array_append_new(lines, json_string(line));
+                    }
                 }
             }
+            p = e ? e + 1 : p + len;
         }
-        p = e ? e + 1 : p + len;
     }
     if (!any) {
         json_decref(lines);
