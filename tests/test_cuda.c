@@ -975,6 +975,130 @@ static void test_attention(void) {
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
 }
 
+/* Runs (speculative verification): one fused launch holding runs of consecutive tokens of a
+ * sequence (run_prev set) against the same tokens decoded one launch at a time: the outputs and
+ * the cache must have the same bits (the decode kernel builds a run's earlier keys and values
+ * from q/k/v exactly as their own launches would write them). Sequences of 37 and 300 cached
+ * positions and one empty, runs of 4, 1 and 3 tokens, with and without split-KV. */
+static void test_attention_runs(void) {
+    static const struct attn_case cases[] = {{128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}};
+    enum { NS = 3, MAXR = 4 };
+    const int len[NS] = {37, 300, 0}, runs[NS] = {4, 1, 3};
+    int worst = 0, n_cmp = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const struct attn_case *ac = &cases[ci];
+        const int D = ac->D, NH = ac->n_heads, NKV = ac->n_kv, BS = ac->block_size;
+        const int Q = NH * D, KV = NKV * D, QKV = Q + 2 * KV, G = NH / NKV;
+        const int max_len = 300 + MAXR, W = (max_len + BS - 1) / BS, n_blocks = NS * W;
+        int32_t *bt = malloc(sizeof(int32_t) * NS * W);
+        for (int i = 0; i < NS * W; i++) bt[i] = (i * 7 + 3) % n_blocks; /* a permutation (7 odd) */
+        float *w = malloc(sizeof(float) * (D + D + D / 2));
+        for (int i = 0; i < 2 * D; i++) w[i] = 1.0f + 0.3f * frand();
+        for (int i = 0; i < D / 2; i++) w[2 * D + i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+        float *dw = dev_from(w, sizeof(float) * (2 * D + D / 2));
+        const size_t pool = (size_t)n_blocks * NKV * BS * D;
+        uint16_t *dk = dev(2 * pool), *dv = dev(2 * pool), *k0 = malloc(2 * pool), *v0 = malloc(2 * pool);
+        for (size_t i = 0; i < pool; i++) k0[i] = lm_f32_to_bf16(frand()), v0[i] = lm_f32_to_bf16(frand());
+        int32_t *dbt = dev_from(bt, sizeof(int32_t) * NS * W);
+        /* The run tokens, in sequence order: rows of one fused launch. */
+        int n = 0;
+        int32_t seq[NS * MAXR], pos[NS * MAXR], prev[NS * MAXR];
+        for (int sq = 0; sq < NS; sq++)
+            for (int j = 0; j < runs[sq]; j++, n++) seq[n] = sq, pos[n] = len[sq] + j, prev[n] = j;
+        float *qkv = malloc(sizeof(float) * n * QKV);
+        fill(qkv, (long)n * QKV, 2.0f);
+        float *dqkv = dev(sizeof(float) * n * QKV), *dout = dev(sizeof(float) * n * Q);
+        int32_t *dseq = dev(sizeof(int32_t) * n), *dpos = dev(sizeof(int32_t) * n), *dprev = dev(sizeof(int32_t) * n);
+        const int NZ = 4;
+        float *dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
+        unsigned *dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
+        lm_cuda_memset(dcnt, 0, sizeof(unsigned) * (size_t)n * NKV);
+        float *out_a = malloc(sizeof(float) * n * Q), *out_b = malloc(sizeof(float) * n * Q);
+        uint16_t *ka = malloc(2 * pool), *va = malloc(2 * pool), *kb = malloc(2 * pool), *vb = malloc(2 * pool);
+        for (int split = 0; split < 2; split++) {
+            struct lm_cuda_attn a = {0};
+            a.ld_qkv = QKV;
+            a.q_norm = dw, a.k_norm = dw + D, a.inv_freq = dw + 2 * D;
+            a.eps = 1e-6f, a.scale = 1.0f / sqrtf((float)D);
+            a.k_cache = dk, a.v_cache = dv, a.block_tables = dbt, a.bt_width = W;
+            a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS;
+            a.out = dout, a.seq = dseq, a.pos = dpos;
+            if (split) a.n_splits = NZ, a.split_len = 1, a.split_part = dpart, a.split_count = dcnt;
+            /* A: one launch per run index j, holding the j-th token of every run that long. */
+            lm_cuda_upload(dk, k0, 2 * pool);
+            lm_cuda_upload(dv, v0, 2 * pool);
+            lm_status rc = LM_OK;
+            for (int j = 0; j < MAXR && !rc; j++) {
+                int m = 0, idx[NS];
+                float *q1 = malloc(sizeof(float) * NS * QKV);
+                int32_t s1[NS], p1[NS];
+                for (int t = 0; t < n; t++)
+                    if (prev[t] == j) {
+                        memcpy(q1 + (size_t)m * QKV, qkv + (size_t)t * QKV, sizeof(float) * QKV);
+                        s1[m] = seq[t], p1[m] = pos[t], idx[m++] = t;
+                    }
+                if (m) {
+                    lm_cuda_upload(dqkv, q1, sizeof(float) * m * QKV);
+                    lm_cuda_upload(dseq, s1, sizeof(int32_t) * m);
+                    lm_cuda_upload(dpos, p1, sizeof(int32_t) * m);
+                    a.qkv = dqkv, a.run_prev = NULL;
+                    rc = lm_cuda_attention(g_ctx, &a, m, true);
+                    float *o1 = malloc(sizeof(float) * m * Q);
+                    sync_ok("attention runs A");
+                    lm_cuda_download(o1, dout, sizeof(float) * m * Q);
+                    for (int i = 0; i < m; i++) memcpy(out_a + (size_t)idx[i] * Q, o1 + (size_t)i * Q, sizeof(float) * Q);
+                    free(o1);
+                }
+                free(q1);
+            }
+            CHECK(rc == LM_OK, "attention runs D=%d, one token a launch: %s", D, lm_error_message());
+            lm_cuda_download(ka, dk, 2 * pool);
+            lm_cuda_download(va, dv, 2 * pool);
+            /* B: every run in one launch. */
+            lm_cuda_upload(dk, k0, 2 * pool);
+            lm_cuda_upload(dv, v0, 2 * pool);
+            lm_cuda_upload(dqkv, qkv, sizeof(float) * n * QKV);
+            lm_cuda_upload(dseq, seq, sizeof(int32_t) * n);
+            lm_cuda_upload(dpos, pos, sizeof(int32_t) * n);
+            lm_cuda_upload(dprev, prev, sizeof(int32_t) * n);
+            poison(dout, sizeof(float) * n * Q);
+            a.qkv = dqkv, a.run_prev = dprev;
+            CHECK(lm_cuda_attn_dec_fits(g_ctx, &a, n), "D=%d: the decode kernel takes %d tokens", D, n);
+            rc = lm_cuda_attention(g_ctx, &a, n, true);
+            CHECK(rc == LM_OK, "attention runs D=%d, one launch: %s", D, lm_error_message());
+            sync_ok("attention runs B");
+            lm_cuda_download(out_b, dout, sizeof(float) * n * Q);
+            lm_cuda_download(kb, dk, 2 * pool);
+            lm_cuda_download(vb, dv, 2 * pool);
+            int bad = 0;
+            for (int i = 0; i < n * Q; i++) bad += memcmp(&out_a[i], &out_b[i], sizeof(float)) != 0;
+            bad += memcmp(ka, kb, 2 * pool) != 0;
+            bad += memcmp(va, vb, 2 * pool) != 0;
+            worst = bad > worst ? bad : worst;
+            n_cmp++;
+            CHECK(bad == 0, "attention runs D=%d heads %d/%d block %d split %d: %d outputs or caches differ "
+                  "from one token a launch", D, NH, NKV, BS, split, bad);
+        }
+        /* Runs need the decode kernel: the v6 kernel refuses them. */
+        lm_cuda_ctx_set_attn_dec(g_ctx, false);
+        struct lm_cuda_attn a = {0};
+        a.qkv = dqkv, a.ld_qkv = QKV, a.q_norm = dw, a.k_norm = dw + D, a.inv_freq = dw + 2 * D;
+        a.eps = 1e-6f, a.scale = 1.0f, a.k_cache = dk, a.v_cache = dv, a.block_tables = dbt, a.bt_width = W;
+        a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS, a.out = dout;
+        a.seq = dseq, a.pos = dpos, a.run_prev = dprev;
+        CHECK(!lm_cuda_attn_dec_fits(g_ctx, &a, n) && lm_cuda_attention(g_ctx, &a, n, true) == LM_ERR_IO,
+              "D=%d: runs without the decode kernel are refused", D);
+        lm_cuda_ctx_set_attn_dec(g_ctx, true);
+        free(bt), free(w), free(k0), free(v0), free(qkv), free(out_a), free(out_b), free(ka), free(va), free(kb),
+            free(vb);
+        lm_cuda_free(dw), lm_cuda_free(dk), lm_cuda_free(dv), lm_cuda_free(dbt), lm_cuda_free(dqkv),
+            lm_cuda_free(dout), lm_cuda_free(dseq), lm_cuda_free(dpos), lm_cuda_free(dprev),
+            lm_cuda_free(dpart), lm_cuda_free(dcnt);
+    }
+    fprintf(stderr, "attention runs: %d comparisons (4 shapes, split-KV off/on) of one launch against one token "
+            "a launch, worst %d differing\n", n_cmp, worst);
+}
+
 /* ---- sampling ---- */
 
 struct rank_item {
@@ -1557,6 +1681,7 @@ int main(void) {
     test_gemm();
     test_rows();
     test_attention();
+    test_attention_runs();
     test_sample();
     test_model();
     lm_cuda_ctx_destroy(g_ctx);

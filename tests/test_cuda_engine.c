@@ -519,6 +519,58 @@ static void test_seeded(void) {
     for (int i = 0; i < 7; i++) lm_gen_result_free(&all[i]->result);
 }
 
+/* Speculative verification at the model level: a prompt, then 4 tokens as one step with every
+ * row's logits (the decode kernel takes the run: lm_cuda_attn.run_prev), against the same 4
+ * tokens one step each: the logits must be the same bits, on bf16 and on the Q8_0 GGUF's quants,
+ * at a short context and beyond 512 positions (split-KV). Runs of 1..4 tokens stay on the GEMV
+ * path (gemv_max_rows 4). */
+static void verify_vs_decode(struct lm_model *m, const char *what, int len) {
+    enum { R = 4 };
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)len);
+    for (int i = 0, k = 0; i < len; k++) {
+        const struct fcase *c = &g_cases[k % g_n_cases];
+        for (int j = 0; j < c->n_prompt && i < len; j++) prompt[i++] = c->prompt[j];
+    }
+    const int32_t run[R] = {g_cases[1].greedy[0], g_cases[2].greedy[1], g_cases[3].greedy[2], g_cases[4].greedy[3]};
+    float *one = malloc(sizeof(float) * (size_t)g_vocab * R), *all = malloc(sizeof(float) * (size_t)g_vocab * R);
+    /* One sequence at a time: a CUDA model holds one live cache. */
+    struct lm_seq *sq = NULL;
+    lm_status rc = lm_seq_create(m, len + R + 1, &sq);
+    if (!rc) rc = lm_seq_forward(sq, prompt, len, one, false);
+    for (int j = 0; j < R && !rc; j++) rc = lm_seq_forward(sq, &run[j], 1, one + (size_t)j * g_vocab, false);
+    lm_seq_destroy(sq);
+    sq = NULL;
+    if (!rc) rc = lm_seq_create(m, len + R + 1, &sq);
+    if (!rc) rc = lm_seq_forward(sq, prompt, len, all, false);
+    if (!rc) rc = lm_seq_forward(sq, run, R, all, true);
+    lm_seq_destroy(sq);
+    CHECK(!rc, "%s: verify vs decode: %s", what, lm_error_message());
+    int bad = 0;
+    for (int j = 0; j < R && !rc; j++)
+        bad += memcmp(one + (size_t)j * g_vocab, all + (size_t)j * g_vocab, sizeof(float) * g_vocab) != 0;
+    CHECK(!rc && bad == 0, "%s: %d of %d rows of a %d-token step differ from one token a step (after %d)", what,
+          bad, R, R, len);
+    fprintf(stderr, "verify: %s, %d tokens in one step after %d: %d of %d logits rows differ from one token a "
+                    "step\n", what, R, len, bad, R);
+    free(prompt), free(one), free(all);
+}
+
+static void test_verify_rows(void) {
+    verify_vs_decode(g_gpu, "bf16", 40);
+    verify_vs_decode(g_gpu, "bf16", 700);
+    struct lm_model_open_params p = lm_model_default_open_params();
+    p.device = "cuda";
+    struct lm_model *q = NULL;
+    FILE *f = fopen(Q8_GGUF, "rb");
+    if (f) fclose(f);
+    if (!f || lm_model_open(Q8_GGUF, &p, &q)) {
+        fprintf(stderr, "verify: %s is absent or did not open: Q8_0 case skipped\n", Q8_GGUF);
+        return;
+    }
+    verify_vs_decode(q, "Q8_0", 40);
+    lm_model_close(q);
+}
+
 /* Speculative decoding on the device: verification rows run as a multi-token step (another
  * attention kernel than the decode graph's, and cuBLAS beyond gemv_max_rows tokens), so the
  * logits differ from plain decoding's at bf16 level: greedy ids are compared as the batched ones
@@ -623,6 +675,7 @@ int main(void) {
         test_sched_greedy();
         test_cancel();
         test_seeded();
+        test_verify_rows();
         test_spec();
     }
     for (int i = 0; i < g_n_cases; i++) free(g_cases[i].prompt);

@@ -393,6 +393,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
  * and to shared memory), one barrier, the rounds, one barrier, the merge of the warps. */
 
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
+static_assert(LM_CUDA_DEC_RUN <= 8, "k_attn_dec keeps a run's K/V in 8 shared-memory rows");
 
 template <int D, int GM>
 struct DecShape {
@@ -427,7 +428,8 @@ __device__ __forceinline__ void dec_rope_cs(const float *inv_freq, int pos, int 
 }
 
 /* One warp: RoPE(RMSNorm(src) * w) with precomputed cos/sin, to a query head in shared memory
- * (layout dec_qslot) or to a key row (bf16) in the cache and in shared memory. */
+ * (layout dec_qslot) or to a key row (bf16) in shared memory and, unless k_out is NULL, the
+ * cache. */
 template <int D>
 __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, const float *c,
                                               const float *s, float eps, int lane, float *q_out,
@@ -457,8 +459,10 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
             q_out[dec_qslot<D>(j + H)] = o2;
         } else {
             const uint16_t u1 = f2bf(o1), u2 = f2bf(o2);
-            k_out[j] = u1;
-            k_out[j + H] = u2;
+            if (k_out) {
+                k_out[j] = u1;
+                k_out[j + H] = u2;
+            }
             k_sm[j] = u1;
             k_sm[j + H] = u2;
         }
@@ -471,7 +475,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     constexpr int LP = S::LP, PW = S::PW, PP = S::PP, NP = S::NP, RP = S::RP;
     constexpr int PER = (D / 2 + 31) / 32;
     __shared__ __align__(16) float qs[GM][D];
-    __shared__ __align__(16) uint16_t kn[D], vn[D];
+    __shared__ __align__(16) uint16_t kn[LM_CUDA_DEC_RUN][D], vn[LM_CUDA_DEC_RUN][D];
     __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
     __shared__ __align__(16) float wacc[DEC_WARPS][GM][D];
     const int g = blockIdx.x, t = blockIdx.y;
@@ -481,8 +485,11 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
 
     /* Before the wait: the step's inputs (copied before its first kernel), the cache rows of
-     * positions < pos (written by earlier steps; no kernel of this step writes them), weights. */
+     * positions < pos0 (written by earlier steps; no kernel of this step writes them), weights.
+     * Positions pos0..pos are this step's: the run's earlier tokens are rows t - np .. t - 1,
+     * whose K/V this block computes itself from q/k/v (their own blocks write the cache). */
     const int seq = a.seq[t], pos = a.pos[t], L = pos + 1;
+    const int np = a.run_prev ? a.run_prev[t] : 0, pos0 = pos - np;
     /* Split-KV (flash-decoding): block z of nz takes positions [p0, p1), the last one up to L. */
     const int nz = gridDim.z, z = blockIdx.z, SL = a.split_len;
     const int p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
@@ -497,12 +504,12 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int tok = r0 + p * PP + warp * PW + grp;
-            blk[p] = tok < pos ? bt[tok / BS] : 0;
+            blk[p] = tok < pos0 ? bt[tok / BS] : 0;
         }
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int tok = r0 + p * PP + warp * PW + grp;
-            if (tok < pos) {
+            if (tok < pos0) {
                 const size_t off = kv_offset(a, blk[p], g, tok % BS, D);
                 kr[p][0] = *reinterpret_cast<const uint4 *>(a.k_cache + off + j * 8);
                 kr[p][1] = *reinterpret_cast<const uint4 *>(a.k_cache + off + (j + LP) * 8);
@@ -520,17 +527,31 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     pdl_wait();
     const float *row = a.qkv + (size_t)t * a.ld_qkv;
     const int Q = a.n_heads * D, KV = a.n_kv_heads * D;
-    for (int vi = warp; vi <= G; vi += DEC_WARPS) {
-        if (vi < G)
+    /* Warps: the G query heads, then the keys of positions pos0 .. pos (the last one is this
+     * token's, written to the cache by this block when it holds it); each key row exactly as the
+     * block of its own token computes it, so the bits equal a decode of one token at a time. */
+    for (int vi = warp; vi <= G + np; vi += DEC_WARPS) {
+        if (vi < G) {
             dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, &qs[vi][0], nullptr, nullptr);
-        else if (own)
-            dec_norm_rope<D>(row + Q + g * D, a.k_norm, rc, rs, a.eps, lane, nullptr, a.k_cache + off_new, kn);
+        } else if (vi == G + np) {
+            if (own)
+                dec_norm_rope<D>(row + Q + g * D, a.k_norm, rc, rs, a.eps, lane, nullptr, a.k_cache + off_new, kn[np]);
+        } else {
+            const int i = vi - G;
+            float c2[PER], s2[PER];
+            dec_rope_cs<D>(a.inv_freq, pos0 + i, lane, c2, s2);
+            dec_norm_rope<D>(a.qkv + (size_t)(t - np + i) * a.ld_qkv + Q + g * D, a.k_norm, c2, s2, a.eps, lane,
+                             nullptr, nullptr, kn[i]);
+        }
     }
-    if (own && (int)threadIdx.x >= DEC_THREADS - D) {
-        const int d = threadIdx.x - (DEC_THREADS - D);
-        const uint16_t v = f2bf(row[Q + KV + g * D + d]);
-        a.v_cache[off_new + d] = v;
-        vn[d] = v;
+    /* Values: from the highest thread down, so that without a run the last warps (not the ones
+     * normalising) do it, as before. */
+    for (int idx = DEC_THREADS - 1 - (int)threadIdx.x; idx < (np + 1) * D; idx += DEC_THREADS) {
+        const int i = idx / D, d = idx % D;
+        if (i == np && !own) continue;
+        const uint16_t v = f2bf(a.qkv[(size_t)(t - np + i) * a.ld_qkv + Q + KV + g * D + d]);
+        if (i == np) a.v_cache[off_new + d] = v;
+        vn[i][d] = v;
     }
     __syncthreads();
 
@@ -544,14 +565,15 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     }
     for (int r0 = p0; r0 < p1; r0 += RP) { /* SL is a multiple of RP: rounds end at p1 */
         if (r0 != p0) load_round(r0);
-        /* This token's own position: its K/V from shared memory. */
+        /* This step's positions (this token's and its run's): their K/V from shared memory. */
 #pragma unroll
         for (int p = 0; p < NP; p++) {
-            if (r0 + p * PP + warp * PW + grp == pos) {
-                kr[p][0] = *reinterpret_cast<const uint4 *>(&kn[j * 8]);
-                kr[p][1] = *reinterpret_cast<const uint4 *>(&kn[(j + LP) * 8]);
-                vr[p][0] = *reinterpret_cast<const uint4 *>(&vn[j * 8]);
-                vr[p][1] = *reinterpret_cast<const uint4 *>(&vn[(j + LP) * 8]);
+            const int i = r0 + p * PP + warp * PW + grp - pos0;
+            if (i >= 0 && i <= np) {
+                kr[p][0] = *reinterpret_cast<const uint4 *>(&kn[i][j * 8]);
+                kr[p][1] = *reinterpret_cast<const uint4 *>(&kn[i][(j + LP) * 8]);
+                vr[p][0] = *reinterpret_cast<const uint4 *>(&vn[i][j * 8]);
+                vr[p][1] = *reinterpret_cast<const uint4 *>(&vn[i][(j + LP) * 8]);
             }
         }
         /* Passes of this round that hold any position < L (the same for the whole block: the
@@ -743,6 +765,18 @@ extern "C" lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const str
     return LM_OK;
 }
 
+/* True when a fused launch of n tokens runs k_attn_dec (the 8-warp decode kernel). */
+template <int D, int GM>
+static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+    if constexpr (GM * D <= 1024) {
+        if (!c->attn_dec) return false;
+        auto fn = k_attn_dec<D, GM>;
+        return (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count;
+    } else {
+        return false;
+    }
+}
+
 template <int D, int GM>
 static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n, bool fused) {
     const dim3 grid(a.n_kv_heads, n), block(ATT_WARPS * 32);
@@ -750,7 +784,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     if constexpr (GM * D <= 1024)
         if (fused && c->attn_dec) {
             auto fn = k_attn_dec<D, GM>;
-            if ((long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count) {
+            if (dec_fits_g<D, GM>(c, a, n)) {
                 if (a.n_splits <= 1 || !a.split_part || !a.split_count)
                     return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
                 constexpr int RP = DecShape<D, GM>::RP;
@@ -759,6 +793,8 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
                 return lm_launch(c, dim3(a.n_kv_heads, n, a.n_splits), dim3(DEC_THREADS), 0, fn, as);
             }
         }
+    /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
+    if (fused && a.run_prev) return cudaErrorInvalidValue;
     /* V prefetch when the launch is too small to fill the GPU (latency-bound: decode at small
      * batch) and the slices fit in registers (D <= 128); otherwise occupancy matters more. */
     constexpr bool can_pre = AttShape<D>::DPL <= 4;
@@ -774,6 +810,26 @@ static cudaError_t launch_attention(const lm_cuda_ctx *c, const lm_cuda_attn &a,
     if (G <= 2) return launch_attention_g<D, 2>(c, a, n, fused);
     if (G <= 4) return launch_attention_g<D, 4>(c, a, n, fused);
     return launch_attention_g<D, 8>(c, a, n, fused);
+}
+
+template <int D>
+static bool dec_fits(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+    const int G = a.n_heads / a.n_kv_heads;
+    if (G <= 1) return dec_fits_g<D, 1>(c, a, n);
+    if (G <= 2) return dec_fits_g<D, 2>(c, a, n);
+    if (G <= 4) return dec_fits_g<D, 4>(c, a, n);
+    return dec_fits_g<D, 8>(c, a, n);
+}
+
+extern "C" bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n) {
+    if (check_attn(a) || n < 1) return false;
+    switch (a->head_dim) {
+    case 16: return dec_fits<16>(c, *a, n);
+    case 32: return dec_fits<32>(c, *a, n);
+    case 64: return dec_fits<64>(c, *a, n);
+    case 128: return dec_fits<128>(c, *a, n);
+    default: return dec_fits<256>(c, *a, n);
+    }
 }
 
 extern "C" lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n,

@@ -287,7 +287,18 @@ struct lm_cuda_attn {
     int n_splits, split_len;
     float *split_part;
     unsigned *split_count;
+    /* Runs (speculative decoding's verification): NULL, or [n] per token the number of tokens of
+     * its sequence just before it in this launch (0 .. LM_CUDA_DEC_RUN - 1), which must be the
+     * rows t - run_prev[t] .. t - 1 at positions pos[t] - run_prev[t] .. pos[t] - 1 of the same
+     * block table. A fused launch then treats each token as its own decode: the run's keys and
+     * values come from q/k/v (normalised and rotated as their own tokens' blocks do it), not from
+     * the cache those blocks are writing, so token t gets the bits of a one-token decode at
+     * pos[t] after the earlier ones. Only the decode kernel (lm_cuda_attn_dec_fits) takes runs:
+     * another fused launch with run_prev set fails with LM_ERR_IO. Non-fused launches ignore it. */
+    const int32_t *run_prev;
 };
+
+#define LM_CUDA_DEC_RUN 8 /* the longest run of one sequence in a fused decode launch */
 
 /* For each token t < n: q and k heads <- RoPE(RMSNorm(head) * w) at position pos[t] (q in place
  * in qkv, rotate-half form as HF's apply_rotary_pos_emb, angle = float32(inv_freq[j] *
@@ -304,6 +315,10 @@ lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const struct lm_cuda
  * finished: nothing in the same chain of PDL kernels may write them (in a model step they are
  * written by the host copy before the step's first kernel, and by earlier steps). */
 lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n, bool fused);
+
+/* True when a fused lm_cuda_attention launch of n tokens with these arguments runs the 8-warp
+ * decode kernel (ctx option attn_dec, one wave of blocks), the one that takes run_prev. */
+bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
 
 /* ---- choosing tokens ---- */
 

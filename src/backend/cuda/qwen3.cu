@@ -39,7 +39,7 @@ struct layer_dev {
 /* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
  * tables (int32), then the sampling rows (8-byte aligned). */
 struct layout {
-    size_t ids, pos, seq, out, bt, samp, total;
+    size_t ids, pos, seq, run, out, bt, samp, total;
 };
 
 layout make_layout(int nt, int no, int ns, int W) {
@@ -47,7 +47,8 @@ layout make_layout(int nt, int no, int ns, int W) {
     L.ids = 0;
     L.pos = L.ids + 4 * (size_t)nt;
     L.seq = L.pos + 4 * (size_t)nt;
-    L.out = L.seq + 4 * (size_t)nt;
+    L.run = L.seq + 4 * (size_t)nt; /* lm_cuda_attn.run_prev of a decode step */
+    L.out = L.run + 4 * (size_t)nt;
     L.bt = L.out + 4 * (size_t)no;
     L.samp = (L.bt + 4 * (size_t)ns * W + 15) / 16 * 16;
     L.total = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
@@ -493,7 +494,8 @@ static lm_status gemv_any(const lm_cuda_qwen3 *m, lm_cuda_ctx *c, float *y, int 
 
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
-static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n) {
+static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
+                              bool decode) {
     lm_cuda_attn a;
     memset(&a, 0, sizeof a);
     a.qkv = m->qkv;
@@ -522,6 +524,9 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
         a.split_part = m->split_part;
         a.split_count = m->split_count;
     }
+    /* A decode step on the decode kernel takes runs of a sequence's tokens (verification of
+     * speculative drafts); the host fills L.run (zeros for a plain decode step). */
+    if (decode && lm_cuda_attn_dec_fits(m->ctx, &a, n)) a.run_prev = (const int32_t *)(m->in_dev + L.run);
     return a;
 }
 
@@ -568,7 +573,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const int mlp1_from = mlp1_min_rows(m);
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
-    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt);
+    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -674,23 +679,44 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         out_identity = out_identity && b->out_tokens[i] == i;
         if (b->sampling && b->sampling[i].temperature > 0) any_sampling = true;
     }
-    bool decode = out_identity;
-    if (decode) { /* every token in its own sequence */
+    /* A decode step: every token its own output, each sequence's tokens one run of consecutive
+     * positions (a plain decode step: runs of 1; speculative verification: the pending token
+     * and its drafts), runs longer than 1 only where the decode attention kernel takes them. */
+    bool decode = out_identity, runs = false;
+    std::vector<int32_t> prev(nt, 0);
+    if (decode) {
         std::vector<char> seen(ns, 0);
         for (int i = 0; i < nt && decode; i++) {
-            if (seen[b->seq[i]]) decode = false;
-            seen[b->seq[i]] = 1;
+            if (i > 0 && b->seq[i] == b->seq[i - 1]) {
+                prev[i] = prev[i - 1] + 1;
+                decode = b->pos[i] == b->pos[i - 1] + 1 && prev[i] < LM_CUDA_DEC_RUN;
+                runs = true;
+            } else {
+                decode = !seen[b->seq[i]];
+                seen[b->seq[i]] = 1;
+            }
         }
+    }
+    lm_cuda_ctx *c = m->ctx;
+    if (decode && runs) {
+        const int n_dec = p.graphs && nt <= m->MO ? bucket_of(m, nt) : nt;
+        lm_cuda_attn probe;
+        memset(&probe, 0, sizeof probe);
+        probe.n_heads = m->cfg.n_heads;
+        probe.n_kv_heads = m->cfg.n_kv_heads;
+        probe.head_dim = m->D;
+        probe.block_size = BS;
+        decode = lm_cuda_attn_dec_fits(c, &probe, n_dec);
     }
 
     const int cls = decode ? ctx_class(m, max_len) : 0;
-    lm_cuda_ctx *c = m->ctx;
     const bool use_graph = decode && p.graphs && nt <= m->MO;
     const int rows = use_graph ? bucket_of(m, nt) : nt;
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W);
     char *h = m->in_host;
     int32_t *ids = (int32_t *)(h + L.ids), *pos = (int32_t *)(h + L.pos), *seq = (int32_t *)(h + L.seq);
+    int32_t *run = (int32_t *)(h + L.run);
     int32_t *out = (int32_t *)(h + L.out), *bt = (int32_t *)(h + L.bt);
     lm_cuda_sampling *samp = (lm_cuda_sampling *)(h + L.samp);
     if (use_graph) {
@@ -698,7 +724,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             const bool real = i < nt;
             ids[i] = real ? b->ids[i] : 0;
             pos[i] = real ? b->pos[i] : 0;
-            seq[i] = i;
+            seq[i] = i; /* a row of its own (a run's rows hold copies of its sequence's table) */
+            run[i] = real ? prev[i] : 0;
             out[i] = i;
             if (real) {
                 memcpy(bt + (size_t)i * W, b->block_tables + (size_t)b->seq[i] * W, sizeof(int32_t) * W);
@@ -712,6 +739,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         memcpy(ids, b->ids, sizeof(int32_t) * nt);
         memcpy(pos, b->pos, sizeof(int32_t) * nt);
         memcpy(seq, b->seq, sizeof(int32_t) * nt);
+        memcpy(run, prev.data(), sizeof(int32_t) * nt);
         memcpy(out, b->out_tokens, sizeof(int32_t) * no);
         memcpy(bt, b->block_tables, sizeof(int32_t) * (size_t)ns * W);
         for (int i = 0; i < no; i++) {
@@ -780,7 +808,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 4: return gemv_any(m, c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
-        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows, 0, rows);
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows, 0, rows, true);
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }

@@ -182,8 +182,12 @@ struct lm_cuda_sampling;
  * block_tables. Each token attends to positions 0..pos[i] of its sequence: the caller has run
  * every earlier position (in an earlier call or earlier in this one) and its row names a block for
  * each of them (ids < n_blocks). Tokens of one sequence may appear in any order within a call.
- * A call whose tokens are all in different sequences, with n_out == n_tokens and
- * out_tokens[i] == i, is a decode step and runs as a captured graph. */
+ * A call with n_out == n_tokens and out_tokens[i] == i whose sequences each hold one run of
+ * consecutive tokens (rows i, i + 1, ... at positions p, p + 1, ...) is a decode step and runs as
+ * a captured graph: a plain decode step (one token a sequence), or the verification of
+ * speculative drafts (runs of up to LM_CUDA_DEC_RUN tokens, where the decode attention kernel
+ * fits the step: lm_cuda_attn.run_prev). Each token of a run then gets the bits it would get in
+ * a step of its own after the earlier ones (tests/test_cuda_engine.c, verify vs decode). */
 struct lm_cuda_batch {
     int n_tokens;                 /* 1 .. max_tokens */
     const int32_t *ids;           /* [n_tokens] in [0, vocab) */
