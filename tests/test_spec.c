@@ -6,7 +6,8 @@
  * errors naming the key). Scheduler (driven directly, tiny model): every request gives the same
  * ids with speculation on as off: greedy, seeded sampling, penalties with logprobs (values too),
  * stop strings, alone and beside others, under KV pressure that preempts; drafts are verified and
- * some are accepted and some rejected (so both paths run); every block comes back.
+ * some are accepted and some rejected (so both paths run); every block comes back. lm_generate
+ * (lumen run) gives the same outcome with and without speculation too.
  * LM_LABEL: model
  * LM_LINK: lm_engine lm_family lm_format lm_text lm_backend lm_base */
 #include <math.h>
@@ -39,6 +40,8 @@ static void test_propose(void) {
     CHECK(n == 4 && eq(d, (int32_t[]){4, 5, 9, 9}, 4), "3-gram: %d drafts", n);
     n = propose(1, 3, 4, a, 10, 2, d);
     CHECK(n == 2 && eq(d, (int32_t[]){4, 5}, 2), "max_draft 2 cuts: %d", n);
+    n = propose(1, 3, 2, a, 10, 4, d);
+    CHECK(n == 2 && eq(d, (int32_t[]){4, 5}, 2), "num_speculative_tokens 2 cuts: %d", n);
     /* The draft stops at the sequence's end: "9 1 2 3" ... the match of "2 3" at 1 gives 4..;
      * a match near the end gives fewer tokens. */
     const int32_t b[] = {7, 8, 7, 8};
@@ -275,6 +278,53 @@ static void run_all(struct lm_model *m, const struct lm_sched_params *p, struct 
     lm_sched_destroy(s);
 }
 
+/* lm_generate (lumen run) with and without speculation: the same ids, text, logprobs and finish
+ * for greedy, seeded and penalised sampling, with a stop string. */
+static void test_generate(struct lm_model *m, struct req_spec *rq, int n) {
+    struct lm_spec_params sp = {3, 3, 1};
+    long long acc = 0, drafted = 0;
+    for (int i = 0; i < n; i++) {
+        struct lm_seq *seq = NULL;
+        CHECK(lm_seq_create(m, (int)rq[i].n + rq[i].max_tokens, &seq) == LM_OK, "lm_seq_create: %s",
+              lm_error_message());
+        if (!seq) return;
+        struct outcome o[2];
+        for (int k = 0; k < 2; k++) {
+            struct lm_gen_request req = {.prompt = rq[i].prompt, .n_prompt = rq[i].n,
+                                         .max_tokens = rq[i].max_tokens, .sampling = rq[i].sp,
+                                         .stop = rq[i].stop, .n_stop = rq[i].n_stop,
+                                         .ignore_eos = true, .spec = k ? &sp : NULL};
+            struct job j;
+            memset(&j, 0, sizeof j);
+            lm_status rc = lm_generate(m, seq, &req, NULL, NULL, &j.r.result);
+            CHECK(rc == LM_OK, "lm_generate %d (%s): %s", i, k ? "speculative" : "plain", lm_error_message());
+            j.done = true;
+            keep(&o[k], &j);
+        }
+        CHECK(same_outcome(&o[0], &o[1]), "lm_generate %d: speculative vs plain: %zu vs %zu ids", i,
+              o[1].ids.n, o[0].ids.n);
+        CHECK(o[0].drafted == 0, "plain lm_generate drafts nothing");
+        acc += o[1].accepted;
+        drafted += o[1].drafted;
+        outcome_free(&o[0]);
+        outcome_free(&o[1]);
+        lm_seq_destroy(seq);
+    }
+    CHECK(acc > 0 && drafted > acc, "lm_generate: %lld of %lld draft tokens accepted", acc, drafted);
+    fprintf(stderr, "test_spec: lm_generate: %d requests equal with and without speculation; %lld of %lld "
+                    "draft tokens accepted\n", n, acc, drafted);
+    struct lm_gen_request bad = {.prompt = rq[0].prompt, .n_prompt = rq[0].n, .max_tokens = 4,
+                                 .sampling = rq[0].sp, .spec = &(struct lm_spec_params){16, 3, 1}};
+    struct lm_gen_result r;
+    struct lm_seq *seq = NULL;
+    lm_seq_create(m, (int)rq[0].n + 4, &seq);
+    CHECK(seq && lm_generate(m, seq, &bad, NULL, NULL, &r) == LM_ERR_INVALID &&
+              strstr(lm_error_message(), "num_speculative_tokens"),
+          "lm_generate refuses 16 draft tokens: %s", lm_error_message());
+    lm_gen_result_free(&r);
+    lm_seq_destroy(seq);
+}
+
 static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) {
     const struct lm_tokenizer *tok = lm_model_tokenizer(m);
     /* Prompts: the reference prompts, and each followed by its own greedy output and the prompt
@@ -314,6 +364,8 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
         lm_gen_result_free(&j.r.result);
     }
     lm_sched_destroy(s);
+
+    test_generate(m, rq, N_REQ);
 
     struct outcome plain_alone[N_REQ], plain_b[N_REQ], spec_alone[N_REQ], spec_b[N_REQ];
     struct lm_sched_stats st_plain, st_spec;

@@ -21,7 +21,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen run --model DIR|FILE.gguf [--tokenizer DIR] [--ids] [-n N] [--greedy]\n"
             "                 [--temperature T] [--top-p P] [--top-k K] [--seed S] [--threads N]\n"
-            "                 [--device cpu|cuda|cuda:N]\n"
+            "                 [--device cpu|cuda|cuda:N] [--speculative-config JSON]\n"
             "                 [--enable-thinking=true|false] [--ignore-eos] [--verbose] [MESSAGE...]\n\n"
             "Generates a completion on the CPU (or a CUDA GPU with --device).\n"
             "Without --ids: the user message is MESSAGE (the remaining arguments joined by spaces)\n"
@@ -49,6 +49,12 @@ static void usage(FILE *f) {
             "  --enable-thinking=BOOL true or false: false renders an empty <think></think> block\n"
             "                         so that the model answers directly (default: template's)\n"
             "  --ignore-eos           keep generating past EOS ids, up to N tokens\n"
+            "  --speculative-config JSON  speculative decoding, as vLLM's option, e.g.\n"
+            "                         '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}': each\n"
+            "                         step also runs up to that many tokens found by n-gram lookup\n"
+            "                         in the prompt and output (prompt_lookup_max, default 4, down\n"
+            "                         to prompt_lookup_min, default 2) and keeps those the model\n"
+            "                         agrees with; the output is the same as without (default: off)\n"
             "  -v, --verbose          print token counts, timings and the finish reason to stderr\n"
             "  -h, --help             show this help\n\n"
             "Sampling: a flag sets its own value; a value not given comes from the model's\n"
@@ -84,6 +90,7 @@ struct run_args {
     double temperature, top_p, top_k; /* < 0: not given */
     bool seeded;
     uint64_t seed;
+    struct lm_spec_params spec; /* --speculative-config; zeroed: off */
 };
 
 /* Fills the sampling parameters from the flags and the model's generation defaults. */
@@ -135,7 +142,7 @@ static int build_prompt(const struct run_args *a, struct lm_model *m, int argc, 
 
 int lm_cmd_run(int argc, char **argv) {
     enum { O_TOKENIZER = 256, O_IDS, O_GREEDY, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS, O_THINK,
-           O_IGNORE_EOS, O_DEVICE };
+           O_IGNORE_EOS, O_DEVICE, O_SPEC };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"tokenizer", required_argument, 0, O_TOKENIZER},
                                          {"ids", no_argument, 0, O_IDS},
@@ -149,6 +156,7 @@ int lm_cmd_run(int argc, char **argv) {
                                          {"enable-thinking", required_argument, 0, O_THINK},
                                          {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
                                          {"device", required_argument, 0, O_DEVICE},
+                                         {"speculative-config", required_argument, 0, O_SPEC},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -198,6 +206,12 @@ int lm_cmd_run(int argc, char **argv) {
         case O_DEVICE:
             if (!lm_cmd_device_ok("run", optarg)) return 2;
             a.device = optarg;
+            break;
+        case O_SPEC:
+            if (lm_spec_parse(optarg, &a.spec)) {
+                fprintf(stderr, "lumen run: --speculative-config: %s\n", lm_error_message());
+                return 2;
+            }
             break;
         case 'v': a.verbose = true; break;
         case 'h': usage(stdout); return 0;
@@ -258,7 +272,8 @@ int lm_cmd_run(int argc, char **argv) {
         struct lm_gen_request req = {.prompt = prompt.v, .n_prompt = prompt.n,
                                      .max_tokens = a.max_tokens,
                                      .sampling = sampling_of(&a, lm_model_gen_defaults(m)),
-                                     .ignore_eos = a.ignore_eos, .cancel = &g_interrupted};
+                                     .ignore_eos = a.ignore_eos, .cancel = &g_interrupted,
+                                     .spec = &a.spec};
         lm_status st = lm_generate(m, seq, &req, a.ids_mode ? NULL : print_piece, NULL, &res);
         sigaction(SIGINT, &old, NULL);
         if (st) {
@@ -284,6 +299,9 @@ int lm_cmd_run(int argc, char **argv) {
                         res.completion_tokens, res.decode_s,
                         res.decode_s > 0 ? res.completion_tokens / res.decode_s : 0,
                         lm_finish_name(res.finish), sp->temperature, sp->top_p, sp->top_k);
+                if (a.spec.num_speculative_tokens > 0)
+                    fprintf(stderr, "lumen run: speculative decoding: %d of %d draft tokens accepted\n",
+                            res.accepted_tokens, res.draft_tokens);
             }
             if (res.finish == LM_FINISH_CANCELLED) {
                 fprintf(stderr, "lumen run: interrupted\n");

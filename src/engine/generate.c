@@ -48,10 +48,26 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
                          "%d tokens",
                          req->n_prompt, req->max_tokens, req->n_prompt + (size_t)req->max_tokens, cap);
 
+    const struct lm_spec_params *spec =
+        req->spec && req->spec->num_speculative_tokens > 0 ? req->spec : NULL;
+    if (spec) {
+        lm_status sc = lm_spec_check(spec);
+        if (sc) return sc;
+    }
     const struct lm_gen_defaults *gd = lm_model_gen_defaults(m);
     const int vocab = lm_model_config(m)->vocab_size;
-    float *logits = malloc((size_t)vocab * sizeof *logits);
-    if (!logits) return lm_errorf(LM_ERR_NOMEM, "logits: cannot allocate %d floats", vocab);
+    const int rows = 1 + (spec ? spec->num_speculative_tokens : 0);
+    float *logits = malloc((size_t)vocab * (size_t)rows * sizeof *logits);
+    /* Speculation: the prompt and the ids so far, contiguous, for the proposer. */
+    int32_t *hist_ids = spec ? malloc(sizeof(int32_t) * (req->n_prompt + (size_t)req->max_tokens)) : NULL;
+    if (!logits || (spec && !hist_ids)) {
+        free(logits);
+        free(hist_ids);
+        return lm_errorf(LM_ERR_NOMEM, "logits: cannot allocate %d x %d floats", rows, vocab);
+    }
+    if (spec) memcpy(hist_ids, req->prompt, sizeof(int32_t) * req->n_prompt);
+    int32_t feed[1 + LM_SPEC_MAX_TOKENS];
+    int n_draft = 0, row = 0; /* the draft the last step verified; the logits row to sample */
     struct lm_sampler sampler;
     lm_sampler_init(&sampler, vocab);
     struct lm_rng rng;
@@ -79,8 +95,12 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
         /* penalties see the prompt and the ids so far; logprobs come from the raw logits */
         struct lm_token_history hist = {req->prompt, req->n_prompt, out->ids.v, out->ids.n};
         struct lm_token_logprob lp;
-        int32_t id = lm_sample_next(&sampler, logits, &req->sampling, &hist, &rng,
-                                    req->sampling.logprobs ? &lp : NULL);
+        int32_t id = lm_sample_next(&sampler, logits + (size_t)row * vocab, &req->sampling, &hist,
+                                    &rng, req->sampling.logprobs ? &lp : NULL);
+        /* The draft token fed after this row was the model's own: its K/V and the next row's
+         * logits stand. Counted before the checks below end the loop. */
+        const bool match = row < n_draft && id == feed[1 + row];
+        out->accepted_tokens += match;
         if (!out->times.first_token_ms) out->times.first_token_ms = lm_now_ms();
         bool eos = false;
         for (int i = 0; i < gd->n_eos; i++) eos |= id == gd->eos_token_ids[i];
@@ -91,6 +111,7 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
         lm_ids_push(&out->ids, id);
         if (req->sampling.logprobs) lm_logprob_list_push(&out->logprobs, &lp);
         out->completion_tokens++;
+        if (hist_ids) hist_ids[req->n_prompt + (size_t)out->completion_tokens - 1] = id;
         if ((rc = lm_emitter_push(&em, id, &stop_string))) break;
         if (stop_string) {
             out->finish = LM_FINISH_STOP;
@@ -104,7 +125,25 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
             out->finish = LM_FINISH_LENGTH;
             break;
         }
-        rc = lm_seq_forward(seq, &id, 1, logits, false);
+        if (match) {
+            row++;
+            continue;
+        }
+        feed[0] = id;
+        int nd = 0;
+        if (spec) {
+            /* Drop the K/V of the rejected draft positions (past the last accepted one), then
+             * propose the next draft after everything generated so far. */
+            lm_seq_truncate(seq, (int)req->n_prompt + out->completion_tokens - 1);
+            int room = req->max_tokens - out->completion_tokens - 1;
+            int cap_left = lm_seq_capacity(seq) - lm_seq_len(seq) - 1;
+            nd = lm_spec_propose(spec, hist_ids, (int)req->n_prompt + out->completion_tokens,
+                                 room < cap_left ? room : cap_left, feed + 1);
+            out->draft_tokens += nd;
+        }
+        n_draft = nd;
+        row = 0;
+        rc = lm_seq_forward(seq, feed, 1 + nd, logits, nd > 0);
     }
     out->times.finish_ms = lm_now_ms();
     if (!out->times.first_token_ms) out->times.first_token_ms = out->times.finish_ms;
@@ -118,5 +157,6 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
     lm_emitter_free(&em);
     lm_sampler_free(&sampler);
     free(logits);
+    free(hist_ids);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include "base/status.h"
 #include "engine/emit.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "family/model.h"
 
 enum lm_finish { LM_FINISH_NONE, LM_FINISH_STOP, LM_FINISH_LENGTH, LM_FINISH_CANCELLED };
@@ -32,6 +33,9 @@ struct lm_gen_request {
     size_t n_stop;
     bool ignore_eos;           /* keep going past EOS ids (benchmarks) */
     atomic_bool *cancel;       /* polled every step; NULL = never cancelled */
+    const struct lm_spec_params *spec; /* lm_generate only: speculative decoding (engine/spec.h;
+                                          borrowed); NULL or num_speculative_tokens 0 = off. The
+                                          scheduler ignores it (lm_sched_params.spec) */
 };
 
 /* Moments in a request's life, CLOCK_MONOTONIC milliseconds (lm_now_ms); 0 = not reached. */
@@ -58,7 +62,7 @@ struct lm_gen_result {
     struct lm_gen_times times;
     int preemptions;      /* times the scheduler took its KV blocks back (recomputed later) */
     int draft_tokens;     /* speculative decoding (engine/spec.h): draft tokens verified for it */
-    int accepted_tokens;  /* of which accepted (the scheduler; lm_generate reports 0) */
+    int accepted_tokens;  /* of which accepted */
     struct lm_logprob_list logprobs; /* one per id of `ids` when sampling.logprobs is set
                                         (sampler.h: raw-logit log-softmax); freed with the result */
 };
@@ -66,7 +70,10 @@ void lm_gen_result_free(struct lm_gen_result *r);
 
 /* Runs the request on `seq` (which is truncated to empty first). The callback may be NULL. A
  * model opened without a tokenizer generates ids only (no text; stop strings never match).
- * LM_ERR_RANGE when prompt + max_tokens exceeds the sequence capacity (message gives numbers). */
+ * With req->spec on, each step also runs the n-gram draft (engine/spec.h) and keeps the tokens
+ * the model agrees with, drawn as plain decoding draws them: the same ids, text and logprobs.
+ * LM_ERR_RANGE when prompt + max_tokens exceeds the sequence capacity (message gives numbers);
+ * LM_ERR_INVALID for spec parameters out of range. */
 lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_gen_request *req,
                       lm_gen_text_fn on_text, void *ctx, struct lm_gen_result *out);
 

@@ -83,6 +83,7 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
 
 int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
                     int32_t *draft) {
+    if (max_draft > p->num_speculative_tokens) max_draft = p->num_speculative_tokens;
     if (max_draft > LM_SPEC_MAX_TOKENS) max_draft = LM_SPEC_MAX_TOKENS;
     if (p->num_speculative_tokens <= 0 || max_draft <= 0) return 0;
     for (int g = p->prompt_lookup_max; g >= p->prompt_lookup_min; g--) {

@@ -53,7 +53,7 @@ lm_status lm_spec_check(const struct lm_spec_params *p);
  * other than "ngram" (lumen has no draft-model method), an unknown key, a value out of range. */
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
 
-/* Proposes up to max_draft (<= LM_SPEC_MAX_TOKENS) tokens to follow tokens[0..n): for n-gram
+/* Proposes up to min(max_draft, num_speculative_tokens) tokens to follow tokens[0..n): for n-gram
  * sizes g = prompt_lookup_max down to prompt_lookup_min (and g < n), the latest start j < n - g
  * with tokens[j..j+g) == tokens[n-g..n) gives draft[i] = tokens[j + g + i] for i < max_draft
  * while j + g + i < n. Returns the number written (0: no match). tokens are borrowed. O(n * g)
