@@ -116,6 +116,17 @@ int main(void) {
     run_seq(&kv, ids, 32);   /* A: 2 blocks */
     run_seq(&kv, fresh, 32); /* B: 2 blocks */
     CHECK(kv.n_cached == 4, "A and B cached");
+    /* lm_kv_alloc_free takes the 4 free blocks and then stops: it never evicts. */
+    long long ev0 = kv.evictions;
+    int f[5];
+    for (int i = 0; i < 5; i++)
+        f[i] = lm_kv_alloc_free(&kv);
+    CHECK(f[0] >= 0 && f[1] >= 0 && f[2] >= 0 && f[3] >= 0 && f[4] == -1 && kv.evictions == ev0 &&
+              kv.n_cached == 4,
+          "alloc_free: %d %d %d %d %d, %lld evictions, %d cached", f[0], f[1], f[2], f[3], f[4],
+          kv.evictions - ev0, kv.n_cached);
+    for (int i = 0; i < 4; i++)
+        lm_kv_release(&kv, f[i]);
     for (int i = 0; i < 5; i++)
         held[i] = lm_kv_alloc(&kv); /* 4 free + 1 evicted: A's tail */
     CHECK(lm_kv_probe(&kv, ids, 32) == 16 && lm_kv_probe(&kv, fresh, 32) == 32,

@@ -70,7 +70,7 @@ static void test_propose(void) {
 
     /* A second path: brute force over every (g, j) on random short-alphabet sequences. */
     uint64_t rs = 12345;
-    int checked = 0, bad = 0;
+    int checked = 0, bad = 0, bad_idx = 0;
     for (int it = 0; it < 2000; it++) {
         int32_t t[64];
         int len = 2 + (int)(rs % 60);
@@ -97,30 +97,39 @@ static void test_propose(void) {
         n = propose(nmin, nmax, k, t, len, k, d);
         checked++;
         bad += n != wn || !eq(d, want, n);
+        /* The indexed proposer, its index grown in two pieces, must agree. */
+        struct lm_spec_index x = {0};
+        struct lm_spec_params sp = {k, nmax, nmin};
+        int32_t d2[LM_SPEC_MAX_TOKENS];
+        bool ok = !lm_spec_index_extend(&x, t, len / 2) && !lm_spec_index_extend(&x, t, len);
+        int n2 = ok ? lm_spec_propose_indexed(&sp, &x, t, len, k, d2) : -1;
+        bad_idx += n2 != wn || !eq(d2, want, wn);
+        lm_spec_index_free(&x);
     }
     CHECK(bad == 0, "proposer vs brute force: %d of %d differ", bad, checked);
+    CHECK(bad_idx == 0, "indexed proposer vs brute force: %d of %d differ", bad_idx, checked);
 }
 
 static void test_parse(void) {
     struct lm_spec_params p;
+    /* vLLM's defaults (config/speculative.py): neither lookup key 5 and 5; one: the other equal. */
     CHECK(lm_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
                         "\"prompt_lookup_max\": 4}",
                         &p) == LM_OK &&
-              p.num_speculative_tokens == 5 && p.prompt_lookup_max == 4 &&
-              p.prompt_lookup_min == LM_SPEC_DEFAULT_LOOKUP_MIN,
+              p.num_speculative_tokens == 5 && p.prompt_lookup_max == 4 && p.prompt_lookup_min == 4,
           "vLLM's example: %d %d %d", p.num_speculative_tokens, p.prompt_lookup_max,
           p.prompt_lookup_min);
     CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3}", &p) == LM_OK &&
-              p.prompt_lookup_max == LM_SPEC_DEFAULT_LOOKUP_MAX &&
-              p.prompt_lookup_min == LM_SPEC_DEFAULT_LOOKUP_MIN,
-          "defaults");
-    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 1}", &p) ==
-                  LM_OK &&
-              p.prompt_lookup_min == 1,
-          "a max under the default min pulls the min down: %d", p.prompt_lookup_min);
-    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 6}", &p) == LM_OK &&
-              p.prompt_lookup_max == 6,
-          "a min over the default max pulls the max up: %d", p.prompt_lookup_max);
+              p.prompt_lookup_max == 5 && p.prompt_lookup_min == 5 && LM_SPEC_DEFAULT_LOOKUP == 5,
+          "defaults 5 and 5");
+    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2}", &p) == LM_OK &&
+              p.prompt_lookup_max == 2 && p.prompt_lookup_min == 2,
+          "a lone min sets the max: %d", p.prompt_lookup_max);
+    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4, "
+                        "\"prompt_lookup_min\": 2}",
+                        &p) == LM_OK &&
+              p.prompt_lookup_max == 4 && p.prompt_lookup_min == 2,
+          "both given");
     struct {
         const char *json, *needle;
     } bad[] = {
@@ -132,6 +141,9 @@ static void test_parse(void) {
         {"{\"num_speculative_tokens\": 2, \"prompt_lookup_max\": 2, \"prompt_lookup_min\": 3}",
          "prompt_lookup_max"},
         {"{\"num_speculative_tokens\": 2, \"model\": \"x\"}", "unknown key \"model\""},
+        {"{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": -5}", "prompt_lookup"},
+        {"{\"num_speculative_tokens\": 0, \"prompt_lookup_min\": -1}", "prompt_lookup_min"},
+        {"{\"num_speculative_tokens\": 2, \"num_speculative_tokens\": 3}", "bad JSON"},
         {"{\"num_speculative_tokens\": \"2\"}", "must be an integer"},
         {"[1]", "not a JSON object"},
         {"{num_speculative_tokens: 2}", "bad JSON"},
@@ -325,6 +337,49 @@ static void test_generate(struct lm_model *m, struct req_spec *rq, int n) {
     lm_seq_destroy(seq);
 }
 
+/* Accounting, alone on a fresh scheduler: a step's tokens are the pending token and its draft,
+ * so the tokens run are the prompt, every generated token but the last, and the rejected draft
+ * tokens (an accepted one is never run again). A repeated prompt (cached to its last token, so
+ * its first token comes from a step with a draft) still gets its first-token time. */
+static void test_accounting(struct lm_model *m, const struct lm_sched_params *ps, struct req_spec *rq) {
+    static const int which[] = {0, 1, 4, 5};
+    for (size_t w = 0; w < sizeof which / sizeof *which; w++) {
+        const struct req_spec *r = &rq[which[w]];
+        struct lm_sched *s;
+        CHECK(lm_sched_create(m, ps, &s) == LM_OK, "sched: %s", lm_error_message());
+        if (!s) return;
+        struct job j;
+        job_init(&j, r->prompt, r->n, r->max_tokens, r->sp);
+        run_jobs(s, &j, 1, 1);
+        struct lm_sched_stats st;
+        lm_sched_stats(s, &st);
+        const long long c = j.r.result.completion_tokens;
+        const long long want = (long long)r->n + c - 1 + st.spec_draft_tokens - st.spec_accepted_tokens;
+        CHECK(j.done && c == r->max_tokens && st.step_tokens == want && st.spec_accepted_tokens > 0,
+              "request %d alone: %lld tokens run, expected %zu prompt + %lld - 1 + %lld rejected = %lld",
+              which[w], st.step_tokens, r->n, c, st.spec_draft_tokens - st.spec_accepted_tokens, want);
+        lm_gen_result_free(&j.r.result);
+        for (int rep = 0; rep < 3; rep++) {
+            job_init(&j, r->prompt, r->n, 2 + 2 * rep, r->sp);
+            CHECK(lm_sched_submit(s, &j.r) == LM_OK, "submit: %s", lm_error_message());
+            lm_sched_step(s); /* its first step: the first token, from a step with a draft */
+            CHECK(j.r.result.completion_tokens >= 1 && j.r.result.draft_tokens > 0 &&
+                      j.r.result.times.first_token_ms > 0,
+                  "repeated request %d: after its first step %d tokens, %d drafted, first token at %.3f",
+                  which[w], j.r.result.completion_tokens, j.r.result.draft_tokens,
+                  j.r.result.times.first_token_ms);
+            run_jobs(s, &j, 0, 0);
+            const struct lm_gen_times *t = &j.r.result.times;
+            CHECK(j.done && t->first_token_ms > 0 && t->first_token_ms >= t->scheduled_ms &&
+                      t->finish_ms >= t->first_token_ms && j.r.result.cached_tokens > 0,
+                  "repeated request %d (max_tokens %d): first token at %.3f ms, scheduled %.3f, %d cached",
+                  which[w], 2 + 2 * rep, t->first_token_ms, t->scheduled_ms, j.r.result.cached_tokens);
+            lm_gen_result_free(&j.r.result);
+        }
+        lm_sched_destroy(s);
+    }
+}
+
 static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) {
     const struct lm_tokenizer *tok = lm_model_tokenizer(m);
     /* Prompts: the reference prompts, and each followed by its own greedy output and the prompt
@@ -373,6 +428,7 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
     struct lm_sched_params ps = p;
     ps.spec = (struct lm_spec_params){4, 3, 1};
     run_all(m, &ps, rq, N_REQ, spec_alone, spec_b, &st_spec);
+    test_accounting(m, &ps, rq);
     fprintf(stderr, "test_spec: accepted / draft tokens a request, alone (prompts %s):",
             "0, 3, 6, 9: a fixture prompt; others: prompt + output + prompt");
     for (int i = 0; i < N_REQ; i++)

@@ -67,6 +67,7 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
     }
     if (spec) memcpy(hist_ids, req->prompt, sizeof(int32_t) * req->n_prompt);
     int32_t feed[1 + LM_SPEC_MAX_TOKENS];
+    struct lm_spec_index idx = {0}; /* hist_ids indexed for the proposer */
     int n_draft = 0, row = 0; /* the draft the last step verified; the logits row to sample */
     struct lm_sampler sampler;
     lm_sampler_init(&sampler, vocab);
@@ -137,8 +138,11 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
             lm_seq_truncate(seq, (int)req->n_prompt + out->completion_tokens - 1);
             int room = req->max_tokens - out->completion_tokens - 1;
             int cap_left = lm_seq_capacity(seq) - lm_seq_len(seq) - 1;
-            nd = lm_spec_propose(spec, hist_ids, (int)req->n_prompt + out->completion_tokens,
-                                 room < cap_left ? room : cap_left, feed + 1);
+            const int n_hist = (int)req->n_prompt + out->completion_tokens;
+            if (room > lm_model_max_run(m) - 1) room = lm_model_max_run(m) - 1;
+            if (!lm_spec_index_extend(&idx, hist_ids, n_hist))
+                nd = lm_spec_propose_indexed(spec, &idx, hist_ids, n_hist,
+                                             room < cap_left ? room : cap_left, feed + 1);
             out->draft_tokens += nd;
         }
         n_draft = nd;
@@ -158,5 +162,6 @@ lm_status lm_generate(struct lm_model *m, struct lm_seq *seq, const struct lm_ge
     lm_sampler_free(&sampler);
     free(logits);
     free(hist_ids);
+    lm_spec_index_free(&idx);
     return rc;
 }

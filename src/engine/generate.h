@@ -61,7 +61,7 @@ struct lm_gen_result {
     double decode_s;      /* wall seconds from the first token to the finish */
     struct lm_gen_times times;
     int preemptions;      /* times the scheduler took its KV blocks back (recomputed later) */
-    int draft_tokens;     /* speculative decoding (engine/spec.h): draft tokens verified for it */
+    int draft_tokens;     /* speculative decoding (engine/spec.h): draft tokens run for it */
     int accepted_tokens;  /* of which accepted */
     struct lm_logprob_list logprobs; /* one per id of `ids` when sampling.logprobs is set
                                         (sampler.h: raw-logit log-softmax); freed with the result */

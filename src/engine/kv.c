@@ -155,6 +155,14 @@ static void hold(struct lm_kv *kv, int i) {
     if (kv->b[i].ref++ == 0) lru_remove(kv, i);
 }
 
+int lm_kv_alloc_free(struct lm_kv *kv) {
+    if (kv->n_free == 0) return -1;
+    int i = kv->free[--kv->n_free];
+    assert(kv->b[i].ref == 0 && kv->b[i].n_tokens == 0);
+    kv->b[i].ref = 1;
+    return i;
+}
+
 int lm_kv_alloc(struct lm_kv *kv) {
     int i;
     if (kv->n_free > 0) {

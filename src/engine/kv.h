@@ -74,6 +74,9 @@ int lm_kv_used(const struct lm_kv *kv);
 /* A block for new data, held once (ref 1) and not indexed: a free block, else the least recently
  * released cached block (dropped from the index). -1 when every block is held. */
 int lm_kv_alloc(struct lm_kv *kv);
+/* A block from the free stack only (never evicting a cached one), held once; -1 when none is
+ * free. For speculative drafts, which must not cost anyone a cached prefix. */
+int lm_kv_alloc_free(struct lm_kv *kv);
 /* Drops one hold. At zero an indexed block joins the cached list (most recent end); any other
  * block becomes free. */
 void lm_kv_release(struct lm_kv *kv, int block);

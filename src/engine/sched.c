@@ -31,6 +31,7 @@ struct seq {
     int chunk;        /* tokens planned for this step (1 + n_draft for a decoding sequence) */
     int n_draft;      /* draft tokens planned for this step (speculative decoding) */
     int32_t draft[LM_SPEC_MAX_TOKENS]; /* them; also copied to tokens[n_tokens..) for the step */
+    struct lm_spec_index idx;          /* tokens[0..n_tokens) indexed for the proposer */
     struct seq *next; /* waiting list */
 };
 
@@ -43,6 +44,7 @@ struct lm_sched {
     const struct lm_gen_defaults *gd;
     const struct lm_tokenizer *tok;
     int vocab;
+    int max_run;                /* lm_model_max_run: the longest pending token + draft */
     int max_rows;               /* output rows a step can have: max_seqs, or with speculation
                                    min(max_batch_tokens, max_seqs x (1 + num_speculative_tokens)) */
     float *logits;              /* [max_rows, vocab] (pages touched only as rows are used) */
@@ -108,6 +110,7 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
         return rc;
     }
     lm_sampler_init(&s->sampler, s->vocab);
+    s->max_run = lm_model_max_run(m);
     long rows = (long)p->max_seqs * (1 + p->spec.num_speculative_tokens);
     s->max_rows = (int)(rows < p->max_batch_tokens ? rows : p->max_batch_tokens);
     if (s->max_rows < p->max_seqs) s->max_rows = p->max_seqs;
@@ -197,6 +200,7 @@ static void release_blocks(struct lm_sched *s, struct seq *q) {
 
 static void seq_free(struct seq *q) {
     lm_emitter_free(&q->em);
+    lm_spec_index_free(&q->idx);
     free(q->tokens);
     free(q->blocks);
     free(q);
@@ -377,14 +381,43 @@ static struct seq *victim(struct lm_sched *s) {
     return NULL;
 }
 
-/* Proposes q's draft for this step into q->draft (at most `room` tokens, and no more than its
- * max_tokens can still take after this step's own token). Returns the count. */
-static int propose(const struct lm_sched *s, struct seq *q, int room) {
+/* Proposes q's draft for this step into q->draft (at most `room` tokens, no more than its
+ * max_tokens can still take after this step's own token, and a run the model takes at decode
+ * cost: lm_model_max_run). Returns the count. */
+static int propose(struct lm_sched *s, struct seq *q, int room) {
     int left = q->r->gen.max_tokens - (q->n_tokens - q->n_prompt) - 1;
     if (room > left) room = left;
-    if (room > s->p.spec.num_speculative_tokens) room = s->p.spec.num_speculative_tokens;
+    if (room > s->max_run - 1) room = s->max_run - 1;
     if (room <= 0) return 0;
-    return lm_spec_propose(&s->p.spec, q->tokens, q->n_tokens, room, q->draft);
+    if (lm_spec_index_extend(&q->idx, q->tokens, q->n_tokens)) return 0; /* no memory: no draft */
+    return lm_spec_propose_indexed(&s->p.spec, &q->idx, q->tokens, q->n_tokens, room, q->draft);
+}
+
+/* Gives the planned decoding sequences their drafts, in arrival order, from what the step has
+ * left once every pending token and prefill chunk is planned: token budget, output rows, and
+ * KV blocks from the free pool only (a draft is a guess: it never evicts a cached prefix or
+ * preempts anyone). */
+static void plan_drafts(struct lm_sched *s, int n_plan, int budget) {
+    int rows = n_plan; /* output rows at most: one a sequence, plus the drafts */
+    for (int i = 0; i < n_plan && budget > 0 && rows < s->max_rows; i++) {
+        struct seq *q = s->plan[i];
+        if (q->n_tokens - q->n_computed != 1) continue; /* prefilling */
+        int d = propose(s, q, budget < s->max_rows - rows ? budget : s->max_rows - rows);
+        int need = (q->n_computed + 1 + d + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+        while (q->n_blocks < need) {
+            int b = lm_kv_alloc_free(&s->kv);
+            if (b < 0) break;
+            q->blocks[q->n_blocks++] = b;
+        }
+        if (d > q->n_blocks * LM_KV_BLOCK - q->n_computed - 1)
+            d = q->n_blocks * LM_KV_BLOCK - q->n_computed - 1;
+        if (d <= 0) continue;
+        memcpy(q->tokens + q->n_tokens, q->draft, sizeof *q->tokens * (size_t)d);
+        q->n_draft = d;
+        q->chunk += d;
+        budget -= d;
+        rows += d;
+    }
 }
 
 /* Plans this step into s->plan; returns the number of sequences in it. */
@@ -392,8 +425,7 @@ static int plan_step(struct lm_sched *s) {
     int n_dec = 0;
     for (int i = 0; i < s->n_running; i++)
         n_dec += s->running[i]->n_tokens - s->running[i]->n_computed == 1;
-    int budget = s->p.max_batch_tokens - n_dec; /* for drafts, then prefill chunks */
-    int rows = s->n_running; /* output rows at most: one a sequence, plus the drafts */
+    int budget = s->p.max_batch_tokens - n_dec; /* for prefill chunks, then drafts */
     int n_plan = 0;
     for (int i = 0; i < s->n_running; i++) {
         struct seq *q = s->running[i];
@@ -418,27 +450,6 @@ static int plan_step(struct lm_sched *s) {
         }
         if (!ok) continue;
         if (pending > 1) budget -= chunk;
-        if (pending == 1 && s->p.spec.num_speculative_tokens > 0) {
-            int room = budget < s->max_rows - rows ? budget : s->max_rows - rows;
-            int d = propose(s, q, room);
-            /* Blocks for the draft's positions, only from the free pool: a draft is a guess and
-             * must not preempt anyone. */
-            int need = (q->n_computed + 1 + d + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
-            while (q->n_blocks < need) {
-                int b = lm_kv_alloc(&s->kv);
-                if (b < 0) break;
-                q->blocks[q->n_blocks++] = b;
-            }
-            if (d > q->n_blocks * LM_KV_BLOCK - q->n_computed - 1)
-                d = q->n_blocks * LM_KV_BLOCK - q->n_computed - 1;
-            if (d > 0) {
-                memcpy(q->tokens + q->n_tokens, q->draft, sizeof *q->tokens * (size_t)d);
-                q->n_draft = d;
-                chunk += d;
-                budget -= d;
-                rows += d;
-            }
-        }
         q->chunk = chunk;
         s->plan[n_plan++] = q;
     }
@@ -447,6 +458,7 @@ static int plan_step(struct lm_sched *s) {
     for (int i = 0; i < n_plan; i++)
         if (!s->plan[i]->preempt) s->plan[k++] = s->plan[i];
     n_plan = k;
+    if (s->p.spec.num_speculative_tokens > 0) plan_drafts(s, n_plan, budget);
     /* Victims go back to the front of the waiting list, earliest arrival first. */
     for (int i = s->n_running - 1; i >= 0; i--) {
         struct seq *q = s->running[i];
@@ -556,17 +568,20 @@ static int verify(struct lm_sched *s, struct seq *q, bool on_device, int row0) {
     q->n_computed++; /* the pending token */
     q->n_draft = 0;
     s->st.spec_drafts++;
+    struct lm_gen_result *res = &q->r->result;
+    if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
+    /* vLLM's counting: every draft token the step ran, whether or not the sequence got as far as
+     * comparing it (a stop or the length limit can end it first). */
     s->st.spec_draft_tokens += nd;
-    q->r->result.draft_tokens += nd;
+    res->draft_tokens += nd;
     for (int j = 0; j <= nd; j++) {
         const float *row = on_device ? NULL : s->logits + (size_t)(row0 + j) * s->vocab;
         struct lm_token_logprob lp;
         int32_t id = row ? choose_token(s, q, row, &lp) : s->ids[row0 + j];
         bool match = j < nd && id == q->draft[j];
-        if (match) { /* counted now: taking the token may finish q and free its request */
-            s->st.spec_accepted_tokens++;
-            q->r->result.accepted_tokens++;
-        }
+        /* Counted now: taking the token may finish q and free its request. */
+        s->st.spec_accepted_tokens += match;
+        res->accepted_tokens += match;
         if (accept_token(s, q, id, row && q->r->gen.sampling.logprobs ? &lp : NULL)) return rows;
         if (!match) break;
         q->n_computed++; /* the draft token fed at this position was the model's own */

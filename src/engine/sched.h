@@ -107,7 +107,8 @@ struct lm_sched_stats {
                                        lm_model_forward_sample) */
     /* Speculative decoding (vLLM's spec_decode counters): */
     long long spec_drafts;          /* sequence-steps that verified a draft */
-    long long spec_draft_tokens;    /* draft tokens verified */
+    long long spec_draft_tokens;    /* draft tokens run in those steps (vLLM's num_draft_tokens:
+                                       also those a stop or max_tokens left unexamined) */
     long long spec_accepted_tokens; /* of which accepted (each saves a step) */
 };
 

@@ -2,25 +2,30 @@
 #include "engine/spec.h"
 
 #include <jansson.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 lm_status lm_spec_check(const struct lm_spec_params *p) {
     if (p->num_speculative_tokens < 0 || p->num_speculative_tokens > LM_SPEC_MAX_TOKENS)
-        return lm_errorf(LM_ERR_INVALID, "num_speculative_tokens: %d is not in 0..%d",
+        return lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens: %d is not in 0..%d",
                          p->num_speculative_tokens, LM_SPEC_MAX_TOKENS);
     if (p->num_speculative_tokens == 0) return LM_OK;
     if (p->prompt_lookup_min < 1 || p->prompt_lookup_min > 64)
-        return lm_errorf(LM_ERR_INVALID, "prompt_lookup_min: %d is not in 1..64",
+        return lm_errorf(LM_ERR_INVALID, "speculative config: prompt_lookup_min: %d is not in 1..64",
                          p->prompt_lookup_min);
     if (p->prompt_lookup_max < p->prompt_lookup_min || p->prompt_lookup_max > 64)
-        return lm_errorf(LM_ERR_INVALID, "prompt_lookup_max: %d is not in prompt_lookup_min (%d)..64",
+        return lm_errorf(LM_ERR_INVALID,
+                         "speculative config: prompt_lookup_max: %d is not in prompt_lookup_min "
+                         "(%d)..64",
                          p->prompt_lookup_max, p->prompt_lookup_min);
     return LM_OK;
 }
 
-/* An integer member of o: LM_OK with *v set, or unchanged when absent. */
-static lm_status int_key(json_t *o, const char *key, int *v) {
+/* An integer member of o into *v; *present says whether it was there. */
+static lm_status int_key(json_t *o, const char *key, int *v, bool *present) {
     json_t *x = json_object_get(o, key);
+    *present = x != NULL;
     if (!x) return LM_OK;
     if (!json_is_integer(x) || json_integer_value(x) < -1000000 || json_integer_value(x) > 1000000)
         return lm_errorf(LM_ERR_INVALID, "speculative config: %s must be an integer", key);
@@ -31,7 +36,7 @@ static lm_status int_key(json_t *o, const char *key, int *v) {
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
     memset(out, 0, sizeof *out);
     json_error_t err;
-    json_t *o = json_loads(json, 0, &err);
+    json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &err);
     if (!o || !json_is_object(o)) {
         lm_status rc = o ? lm_errorf(LM_ERR_INVALID, "speculative config: not a JSON object")
                          : lm_errorf(LM_ERR_INVALID, "speculative config: bad JSON at column %d: %s",
@@ -59,47 +64,147 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
             break;
         }
     }
-    out->prompt_lookup_max = -1;
-    out->prompt_lookup_min = -1;
-    if (!rc) rc = int_key(o, "num_speculative_tokens", &out->num_speculative_tokens);
-    if (!rc && !json_object_get(o, "num_speculative_tokens"))
+    bool has_n = false, has_max = false, has_min = false;
+    if (!rc) rc = int_key(o, "num_speculative_tokens", &out->num_speculative_tokens, &has_n);
+    if (!rc && !has_n)
         rc = lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens is required");
-    if (!rc) rc = int_key(o, "prompt_lookup_max", &out->prompt_lookup_max);
-    if (!rc) rc = int_key(o, "prompt_lookup_min", &out->prompt_lookup_min);
+    if (!rc) rc = int_key(o, "prompt_lookup_max", &out->prompt_lookup_max, &has_max);
+    if (!rc) rc = int_key(o, "prompt_lookup_min", &out->prompt_lookup_min, &has_min);
     json_decref(o);
     if (rc) return rc;
-    /* A lone bound pulls the other default along so that min <= max stays true. */
-    if (out->prompt_lookup_min < 0)
-        out->prompt_lookup_min = out->prompt_lookup_max >= 1 &&
-                                         out->prompt_lookup_max < LM_SPEC_DEFAULT_LOOKUP_MIN
-                                     ? out->prompt_lookup_max
-                                     : LM_SPEC_DEFAULT_LOOKUP_MIN;
-    if (out->prompt_lookup_max < 0)
-        out->prompt_lookup_max = out->prompt_lookup_min > LM_SPEC_DEFAULT_LOOKUP_MAX
-                                     ? out->prompt_lookup_min
-                                     : LM_SPEC_DEFAULT_LOOKUP_MAX;
-    return lm_spec_check(out);
+    if (!has_max && !has_min)
+        out->prompt_lookup_max = out->prompt_lookup_min = LM_SPEC_DEFAULT_LOOKUP;
+    else if (!has_min)
+        out->prompt_lookup_min = out->prompt_lookup_max;
+    else if (!has_max)
+        out->prompt_lookup_max = out->prompt_lookup_min;
+    /* The lookup keys are checked even when num_speculative_tokens is 0 (off). */
+    struct lm_spec_params on = *out;
+    on.num_speculative_tokens = 1;
+    rc = lm_spec_check(&on);
+    return rc ? rc : lm_spec_check(out);
 }
 
+/* The draft after a match ending at position e (tokens[e + 1 ..]). */
+static int copy_draft(const int32_t *tokens, int n, int e, int max_draft, int32_t *draft) {
+    int k = 0;
+    while (k < max_draft && e + 1 + k < n) {
+        draft[k] = tokens[e + 1 + k];
+        k++;
+    }
+    return k;
+}
+
+/* How many tokens before and at e equal those before and at n - 1, up to cap. */
+static int match_len(const int32_t *tokens, int n, int e, int cap) {
+    int len = 0;
+    while (len < cap && e - len >= 0 && tokens[e - len] == tokens[n - 1 - len])
+        len++;
+    return len;
+}
+
+static int draft_cap(const struct lm_spec_params *p, int max_draft) {
+    if (max_draft > p->num_speculative_tokens) max_draft = p->num_speculative_tokens;
+    return max_draft > LM_SPEC_MAX_TOKENS ? LM_SPEC_MAX_TOKENS : max_draft;
+}
+
+/* Both proposers visit candidate ends e (the last position of an earlier occurrence of the
+ * suffix), latest first, and keep the first with the longest match: the latest start of the
+ * largest matching n-gram size, as spec.h words it. */
 int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
                     int32_t *draft) {
-    if (max_draft > p->num_speculative_tokens) max_draft = p->num_speculative_tokens;
-    if (max_draft > LM_SPEC_MAX_TOKENS) max_draft = LM_SPEC_MAX_TOKENS;
-    if (p->num_speculative_tokens <= 0 || max_draft <= 0) return 0;
-    for (int g = p->prompt_lookup_max; g >= p->prompt_lookup_min; g--) {
-        if (g >= n) continue;
-        const int32_t *suffix = tokens + n - g;
-        /* The latest earlier start first: recent context predicts best (a loop, the last turn). */
-        for (int j = n - g - 1; j >= 0; j--) {
-            if (tokens[j] != suffix[0] || memcmp(tokens + j, suffix, sizeof *tokens * (size_t)g))
-                continue;
-            int k = 0;
-            while (k < max_draft && j + g + k < n) {
-                draft[k] = tokens[j + g + k];
-                k++;
-            }
-            return k;
-        }
+    max_draft = draft_cap(p, max_draft);
+    if (p->num_speculative_tokens <= 0 || max_draft <= 0 || n < 2) return 0;
+    const int cap = p->prompt_lookup_max < n - 1 ? p->prompt_lookup_max : n - 1;
+    int best = 0, best_e = -1;
+    for (int e = n - 2; e >= 0 && best < cap; e--) {
+        if (tokens[e] != tokens[n - 1]) continue;
+        int len = match_len(tokens, n, e, cap);
+        if (len > best) best = len, best_e = e;
     }
-    return 0;
+    if (best < p->prompt_lookup_min) return 0;
+    return copy_draft(tokens, n, best_e, max_draft, draft);
+}
+
+static uint32_t slot_of(int32_t v, int hcap) {
+    return ((uint32_t)v * 2654435761u) & (uint32_t)(hcap - 1);
+}
+
+static lm_status rehash(struct lm_spec_index *x, int hcap) {
+    int32_t *key = malloc(sizeof *key * (size_t)hcap), *last = malloc(sizeof *last * (size_t)hcap);
+    if (!key || !last) {
+        free(key);
+        free(last);
+        return lm_errorf(LM_ERR_NOMEM, "speculative index: out of memory");
+    }
+    for (int i = 0; i < hcap; i++)
+        key[i] = -1;
+    for (int i = 0; i < x->hcap; i++) {
+        if (x->key[i] < 0) continue;
+        uint32_t h = slot_of(x->key[i], hcap);
+        while (key[h] >= 0)
+            h = (h + 1) & (uint32_t)(hcap - 1);
+        key[h] = x->key[i];
+        last[h] = x->last[i];
+    }
+    free(x->key);
+    free(x->last);
+    x->key = key;
+    x->last = last;
+    x->hcap = hcap;
+    return LM_OK;
+}
+
+lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, int n) {
+    if (n <= x->n) return LM_OK;
+    if (n > x->cap) {
+        int cap = x->cap ? x->cap : 256;
+        while (cap < n)
+            cap *= 2;
+        int32_t *prev = realloc(x->prev, sizeof *prev * (size_t)cap);
+        if (!prev) return lm_errorf(LM_ERR_NOMEM, "speculative index: out of memory");
+        x->prev = prev;
+        x->cap = cap;
+    }
+    for (int i = x->n; i < n; i++) {
+        if (2 * (x->hn + 1) > x->hcap) {
+            lm_status rc = rehash(x, x->hcap ? 2 * x->hcap : 256);
+            if (rc) return rc;
+        }
+        const int32_t v = tokens[i] < 0 ? -2 - tokens[i] : tokens[i]; /* keys stay >= 0 */
+        uint32_t h = slot_of(v, x->hcap);
+        while (x->key[h] >= 0 && x->key[h] != v)
+            h = (h + 1) & (uint32_t)(x->hcap - 1);
+        if (x->key[h] < 0) {
+            x->key[h] = v;
+            x->hn++;
+            x->prev[i] = -1;
+        } else {
+            x->prev[i] = x->last[h];
+        }
+        x->last[h] = i;
+    }
+    x->n = n;
+    return LM_OK;
+}
+
+void lm_spec_index_free(struct lm_spec_index *x) {
+    free(x->prev);
+    free(x->key);
+    free(x->last);
+    memset(x, 0, sizeof *x);
+}
+
+int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
+                            const int32_t *tokens, int n, int max_draft, int32_t *draft) {
+    max_draft = draft_cap(p, max_draft);
+    if (p->num_speculative_tokens <= 0 || max_draft <= 0 || n < 2 || x->n != n) return 0;
+    const int cap = p->prompt_lookup_max < n - 1 ? p->prompt_lookup_max : n - 1;
+    int best = 0, best_e = -1;
+    for (int e = x->prev[n - 1]; e >= 0 && best < cap; e = x->prev[e]) {
+        int len = match_len(tokens, n, e, cap);
+        if (len > best) best = len, best_e = e;
+    }
+    if (best < p->prompt_lookup_min) return 0;
+    return copy_draft(tokens, n, best_e, max_draft, draft);
 }

@@ -38,27 +38,48 @@ struct lm_spec_params {
     int prompt_lookup_min;      /* shortest n-gram matched, >= 1 */
 };
 
-/* lumen's defaults when speculation is on and a key is not given: 4 and 2. A 1-gram proposes
- * after any repeated token and is mostly wrong on free text, so it costs verification work for
- * little gain; pass prompt_lookup_min 1 to allow it. */
-#define LM_SPEC_DEFAULT_LOOKUP_MAX 4
-#define LM_SPEC_DEFAULT_LOOKUP_MIN 2
+/* Defaults when a key is not given, vLLM's rules: neither lookup key: both 5; one of them: the
+ * other takes its value. */
+#define LM_SPEC_DEFAULT_LOOKUP 5
 
 /* Checks p (off is valid). LM_ERR_INVALID naming the key and its range. */
 lm_status lm_spec_check(const struct lm_spec_params *p);
 
 /* Parses a vLLM-style speculative config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
- * "prompt_lookup_max": 4, "prompt_lookup_min": 2}, into *out (missing lookup keys take the
- * defaults above; method may be omitted). LM_ERR_INVALID names the key: malformed JSON, a method
- * other than "ngram" (lumen has no draft-model method), an unknown key, a value out of range. */
+ * "prompt_lookup_max": 4, "prompt_lookup_min": 2}, into *out (missing lookup keys as above;
+ * method may be omitted). LM_ERR_INVALID names the key: malformed JSON, a duplicated key, a
+ * method other than "ngram" (lumen has no draft-model method), an unknown key, a value out of
+ * range. */
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
 
 /* Proposes up to min(max_draft, num_speculative_tokens) tokens to follow tokens[0..n): for n-gram
  * sizes g = prompt_lookup_max down to prompt_lookup_min (and g < n), the latest start j < n - g
  * with tokens[j..j+g) == tokens[n-g..n) gives draft[i] = tokens[j + g + i] for i < max_draft
- * while j + g + i < n. Returns the number written (0: no match). tokens are borrowed. O(n * g)
- * in the worst case, one pass a size. */
+ * while j + g + i < n. Returns the number written (0: no match). tokens are borrowed. One pass
+ * over the history (O(n), stopping at the latest longest match): the reference for the indexed
+ * version below. */
 int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
                     int32_t *draft);
+
+/* An index of a growing token history for lm_spec_propose_indexed: for each position, the
+ * previous position holding the same token (a chain per token value, through a hash table of
+ * the values seen), so a proposal visits only the earlier occurrences of the last token, not the
+ * whole history. Zero-initialise; owned, lm_spec_index_free releases it. */
+struct lm_spec_index {
+    int32_t *prev; /* [cap] previous position with the same token, -1 for none */
+    int n, cap;    /* positions indexed */
+    int32_t *key, *last; /* [hcap] open addressing: token value (-1 empty) -> latest position */
+    int hcap, hn;
+};
+
+/* Indexes tokens[index->n .. n) (the history only grows; tokens[0 .. index->n) must be what was
+ * indexed before). LM_ERR_NOMEM. */
+lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, int n);
+void lm_spec_index_free(struct lm_spec_index *x); /* accepts a zeroed struct */
+
+/* lm_spec_propose over tokens[0..n) through x, which must index exactly those n tokens: the same
+ * draft, in time proportional to the occurrences of tokens[n - 1]. */
+int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
+                            const int32_t *tokens, int n, int max_draft, int32_t *draft);
 
 #endif

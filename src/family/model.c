@@ -483,6 +483,14 @@ bool lm_model_samples_on_device(const struct lm_model *m) {
     return m->cuda && m->family->forward_sample;
 }
 
+int lm_model_max_run(const struct lm_model *m) {
+#ifdef LM_HAVE_CUDA
+    if (m->cuda) return LM_CUDA_DEC_RUN;
+#endif
+    (void)m;
+    return 1 << 20;
+}
+
 lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
                                   const struct lm_batch_seq *seqs, int n_seqs,
                                   const struct lm_device_sampling *sampling, int32_t *ids) {

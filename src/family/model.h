@@ -205,6 +205,12 @@ struct lm_device_sampling {
 /* True when lm_model_forward_sample can run (the model runs on CUDA). */
 bool lm_model_samples_on_device(const struct lm_model *m);
 
+/* The most tokens of one sequence a step should carry when all of them want logits and their
+ * positions follow each other (speculative decoding's verification, engine/spec.h): on CUDA the
+ * decode kernel's run limit (LM_CUDA_DEC_RUN, 8), beyond which the whole step leaves the decode
+ * graph; on the CPU there is no such limit (a large number). */
+int lm_model_max_run(const struct lm_model *m);
+
 /* lm_model_forward, but instead of logits returns ids[r] = the token chosen for output row r with
  * sampling[r] (rows as lm_model_forward's: 1 for LAST, n for ALL, 0 for NONE). Errors as
  * lm_model_forward; LM_ERR_UNSUPPORTED when lm_model_samples_on_device is false. */

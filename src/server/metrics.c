@@ -172,7 +172,7 @@ void lm_metrics_render(struct lm_metrics *m, const struct lm_metrics_gauges *g,
             "Speculative decoding: sequence-steps that verified a draft.",
             (unsigned long long)g->spec_drafts);
     counter(out, "lumen_spec_decode_num_draft_tokens_total",
-            "Speculative decoding: draft tokens verified.",
+            "Speculative decoding: draft tokens run in verification steps.",
             (unsigned long long)g->spec_draft_tokens);
     counter(out, "lumen_spec_decode_num_accepted_tokens_total",
             "Speculative decoding: draft tokens accepted (each one a forward step saved).",

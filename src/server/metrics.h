@@ -55,7 +55,7 @@ struct lm_metrics_gauges {
     /* Speculative decoding, counters since start (vLLM's spec_decode_num_drafts,
      * spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens; all 0 when it is off). */
     long long spec_drafts;          /* sequence-steps that verified a draft */
-    long long spec_draft_tokens;    /* draft tokens verified */
+    long long spec_draft_tokens;    /* draft tokens run in verification steps */
     long long spec_accepted_tokens; /* of which accepted */
 };
 
