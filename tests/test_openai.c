@@ -341,6 +341,8 @@ static void test_records(void) {
                           .prompt_tokens = 41,
                           .cached_tokens = 32,
                           .completion_tokens = 16,
+                          .spec_draft_tokens = 20,
+                          .spec_accepted_tokens = 12,
                           .finish_reason = "length",
                           .messages = msgs,
                           .n_messages = 3,
@@ -372,6 +374,8 @@ static void test_records(void) {
                                            "prompt_tokens",
                                            "cached_tokens",
                                            "completion_tokens",
+                                           "spec_draft_tokens",
+                                           "spec_accepted_tokens",
                                            "finish_reason",
                                            "roles",
                                            "content_sha256",
@@ -386,6 +390,9 @@ static void test_records(void) {
               json_integer_value(json_object_get(j, "turn")) == 1 &&
               json_integer_value(json_object_get(j, "http_status")) == 200,
           "nulls and ints");
+    CHECK(json_integer_value(json_object_get(j, "spec_draft_tokens")) == 20 &&
+              json_integer_value(json_object_get(j, "spec_accepted_tokens")) == 12,
+          "speculative counts");
     CHECK(fabs(json_number_value(json_object_get(j, "queue_ms")) - 0.25) < 1e-9 &&
               fabs(json_number_value(json_object_get(j, "prefill_ms")) - 3.25) < 1e-9 &&
               fabs(json_number_value(json_object_get(j, "decode_ms")) - 6.5) < 1e-9 &&
@@ -420,7 +427,9 @@ static void test_records(void) {
                           .t_finish_ms = 6,
                           .prompt_tokens = -1,
                           .cached_tokens = -1,
-                          .completion_tokens = -1};
+                          .completion_tokens = -1,
+                          .spec_draft_tokens = -1,
+                          .spec_accepted_tokens = -1};
     line = lm_record_json(&e);
     j = json_loads(line, 0, NULL);
     CHECK(json_is_null(json_object_get(j, "queue_ms")) &&
@@ -429,7 +438,9 @@ static void test_records(void) {
               json_is_null(json_object_get(j, "turn")) &&
               json_is_null(json_object_get(j, "roles")) &&
               json_is_null(json_object_get(j, "prompt_ids_sha256")) &&
-              json_is_null(json_object_get(j, "completion_tokens")),
+              json_is_null(json_object_get(j, "completion_tokens")) &&
+              json_is_null(json_object_get(j, "spec_draft_tokens")) &&
+              json_is_null(json_object_get(j, "spec_accepted_tokens")),
           "error record: %s", line);
     json_decref(j);
     free(line);

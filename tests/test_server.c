@@ -2022,7 +2022,7 @@ static void test_metrics_api(void) {
     header(&r0, "Content-Type", ct, sizeof ct);
     CHECK(st == 200 && strstr(ct, "text/plain") && strstr(ct, "version=0.0.4"), "/metrics content type '%s'", ct);
     /* two chat requests (one streamed) and one error, each waited for through its record */
-    json_int_t prompt = 0, completion = 0;
+    json_int_t prompt = 0, completion = 0, drafted = 0, accepted = 0;
     const char *ids[3] = {"metrics-1", "metrics-2", "metrics-3"};
     for (int i = 0; i < 3; i++) {
         char h[64];
@@ -2038,6 +2038,12 @@ static void test_metrics_api(void) {
         if (i < 2 && rec) {
             prompt += json_integer_value(json_object_get(rec, "prompt_tokens"));
             completion += json_integer_value(json_object_get(rec, "completion_tokens"));
+            /* the main server speculates: its records carry the counts */
+            json_t *d = json_object_get(rec, "spec_draft_tokens"), *a = json_object_get(rec, "spec_accepted_tokens");
+            CHECK(json_is_integer(d) && json_is_integer(a) && json_integer_value(a) <= json_integer_value(d),
+                  "%s: speculative counts in the record", ids[i]);
+            drafted += json_integer_value(d);
+            accepted += json_integer_value(a);
         }
         json_decref(rec);
         resp_free(&r);
@@ -2055,6 +2061,10 @@ static void test_metrics_api(void) {
               DELTA("lumen_inter_token_latency_seconds_count") == (double)(completion - 2),
           "histogram counts");
     CHECK(strstr(b, "lumen_num_requests_running 0") && strstr(b, "lumen_num_requests_waiting 0"), "idle gauges");
+    CHECK(DELTA("lumen_spec_decode_num_draft_tokens_total") == (double)drafted &&
+              DELTA("lumen_spec_decode_num_accepted_tokens_total") == (double)accepted,
+          "speculative counters: %g/%lld drafted, %g/%lld accepted", DELTA("lumen_spec_decode_num_draft_tokens_total"),
+          (long long)drafted, DELTA("lumen_spec_decode_num_accepted_tokens_total"), (long long)accepted);
     /* The main server speculates: by now it has verified drafts and accepted some. */
     CHECK(scrape(b, "lumen_spec_decode_num_draft_tokens_total") >
                   scrape(b, "lumen_spec_decode_num_accepted_tokens_total") &&

@@ -74,6 +74,7 @@ struct lm_server {
     unsigned tasks;                           /* enum lm_task bits the family declares */
     const struct lm_reasoning_ops *reasoning; /* NULL: chat output is all content */
     struct lm_records *records;               /* NULL without --records */
+    bool spec;                                /* speculative decoding is on (records) */
     struct lm_metrics *metrics;
     uint64_t id_seed;
     atomic_ullong id_counter;
@@ -306,7 +307,9 @@ static void call_finish(struct call *c) {
                             .t_finish_ms = now_ms(),
                             .prompt_tokens = -1,
                             .cached_tokens = -1,
-                            .completion_tokens = -1};
+                            .completion_tokens = -1,
+                            .spec_draft_tokens = -1,
+                            .spec_accepted_tokens = -1};
     struct lm_buf text = {0};
     struct lm_metrics_request mr = {.queue_s = -1, .ttft_s = -1, .decode_s = -1, .latency_s = -1};
     const struct choice *c0 = &c->ch[0];
@@ -327,14 +330,18 @@ static void call_finish(struct call *c) {
     if (c->n > 0) {
         /* times: the earliest scheduling and first token, the latest finish over the choices */
         double sched = -1, first = -1, fin = -1;
-        int completion = 0, cached = 0;
+        int completion = 0, cached = 0, drafted = 0, accepted = 0;
         for (int i = 0; i < c->n; i++) {
             struct job_times t = job_times(c, &c->ch[i]);
             if (t.scheduled_ms >= 0 && (sched < 0 || t.scheduled_ms < sched)) sched = t.scheduled_ms;
             if (t.first_token_ms >= 0 && (first < 0 || t.first_token_ms < first)) first = t.first_token_ms;
             if (t.finish_ms > fin) fin = t.finish_ms;
             if (i == 0) cached = t.cached_tokens;
-            if (c->ch[i].job && c->ch[i].job->state == LM_JOB_DONE) completion += c->ch[i].job->result.completion_tokens;
+            if (c->ch[i].job && c->ch[i].job->state == LM_JOB_DONE) {
+                completion += c->ch[i].job->result.completion_tokens;
+                drafted += c->ch[i].job->result.draft_tokens;
+                accepted += c->ch[i].job->result.accepted_tokens;
+            }
         }
         rec.t_scheduled_ms = sched;
         rec.t_first_token_ms = first;
@@ -343,6 +350,7 @@ static void call_finish(struct call *c) {
         if (sched >= 0) {
             rec.completion_tokens = completion;
             rec.cached_tokens = cached;
+            if (srv->spec) rec.spec_draft_tokens = drafted, rec.spec_accepted_tokens = accepted;
         }
     }
     if (all_ok) {
@@ -1131,6 +1139,7 @@ lm_status lm_server_start(struct lm_model *m, const struct lm_server_params *p,
     if (!s) return lm_errorf(LM_ERR_NOMEM, "out of memory");
     s->model = m;
     s->ctx = p->ctx_size;
+    s->spec = p->spec.num_speculative_tokens > 0;
     s->max_body = p->max_body;
     s->log = p->log_requests;
     s->created = (long long)time(NULL);

@@ -110,6 +110,8 @@ char *lm_record_json(const struct lm_record *r) {
     json_object_set_new(o, "prompt_tokens", int_or_null(r->prompt_tokens));
     json_object_set_new(o, "cached_tokens", int_or_null(r->cached_tokens));
     json_object_set_new(o, "completion_tokens", int_or_null(r->completion_tokens));
+    json_object_set_new(o, "spec_draft_tokens", int_or_null(r->spec_draft_tokens));
+    json_object_set_new(o, "spec_accepted_tokens", int_or_null(r->spec_accepted_tokens));
     json_object_set_new(o, "finish_reason", str_or_null(r->finish_reason));
     if (r->messages) {
         json_t *roles = json_array(), *hashes = json_array();

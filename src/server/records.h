@@ -34,6 +34,8 @@ struct lm_record {
     int http_status;
     double t_arrival_ms, t_scheduled_ms, t_first_token_ms, t_finish_ms; /* CLOCK_MONOTONIC ms */
     int prompt_tokens, cached_tokens, completion_tokens;                /* < 0: null */
+    int spec_draft_tokens, spec_accepted_tokens; /* speculative decoding, over the choices
+                                                    (engine/spec.h); < 0: null (it is off) */
     const char *finish_reason; /* "stop", "length", "cancelled" (lm_finish_name: never the
                                   wire's "abort"; docs/RECORDS.md), NULL for an error */
     /* the conversation (chat): roles and per-message content SHA-256; n_messages 0 and
