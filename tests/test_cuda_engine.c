@@ -593,7 +593,7 @@ static void test_spec(void) {
         sp_plain[i].gen.sampling.seed += (uint64_t)i;
         run_fresh(&sp_plain[i]);
     }
-    g_spec = (struct lm_spec_params){3, 3, 1};
+    g_spec = (struct lm_spec_params){3, 3, 1, 0};
     for (int i = 0; i < N; i++) {
         req_init(&spec[i], &g_cases[i], T, &done);
         run_fresh(&spec[i]);
@@ -608,7 +608,7 @@ static void test_spec(void) {
         seeded_prefix += k;
     }
     struct lm_sched *s = new_sched(g_gpu, N);
-    g_spec = (struct lm_spec_params){0, 0, 0};
+    g_spec = (struct lm_spec_params){0, 0, 0, 0};
     if (!s) return;
     for (int i = 0; i < N; i++) req_init(&batch[i], &g_cases[i], T, &done);
     run_all(s, batch, N);

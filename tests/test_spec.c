@@ -24,7 +24,7 @@
 
 static int propose(int nmin, int nmax, int k, const int32_t *t, int n, int max_draft,
                    int32_t *out) {
-    struct lm_spec_params p = {k, nmax, nmin};
+    struct lm_spec_params p = {k, nmax, nmin, 0};
     return lm_spec_propose(&p, t, n, max_draft, out);
 }
 
@@ -99,7 +99,7 @@ static void test_propose(void) {
         bad += n != wn || !eq(d, want, n);
         /* The indexed proposer, its index grown in two pieces, must agree. */
         struct lm_spec_index x = {0};
-        struct lm_spec_params sp = {k, nmax, nmin};
+        struct lm_spec_params sp = {k, nmax, nmin, 0};
         int32_t d2[LM_SPEC_MAX_TOKENS];
         bool ok = !lm_spec_index_extend(&x, t, len / 2) && !lm_spec_index_extend(&x, t, len);
         int n2 = ok ? lm_spec_propose_indexed(&sp, &x, t, len, k, d2) : -1;
@@ -126,10 +126,10 @@ static void test_parse(void) {
               p.prompt_lookup_max == 2 && p.prompt_lookup_min == 2,
           "a lone min sets the max: %d", p.prompt_lookup_max);
     CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4, "
-                        "\"prompt_lookup_min\": 2}",
+                        "\"prompt_lookup_min\": 2, \"disable_by_batch_size\": 32}",
                         &p) == LM_OK &&
-              p.prompt_lookup_max == 4 && p.prompt_lookup_min == 2,
-          "both given");
+              p.prompt_lookup_max == 4 && p.prompt_lookup_min == 2 && p.disable_by_batch_size == 32,
+          "every key given");
     struct {
         const char *json, *needle;
     } bad[] = {
@@ -144,6 +144,7 @@ static void test_parse(void) {
         {"{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": -5}", "prompt_lookup"},
         {"{\"num_speculative_tokens\": 0, \"prompt_lookup_min\": -1}", "prompt_lookup_min"},
         {"{\"num_speculative_tokens\": 2, \"num_speculative_tokens\": 3}", "bad JSON"},
+        {"{\"num_speculative_tokens\": 2, \"disable_by_batch_size\": -1}", "disable_by_batch_size"},
         {"{\"num_speculative_tokens\": \"2\"}", "must be an integer"},
         {"[1]", "not a JSON object"},
         {"{num_speculative_tokens: 2}", "bad JSON"},
@@ -293,7 +294,7 @@ static void run_all(struct lm_model *m, const struct lm_sched_params *p, struct 
 /* lm_generate (lumen run) with and without speculation: the same ids, text, logprobs and finish
  * for greedy, seeded and penalised sampling, with a stop string. */
 static void test_generate(struct lm_model *m, struct req_spec *rq, int n) {
-    struct lm_spec_params sp = {3, 3, 1};
+    struct lm_spec_params sp = {3, 3, 1, 0};
     long long acc = 0, drafted = 0;
     for (int i = 0; i < n; i++) {
         struct lm_seq *seq = NULL;
@@ -326,7 +327,7 @@ static void test_generate(struct lm_model *m, struct req_spec *rq, int n) {
     fprintf(stderr, "test_spec: lm_generate: %d requests equal with and without speculation; %lld of %lld "
                     "draft tokens accepted\n", n, acc, drafted);
     struct lm_gen_request bad = {.prompt = rq[0].prompt, .n_prompt = rq[0].n, .max_tokens = 4,
-                                 .sampling = rq[0].sp, .spec = &(struct lm_spec_params){16, 3, 1}};
+                                 .sampling = rq[0].sp, .spec = &(struct lm_spec_params){16, 3, 1, 0}};
     struct lm_gen_result r;
     struct lm_seq *seq = NULL;
     lm_seq_create(m, (int)rq[0].n + 4, &seq);
@@ -426,7 +427,7 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
     struct lm_sched_stats st_plain, st_spec;
     run_all(m, &p, rq, N_REQ, plain_alone, plain_b, &st_plain);
     struct lm_sched_params ps = p;
-    ps.spec = (struct lm_spec_params){4, 3, 1};
+    ps.spec = (struct lm_spec_params){4, 3, 1, 0};
     run_all(m, &ps, rq, N_REQ, spec_alone, spec_b, &st_spec);
     test_accounting(m, &ps, rq);
     fprintf(stderr, "test_spec: accepted / draft tokens a request, alone (prompts %s):",
@@ -444,6 +445,25 @@ static void test_sched(struct lm_model *m, struct ref_case *cases, int n_cases) 
               i);
     }
     CHECK(st_plain.spec_drafts == 0, "plain runs verify no draft");
+    /* disable_by_batch_size 2: no drafts while more than 2 run (the batched run's start), the
+     * same outcomes. */
+    struct lm_sched_params pd = ps;
+    pd.spec.disable_by_batch_size = 2;
+    struct outcome dis_alone[N_REQ], dis_b[N_REQ];
+    struct lm_sched_stats st_dis;
+    run_all(m, &pd, rq, N_REQ, dis_alone, dis_b, &st_dis);
+    int dis_bad = 0, dis_alone_d = 0, dis_b_d = 0, spec_b_d = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        dis_bad += !same_outcome(&plain_alone[i], &dis_alone[i]) || !same_outcome(&plain_alone[i], &dis_b[i]);
+        dis_alone_d += dis_alone[i].drafted;
+        dis_b_d += dis_b[i].drafted;
+        spec_b_d += spec_b[i].drafted;
+        outcome_free(&dis_alone[i]);
+        outcome_free(&dis_b[i]);
+    }
+    CHECK(dis_bad == 0 && dis_alone_d > 0 && dis_b_d < spec_b_d,
+          "disable_by_batch_size 2: %d outcomes differ; draft tokens alone %d, batched %d (without the "
+          "limit %d)", dis_bad, dis_alone_d, dis_b_d, spec_b_d);
     CHECK(st_spec.spec_draft_tokens > st_spec.spec_accepted_tokens &&
               st_spec.spec_accepted_tokens > 0,
           "drafts both accepted and rejected: %lld of %lld", st_spec.spec_accepted_tokens,

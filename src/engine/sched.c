@@ -396,8 +396,9 @@ static int propose(struct lm_sched *s, struct seq *q, int room) {
 /* Gives the planned decoding sequences their drafts, in arrival order, from what the step has
  * left once every pending token and prefill chunk is planned: token budget, output rows, and
  * KV blocks from the free pool only (a draft is a guess: it never evicts a cached prefix or
- * preempts anyone). */
+ * preempts anyone). None in a step of more than disable_by_batch_size sequences. */
 static void plan_drafts(struct lm_sched *s, int n_plan, int budget) {
+    if (s->p.spec.disable_by_batch_size > 0 && n_plan > s->p.spec.disable_by_batch_size) return;
     int rows = n_plan; /* output rows at most: one a sequence, plus the drafts */
     for (int i = 0; i < n_plan && budget > 0 && rows < s->max_rows; i++) {
         struct seq *q = s->plan[i];

@@ -10,6 +10,9 @@ lm_status lm_spec_check(const struct lm_spec_params *p) {
     if (p->num_speculative_tokens < 0 || p->num_speculative_tokens > LM_SPEC_MAX_TOKENS)
         return lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens: %d is not in 0..%d",
                          p->num_speculative_tokens, LM_SPEC_MAX_TOKENS);
+    if (p->disable_by_batch_size < 0)
+        return lm_errorf(LM_ERR_INVALID, "speculative config: disable_by_batch_size: %d is negative",
+                         p->disable_by_batch_size);
     if (p->num_speculative_tokens == 0) return LM_OK;
     if (p->prompt_lookup_min < 1 || p->prompt_lookup_min > 64)
         return lm_errorf(LM_ERR_INVALID, "speculative config: prompt_lookup_min: %d is not in 1..64",
@@ -56,10 +59,11 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
                 break;
             }
         } else if (strcmp(key, "num_speculative_tokens") && strcmp(key, "prompt_lookup_max") &&
-                   strcmp(key, "prompt_lookup_min")) {
+                   strcmp(key, "prompt_lookup_min") && strcmp(key, "disable_by_batch_size")) {
             rc = lm_errorf(LM_ERR_INVALID,
                            "speculative config: unknown key \"%s\" (known: method, "
-                           "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)",
+                           "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, "
+                           "disable_by_batch_size)",
                            key);
             break;
         }
@@ -70,6 +74,8 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
         rc = lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens is required");
     if (!rc) rc = int_key(o, "prompt_lookup_max", &out->prompt_lookup_max, &has_max);
     if (!rc) rc = int_key(o, "prompt_lookup_min", &out->prompt_lookup_min, &has_min);
+    bool has_dis;
+    if (!rc) rc = int_key(o, "disable_by_batch_size", &out->disable_by_batch_size, &has_dis);
     json_decref(o);
     if (rc) return rc;
     if (!has_max && !has_min)

@@ -36,6 +36,9 @@ struct lm_spec_params {
     int num_speculative_tokens; /* draft tokens proposed per step, 0 (off) .. LM_SPEC_MAX_TOKENS */
     int prompt_lookup_max;      /* longest n-gram matched, >= prompt_lookup_min */
     int prompt_lookup_min;      /* shortest n-gram matched, >= 1 */
+    int disable_by_batch_size;  /* no drafts in a step of more than this many sequences (vLLM's
+                                   key; where verification rows cost more than they save);
+                                   0 = never disabled */
 };
 
 /* Defaults when a key is not given, vLLM's rules: neither lookup key: both 5; one of them: the
@@ -46,7 +49,7 @@ struct lm_spec_params {
 lm_status lm_spec_check(const struct lm_spec_params *p);
 
 /* Parses a vLLM-style speculative config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
- * "prompt_lookup_max": 4, "prompt_lookup_min": 2}, into *out (missing lookup keys as above;
+ * "prompt_lookup_max": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 32}, into *out (missing lookup keys as above;
  * method may be omitted). LM_ERR_INVALID names the key: malformed JSON, a duplicated key, a
  * method other than "ngram" (lumen has no draft-model method), an unknown key, a value out of
  * range. */

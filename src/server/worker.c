@@ -418,8 +418,9 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
     if (p.log_summary && p.spec.num_speculative_tokens > 0)
         fprintf(stderr,
                 "lumen serve: speculative decoding: ngram, num_speculative_tokens %d, "
-                "prompt_lookup_max %d, prompt_lookup_min %d\n",
-                p.spec.num_speculative_tokens, p.spec.prompt_lookup_max, p.spec.prompt_lookup_min);
+                "prompt_lookup_max %d, prompt_lookup_min %d, disable_by_batch_size %d%s\n",
+                p.spec.num_speculative_tokens, p.spec.prompt_lookup_max, p.spec.prompt_lookup_min,
+                p.spec.disable_by_batch_size, p.spec.disable_by_batch_size ? "" : " (never)");
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int rc = pthread_create(&w->thread, NULL, engine_main, w);
