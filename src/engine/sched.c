@@ -620,7 +620,7 @@ int lm_sched_step(struct lm_sched *s) {
     /* 4. One forward over every planned sequence. The device chooses the tokens itself when it
      * can for every sequence that needs one (only ids cross to the host), else logits come
      * back and the sampler runs here. */
-    int tokens = 0, rows = 0;
+    int tokens = 0, rows = 0, drafts = 0;
     bool on_device = lm_model_samples_on_device(s->m);
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
@@ -631,6 +631,7 @@ int lm_sched_step(struct lm_sched *s) {
                                             : last      ? LM_LOGITS_LAST
                                                         : LM_LOGITS_NONE};
         tokens += q->chunk;
+        drafts += q->n_draft;
         if (last) {
             on_device = on_device && device_samples(q);
             /* A draft's rows draw the tokens plain decoding would draw there: the counter is the
@@ -647,7 +648,7 @@ int lm_sched_step(struct lm_sched *s) {
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
     s->st.steps++;
     s->st.step_tokens += tokens;
-    s->st.decode_steps += tokens == n; /* (a step with drafts counts as a mixed one) */
+    s->st.decode_steps += tokens - drafts == n; /* no prefill chunk (drafts may ride along) */
     s->st.device_sampled_steps += on_device;
     if (rc) {
         char msg[256];

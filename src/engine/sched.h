@@ -102,7 +102,8 @@ struct lm_sched_stats {
     /* Where the engine thread's time goes (wall clock): */
     double busy_s;           /* inside lm_sched_step steps that ran a forward */
     double forward_s;        /* of which inside the model's forward step */
-    long long decode_steps;  /* steps with no prefill chunk (every sequence decodes one token) */
+    long long decode_steps;  /* steps with no prefill chunk (every sequence decodes one token,
+                                plus its draft with speculative decoding) */
     long long device_sampled_steps; /* steps whose tokens the device chose (only ids came back;
                                        lm_model_forward_sample) */
     /* Speculative decoding (vLLM's spec_decode counters): */
