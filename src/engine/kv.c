@@ -164,17 +164,11 @@ int lm_kv_alloc_free(struct lm_kv *kv) {
 }
 
 int lm_kv_alloc(struct lm_kv *kv) {
-    int i;
-    if (kv->n_free > 0) {
-        i = kv->free[--kv->n_free];
-    } else if (kv->lru_head >= 0) {
-        i = kv->lru_head;
-        lru_remove(kv, i);
-        unindex(kv, i);
-        kv->evictions++;
-    } else {
-        return -1;
-    }
+    if (kv->n_free > 0 || kv->lru_head < 0) return lm_kv_alloc_free(kv);
+    int i = kv->lru_head;
+    lru_remove(kv, i);
+    unindex(kv, i);
+    kv->evictions++;
     assert(kv->b[i].ref == 0 && kv->b[i].n_tokens == 0);
     kv->b[i].ref = 1;
     return i;

@@ -29,9 +29,9 @@ struct seq {
     bool preempt;     /* chosen as a victim during this step's planning */
     bool flush;       /* ended at EOS or length: release the held text */
     int chunk;        /* tokens planned for this step (1 + n_draft for a decoding sequence) */
-    int n_draft;      /* draft tokens planned for this step (speculative decoding) */
-    int32_t draft[LM_SPEC_MAX_TOKENS]; /* them; also copied to tokens[n_tokens..) for the step */
-    struct lm_spec_index idx;          /* tokens[0..n_tokens) indexed for the proposer */
+    int n_draft;      /* draft tokens planned for this step (speculative decoding), held in
+                         tokens[n_tokens .. n_tokens + n_draft) past the sequence's end */
+    struct lm_spec_index idx; /* tokens[0..n_tokens) indexed for the proposer */
     struct seq *next; /* waiting list */
 };
 
@@ -381,16 +381,17 @@ static struct seq *victim(struct lm_sched *s) {
     return NULL;
 }
 
-/* Proposes q's draft for this step into q->draft (at most `room` tokens, no more than its
- * max_tokens can still take after this step's own token, and a run the model takes at decode
- * cost: lm_model_max_run). Returns the count. */
+/* Proposes q's draft for this step into tokens[n_tokens ..] (room: cap_tokens holds max_tokens;
+ * at most `room` tokens, no more than its max_tokens can still take after this step's own token,
+ * and a run the model takes at decode cost: lm_model_max_run). Returns the count. */
 static int propose(struct lm_sched *s, struct seq *q, int room) {
     int left = q->r->gen.max_tokens - (q->n_tokens - q->n_prompt) - 1;
     if (room > left) room = left;
     if (room > s->max_run - 1) room = s->max_run - 1;
     if (room <= 0) return 0;
     if (lm_spec_index_extend(&q->idx, q->tokens, q->n_tokens)) return 0; /* no memory: no draft */
-    return lm_spec_propose_indexed(&s->p.spec, &q->idx, q->tokens, q->n_tokens, room, q->draft);
+    return lm_spec_propose_indexed(&s->p.spec, &q->idx, q->tokens, q->n_tokens, room,
+                                   q->tokens + q->n_tokens);
 }
 
 /* Gives the planned decoding sequences their drafts, in arrival order, from what the step has
@@ -413,7 +414,6 @@ static void plan_drafts(struct lm_sched *s, int n_plan, int budget) {
         if (d > q->n_blocks * LM_KV_BLOCK - q->n_computed - 1)
             d = q->n_blocks * LM_KV_BLOCK - q->n_computed - 1;
         if (d <= 0) continue;
-        memcpy(q->tokens + q->n_tokens, q->draft, sizeof *q->tokens * (size_t)d);
         q->n_draft = d;
         q->chunk += d;
         budget -= d;
@@ -509,19 +509,19 @@ static int32_t choose_token(struct lm_sched *s, struct seq *q, const float *row,
  * streams it; finishes q when it ends. Returns true when q finished. */
 static bool take_token(struct lm_sched *s, struct seq *q, const float *row, int32_t id) {
     struct lm_sched_req *r = q->r;
-    struct lm_gen_result *res = &r->result;
-    if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
     if (!row) return accept_token(s, q, id, NULL);
     struct lm_token_logprob lp;
     id = choose_token(s, q, row, &lp);
     return accept_token(s, q, id, r->gen.sampling.logprobs ? &lp : NULL);
 }
 
-/* Appends id to q (EOS, stop strings and limits end it). */
+/* Appends id to q (EOS, stop strings and limits end it); the first one sets the first-token
+ * time, whichever step (prefill, decode, verification) chose it. */
 static bool accept_token(struct lm_sched *s, struct seq *q, int32_t id,
                          const struct lm_token_logprob *lp) {
     struct lm_sched_req *r = q->r;
     struct lm_gen_result *res = &r->result;
+    if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
     bool eos = false;
     for (int i = 0; i < s->gd->n_eos; i++)
         eos |= id == s->gd->eos_token_ids[i];
@@ -570,7 +570,6 @@ static int verify(struct lm_sched *s, struct seq *q, bool on_device, int row0) {
     q->n_draft = 0;
     s->st.spec_drafts++;
     struct lm_gen_result *res = &q->r->result;
-    if (!res->times.first_token_ms) res->times.first_token_ms = lm_now_ms();
     /* vLLM's counting: every draft token the step ran, whether or not the sequence got as far as
      * comparing it (a stop or the length limit can end it first). */
     s->st.spec_draft_tokens += nd;
@@ -579,7 +578,8 @@ static int verify(struct lm_sched *s, struct seq *q, bool on_device, int row0) {
         const float *row = on_device ? NULL : s->logits + (size_t)(row0 + j) * s->vocab;
         struct lm_token_logprob lp;
         int32_t id = row ? choose_token(s, q, row, &lp) : s->ids[row0 + j];
-        bool match = j < nd && id == q->draft[j];
+        /* tokens[n_tokens] is draft token j until accept_token writes the model's token there */
+        bool match = j < nd && id == q->tokens[q->n_tokens];
         /* Counted now: taking the token may finish q and free its request. */
         s->st.spec_accepted_tokens += match;
         res->accepted_tokens += match;
@@ -636,10 +636,11 @@ int lm_sched_step(struct lm_sched *s) {
             on_device = on_device && device_samples(q);
             /* A draft's rows draw the tokens plain decoding would draw there: the counter is the
              * token's index in the request. */
-            for (int j = 0; j <= q->n_draft; j++, rows++) {
-                s->dsamp[rows] = device_params(q);
-                s->dsamp[rows].counter += (uint64_t)j;
+            for (int j = 0; j <= q->n_draft && on_device; j++) {
+                s->dsamp[rows + j] = device_params(q);
+                s->dsamp[rows + j].counter += (uint64_t)j;
             }
+            rows += 1 + q->n_draft;
         }
     }
     double tf = lm_now_ms();

@@ -1,6 +1,7 @@
 /* spec.c: see spec.h. */
 #include "engine/spec.h"
 
+#include <assert.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -114,24 +115,6 @@ static int draft_cap(const struct lm_spec_params *p, int max_draft) {
     return max_draft > LM_SPEC_MAX_TOKENS ? LM_SPEC_MAX_TOKENS : max_draft;
 }
 
-/* Both proposers visit candidate ends e (the last position of an earlier occurrence of the
- * suffix), latest first, and keep the first with the longest match: the latest start of the
- * largest matching n-gram size, as spec.h words it. */
-int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
-                    int32_t *draft) {
-    max_draft = draft_cap(p, max_draft);
-    if (p->num_speculative_tokens <= 0 || max_draft <= 0 || n < 2) return 0;
-    const int cap = p->prompt_lookup_max < n - 1 ? p->prompt_lookup_max : n - 1;
-    int best = 0, best_e = -1;
-    for (int e = n - 2; e >= 0 && best < cap; e--) {
-        if (tokens[e] != tokens[n - 1]) continue;
-        int len = match_len(tokens, n, e, cap);
-        if (len > best) best = len, best_e = e;
-    }
-    if (best < p->prompt_lookup_min) return 0;
-    return copy_draft(tokens, n, best_e, max_draft, draft);
-}
-
 static uint32_t slot_of(int32_t v, int hcap) {
     return ((uint32_t)v * 2654435761u) & (uint32_t)(hcap - 1);
 }
@@ -177,7 +160,8 @@ lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, i
             lm_status rc = rehash(x, x->hcap ? 2 * x->hcap : 256);
             if (rc) return rc;
         }
-        const int32_t v = tokens[i] < 0 ? -2 - tokens[i] : tokens[i]; /* keys stay >= 0 */
+        const int32_t v = tokens[i];
+        assert(v >= 0); /* vocabulary ids; -1 marks an empty slot */
         uint32_t h = slot_of(v, x->hcap);
         while (x->key[h] >= 0 && x->key[h] != v)
             h = (h + 1) & (uint32_t)(x->hcap - 1);
@@ -201,6 +185,9 @@ void lm_spec_index_free(struct lm_spec_index *x) {
     memset(x, 0, sizeof *x);
 }
 
+/* Visits the candidate ends e (earlier occurrences of tokens[n - 1]) latest first and keeps the
+ * first with the longest match: the latest start of the largest matching n-gram size, as spec.h
+ * words it. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft) {
     max_draft = draft_cap(p, max_draft);

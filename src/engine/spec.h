@@ -55,16 +55,8 @@ lm_status lm_spec_check(const struct lm_spec_params *p);
  * range. */
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
 
-/* Proposes up to min(max_draft, num_speculative_tokens) tokens to follow tokens[0..n): for n-gram
- * sizes g = prompt_lookup_max down to prompt_lookup_min (and g < n), the latest start j < n - g
- * with tokens[j..j+g) == tokens[n-g..n) gives draft[i] = tokens[j + g + i] for i < max_draft
- * while j + g + i < n. Returns the number written (0: no match). tokens are borrowed. One pass
- * over the history (O(n), stopping at the latest longest match): the reference for the indexed
- * version below. */
-int lm_spec_propose(const struct lm_spec_params *p, const int32_t *tokens, int n, int max_draft,
-                    int32_t *draft);
-
-/* An index of a growing token history for lm_spec_propose_indexed: for each position, the
+/* An index of a growing token history (vocabulary ids, >= 0) for lm_spec_propose_indexed: for
+ * each position, the
  * previous position holding the same token (a chain per token value, through a hash table of
  * the values seen), so a proposal visits only the earlier occurrences of the last token, not the
  * whole history. Zero-initialise; owned, lm_spec_index_free releases it. */
@@ -80,8 +72,12 @@ struct lm_spec_index {
 lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, int n);
 void lm_spec_index_free(struct lm_spec_index *x); /* accepts a zeroed struct */
 
-/* lm_spec_propose over tokens[0..n) through x, which must index exactly those n tokens: the same
- * draft, in time proportional to the occurrences of tokens[n - 1]. */
+/* Proposes up to min(max_draft, num_speculative_tokens) tokens to follow tokens[0..n), which x
+ * must index exactly: for n-gram sizes g = prompt_lookup_max down to prompt_lookup_min (and
+ * g < n), the latest start j < n - g with tokens[j..j+g) == tokens[n-g..n) gives
+ * draft[i] = tokens[j + g + i] for i < max_draft while j + g + i < n. Returns the number written
+ * (0: no match). tokens are borrowed; draft may point just past them (tokens + n). Time
+ * proportional to the earlier occurrences of tokens[n - 1], not to n. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft);
 

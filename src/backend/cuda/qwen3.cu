@@ -492,12 +492,22 @@ static lm_status gemv_any(const lm_cuda_qwen3 *m, lm_cuda_ctx *c, float *y, int 
                : lm_cuda_gemv(c, y, ldy, x, ldx, w.bf, n, k, rows, nw, eps, epi, fix);
 }
 
+/* The model's attention shape (heads, head_dim, block size); everything else zero. */
+static lm_cuda_attn attn_shape(const lm_cuda_qwen3 *m) {
+    lm_cuda_attn a;
+    memset(&a, 0, sizeof a);
+    a.n_heads = m->cfg.n_heads;
+    a.n_kv_heads = m->cfg.n_kv_heads;
+    a.head_dim = m->D;
+    a.block_size = m->p.block_size;
+    return a;
+}
+
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
                               bool decode) {
-    lm_cuda_attn a;
-    memset(&a, 0, sizeof a);
+    lm_cuda_attn a = attn_shape(m);
     a.qkv = m->qkv;
     a.ld_qkv = m->QKV;
     a.inv_freq = m->inv_freq;
@@ -507,10 +517,6 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     a.bt_width = m->W;
     a.seq = (const int32_t *)(m->in_dev + L.seq);
     a.pos = (const int32_t *)(m->in_dev + L.pos);
-    a.n_heads = m->cfg.n_heads;
-    a.n_kv_heads = m->cfg.n_kv_heads;
-    a.head_dim = m->D;
-    a.block_size = m->p.block_size;
     a.out = out_f32 ? (void *)m->att : (void *)m->attb;
     a.out_bf16 = !out_f32;
     /* Contexts of up to SPLIT_MIN_CTX << cls positions, n tokens: at most one wave of the decode
@@ -700,13 +706,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     lm_cuda_ctx *c = m->ctx;
     if (decode && runs) {
         const int n_dec = p.graphs && nt <= m->MO ? bucket_of(m, nt) : nt;
-        lm_cuda_attn probe;
-        memset(&probe, 0, sizeof probe);
-        probe.n_heads = m->cfg.n_heads;
-        probe.n_kv_heads = m->cfg.n_kv_heads;
-        probe.head_dim = m->D;
-        probe.block_size = BS;
-        decode = lm_cuda_attn_dec_fits(c, &probe, n_dec);
+        const lm_cuda_attn shape = attn_shape(m);
+        decode = lm_cuda_attn_dec_fits(c, &shape, n_dec);
     }
 
     const int cls = decode ? ctx_class(m, max_len) : 0;
