@@ -5,7 +5,7 @@
  *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/arrow-bench scripts/arrow-bench.cu
  *   /tmp/arrow-bench
  *
- * (or `scripts/device-run.sh arrow`). It prints five tables:
+ * (or `scripts/device-run.sh arrow`). It prints six tables:
  *   1. stream: DRAM read bandwidth of G blocks (one a multiprocessor), each streaming with
  *      16-byte register loads (8 warps, U loads a lane in flight), bulk copies into a ring of
  *      S shared-memory stages of 16 KiB (cp.async.bulk + mbarrier, one thread) or cp.async;
@@ -17,12 +17,17 @@
  *   4. cluster: the hardware cluster barrier (barrier.cluster) and a distributed-shared-memory
  *      read, for clusters of 8 and 16 blocks, and how many such clusters fit at once;
  *   5. staging: a GEMV's dependency as it meets it: weight loads issued, the dependency, the
- *      activations staged into shared memory through L2 or by one bulk copy, the weights used.
- * Times come from %globaltimer (ns) over many repetitions. An argument 1, 2 or 3 limits tables 1-3
- * to that stream kind (register loads, bulk copies, cp.async). */
+ *      activations staged into shared memory through L2 or by one bulk copy, the weights used;
+ *   6. chain: the same round as 112 separate kernels in one CUDA graph (programmatic dependent
+ *      launch), the dependency met by griddepcontrol.wait or by a counter, the next kernel let
+ *      launch after staging or at the start (perf-notes v17).
+ * Times come from %globaltimer (ns) over many repetitions (table 6: CUDA events over 20 graph
+ * replays, median). An argument 1, 2 or 3 limits tables 1-3 to that stream kind (register loads,
+ * bulk copies, cp.async); 6 prints table 6 alone. */
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/common.cuh" /* ld_stream16: the GEMV's weight load */
@@ -324,6 +329,57 @@ __global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_
     if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = t1 - t0, out[1] = sink;
 }
 
+
+/* Table 6: a chain of kernels, as the decode step's GEMVs meet their predecessors: each kernel's
+ * warps issue U 16-byte weight loads a lane, the block waits for its predecessor (mode 0:
+ * griddepcontrol.wait, i.e. the previous grid completed and flushed; mode 1: a counter the
+ * previous kernel's blocks add to with release semantics after their writes, spun on with acquire
+ * loads by thread 0; mode 2: as 1, but the next kernel is let launch at this one's start; mode 3:
+ * as 0, launched at the predecessor's start), stages 4 KiB of activations the previous kernel
+ * wrote through L2, uses the weights and writes its own share of the activations. Modes 0 and 1
+ * let their dependents launch after staging. */
+__global__ void __launch_bounds__(THREADS, 2) k_link(const uint8_t *wbuf, size_t wsize, int U, unsigned *ctr,
+                                                      int link, const float *xin, float *xout, int mode) {
+    __shared__ float xs[1024];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
+    const int gw = blockIdx.x * 8 + warp, NW = G * 8;
+    if (mode == 2 || mode == 3) pdl_trigger();
+    uint4 v[MAXU];
+    const size_t base = (((size_t)link * NW + gw) * (size_t)U * 512) % wsize;
+#pragma unroll
+    for (int u = 0; u < MAXU; u++)
+        if (u < U) v[u] = ld_stream16(wbuf + (base + u * 512 + lane * 16) % wsize);
+    if (mode == 0 || mode == 3) {
+        pdl_wait();
+    } else if (link > 0) {
+        if (threadIdx.x == 0)
+            while (ld_acquire(ctr + link - 1) < (unsigned)G) {
+            }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < 1024; i += THREADS) xs[i] = __ldcg(xin + i);
+    __syncthreads();
+    if (mode < 2) pdl_trigger();
+    uint32_t acc = 0;
+#pragma unroll
+    for (int u = 0; u < MAXU; u++)
+        if (u < U) acc ^= v[u].x ^ v[u].w;
+    /* this block's share of the next kernel's activations (1024 floats over G blocks) */
+    const int per = (1024 + G - 1) / G;
+    if (threadIdx.x < per && blockIdx.x * per + threadIdx.x < 1024)
+        xout[blockIdx.x * per + threadIdx.x] = xs[(threadIdx.x + link) & 1023] + (acc == 0x12345678u ? 1.f : 0.f);
+    if (mode == 1 || mode == 2) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            red_release(ctr + link, 1);
+        }
+    }
+}
+__global__ void k_link_reset(unsigned *ctr, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ctr[i] = 0;
+}
+
 static int g_sms;
 
 static Stream make_stream(const uint8_t *buf, size_t size, int kind, int depth, unsigned long long *stats) {
@@ -347,6 +403,65 @@ static double inflight_mb(int kind, int depth, int blocks, int warps) {
     return 0;
 }
 
+/* Table 6 (see k_link). */
+static void chain_table(uint8_t *buf, size_t BUF) {
+    /* 6. kernel chains */
+    printf("\n6. chain: %d kernels in one graph, each U weight loads a lane, the dependency, 4 KiB staged (us a kernel)\n", 112);
+    printf("| blocks | U | griddepcontrol.wait | counter | counter, launched at the predecessor's start | griddepcontrol.wait, launched at the predecessor's start | no PDL |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    {
+        const int L = 112;
+        unsigned *ctr;
+        float *xa;
+        CK(cudaMalloc(&ctr, L * 4));
+        CK(cudaMemset(ctr, 0, L * 4));
+        CK(cudaMalloc(&xa, (size_t)(L + 1) * 4096));
+        CK(cudaMemset(xa, 0, (size_t)(L + 1) * 4096));
+        cudaStream_t st6;
+        CK(cudaStreamCreateWithFlags(&st6, cudaStreamNonBlocking));
+        for (int G : {g_sms, 2 * g_sms})
+            for (int U : {4, 8, 12, 16}) {
+                double us[5];
+                for (int mode = 0; mode < 5; mode++) {
+                    const int km = mode == 4 ? 0 : mode;
+                    cudaGraph_t g;
+                    cudaGraphExec_t ge;
+                    CK(cudaStreamBeginCapture(st6, cudaStreamCaptureModeGlobal));
+                    for (int l = 0; l < L; l++) {
+                        cudaLaunchConfig_t cfg = {};
+                        cudaLaunchAttribute at[1];
+                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                        at[0].val.programmaticStreamSerializationAllowed = 1;
+                        cfg.gridDim = dim3(G), cfg.blockDim = dim3(THREADS), cfg.stream = st6;
+                        cfg.attrs = at, cfg.numAttrs = mode == 4 ? 0 : 1;
+                        CK(cudaLaunchKernelEx(&cfg, k_link, (const uint8_t *)buf, BUF, U, ctr, l,
+                                              (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km));
+                    }
+                    k_link_reset<<<1, 128, 0, st6>>>(ctr, L);
+                    CK(cudaStreamEndCapture(st6, &g));
+                    CK(cudaGraphInstantiate(&ge, g, 0));
+                    std::vector<float> t;
+                    cudaEvent_t e0, e1;
+                    CK(cudaEventCreate(&e0));
+                    CK(cudaEventCreate(&e1));
+                    for (int r = 0; r < 23; r++) {
+                        CK(cudaEventRecord(e0, st6));
+                        CK(cudaGraphLaunch(ge, st6));
+                        CK(cudaEventRecord(e1, st6));
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        if (r >= 3) t.push_back(ms);
+                    }
+                    std::sort(t.begin(), t.end());
+                    us[mode] = t[t.size() / 2] * 1e3 / L;
+                    CK(cudaGraphExecDestroy(ge));
+                    CK(cudaGraphDestroy(g));
+                }
+                printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, U, us[0], us[1], us[2], us[3], us[4]);
+            }
+    }
+}
+
 int main(int argc, char **argv) {
     const int only = argc > 1 ? atoi(argv[1]) : 0; /* a stream kind alone (1-3), or all */
     cudaDeviceProp prop;
@@ -357,6 +472,10 @@ int main(int argc, char **argv) {
     uint8_t *buf;
     CK(cudaMalloc(&buf, BUF));
     CK(cudaMemset(buf, 1, BUF));
+    if (only == 6) { /* table 6 alone */
+        chain_table(buf, BUF);
+        return 0;
+    }
     unsigned long long *st, *out;
     CK(cudaMalloc(&st, 64));
     CK(cudaMalloc(&out, 64));
@@ -503,5 +622,6 @@ int main(int argc, char **argv) {
         }
         printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", U, pf ? "yes" : "no", us[0], us[1], us[2], us[3], us[4]);
     }
+        chain_table(buf, BUF);
     return 0;
 }

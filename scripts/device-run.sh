@@ -9,7 +9,8 @@
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
 # kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on), arrow
-# (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13), ab
+# (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
+# ARROW_ARGS=6: the kernel-chain table alone), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh.
@@ -127,7 +128,7 @@ for step in "$@"; do
     done 2>&1 | tee "$OUT/q8big.log" ;;
   arrow)
     nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/arrow-bench scripts/arrow-bench.cu &&
-      timeout 300 /tmp/arrow-bench 2>&1 | tee "$OUT/arrow.log" ;;
+      timeout 300 /tmp/arrow-bench ${ARROW_ARGS:-} 2>&1 | tee "$OUT/arrow.log" ;;
   cpu)
     # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried
     # test_kernels, test_bf16_act and test_quant (LM_PREBUILD_TARGETS), then lumen perf on the
