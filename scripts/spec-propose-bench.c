@@ -23,11 +23,12 @@ static double now_ms(void) {
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-/* The first version's proposer: n-gram sizes from max down, the latest start of each. */
+/* A scan of the whole history (the first version's method): n-gram sizes from max down, the
+ * earliest start of each (the indexed proposer's and vLLM's choice). */
 static int scan(const struct lm_spec_params *p, const int32_t *t, int n, int k, int32_t *d) {
     for (int g = p->prompt_lookup_max; g >= p->prompt_lookup_min; g--) {
         if (g >= n) continue;
-        for (int j = n - g - 1; j >= 0; j--) {
+        for (int j = 0; j + g < n; j++) {
             if (t[j] != t[n - g] || memcmp(t + j, t + n - g, sizeof *t * (size_t)g)) continue;
             int m = 0;
             while (m < k && j + g + m < n) d[m] = t[j + g + m], m++;

@@ -250,9 +250,12 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
          "'2X'\n"},
         {"serve", false,
          "--model /nonexistent --speculative-config '{\"method\":\"eagle\",\"num_speculative_tokens\":3}'",
-         "lumen serve: --speculative-config: speculative config: method must be \"ngram\""},
-        {"serve", false, "--model /nonexistent --speculative-config '{\"num_speculative_tokens\":99}'",
-         "lumen serve: --speculative-config: speculative config: num_speculative_tokens: 99 is not in 0..15\n"},
+         "lumen serve: speculative config: method must be \"ngram\""},
+        {"serve", false,
+         "--model /nonexistent --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":99}'",
+         "lumen serve: speculative config: num_speculative_tokens: 99 is not in 1..15\n"},
+        {"run", false, "--model /nonexistent --speculative-config '{\"num_speculative_tokens\":3}'",
+         "lumen run: speculative config: method is required (\"ngram\")\n"},
     };
     char cmd[1024];
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {

@@ -1,7 +1,8 @@
 /* test_spec.c: speculative decoding (engine/spec.h) must change how many steps a request takes,
  * never its tokens.
  *
- * Proposer: n-gram prompt lookup on hand-made sequences (longest n-gram first, latest match,
+ * Proposer: n-gram prompt lookup on hand-made sequences (longest n-gram first, earliest match as
+ * vLLM's proposer,
  * drafts cut at the sequence's end and at max_draft), and the vLLM-style config parser (defaults,
  * errors naming the key). Scheduler (driven directly, tiny model): every request gives the same
  * ids with speculation on as off: greedy, seeded sampling, penalties with logprobs (values too),
@@ -58,7 +59,7 @@ static void test_propose(void) {
     n = propose(1, 2, 1, c, 10, 1, d);
     CHECK(n == 1 && d[0] == 5, "2-gram beats a later 1-gram: %d %d", n, d[0]);
     n = propose(1, 1, 1, c, 10, 1, d);
-    CHECK(n == 1 && d[0] == 6, "1-gram: latest match: %d %d", n, d[0]);
+    CHECK(n == 1 && d[0] == 5, "1-gram: the earliest match: %d %d", n, d[0]);
     /* prompt_lookup_min 2: no 2-gram match -> nothing, though a 1-gram would match. */
     const int32_t e[] = {5, 1, 2, 5};
     n = propose(2, 3, 4, e, 4, 4, d);
@@ -69,10 +70,20 @@ static void test_propose(void) {
     CHECK(propose(1, 3, 0, a, 10, 4, d) == 0, "num_speculative_tokens 0 proposes nothing");
     CHECK(propose(1, 3, 4, a, 1, 4, d) == 0, "one token: nothing to match");
     CHECK(propose(1, 3, 4, a, 10, 0, d) == 0, "max_draft 0");
-    /* The latest match, not the first: "1 2" at 0 (-> 3) and at 3 (-> 4). */
+    /* The earliest match, as vLLM's _find_longest_matched_ngram_and_propose_tokens: "1 2" at 0
+     * (-> 3) and at 3 (-> 4). */
     const int32_t f[] = {1, 2, 3, 1, 2, 4, 1, 2};
     n = propose(2, 2, 1, f, 8, 1, d);
-    CHECK(n == 1 && d[0] == 4, "latest match wins: %d", d[0]);
+    CHECK(n == 1 && d[0] == 3, "the earliest match wins: %d", d[0]);
+    /* Repetition: the earliest match has a whole draft after it (the latest would overlap the
+     * end and give one period at most). */
+    int32_t r7[10], r12[12];
+    for (int i = 0; i < 10; i++) r7[i] = 7;
+    for (int i = 0; i < 12; i++) r12[i] = 1 + i % 2;
+    n = propose(1, 3, 4, r7, 10, 4, d);
+    CHECK(n == 4 && eq(d, (int32_t[]){7, 7, 7, 7}, 4), "7 x 10: %d drafts", n);
+    n = propose(1, 3, 4, r12, 12, 4, d);
+    CHECK(n == 4 && eq(d, (int32_t[]){1, 2, 1, 2}, 4), "(1 2) x 6: %d drafts", n);
 
     /* A second path: brute force over every (g, j) on random short-alphabet sequences. */
     uint64_t rs = 12345;
@@ -90,7 +101,7 @@ static void test_propose(void) {
         int wn = 0;
         for (int g = nmax; g >= nmin && !wn; g--) {
             if (g >= len) continue;
-            for (int j = len - g - 1; j >= 0; j--) {
+            for (int j = 0; j + g < len; j++) {
                 bool m = true;
                 for (int i = 0; i < g; i++)
                     m = m && t[j + i] == t[len - g + i];
@@ -116,13 +127,18 @@ static void test_parse(void) {
               p.num_speculative_tokens == 5 && p.prompt_lookup_max == 4 && p.prompt_lookup_min == 4,
           "vLLM's example: %d %d %d", p.num_speculative_tokens, p.prompt_lookup_max,
           p.prompt_lookup_min);
-    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3}", &p) == LM_OK &&
+    CHECK(lm_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3}", &p) == LM_OK &&
               p.prompt_lookup_max == 5 && p.prompt_lookup_min == 5 && LM_SPEC_DEFAULT_LOOKUP == 5,
           "defaults 5 and 5");
-    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2}", &p) == LM_OK &&
+    CHECK(lm_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": null, "
+                        "\"disable_by_batch_size\": null}",
+                        &p) == LM_OK &&
+              p.prompt_lookup_max == 5 && p.prompt_lookup_min == 5 && p.disable_by_batch_size == 0,
+          "null is unset, as vLLM's None: %d %d", p.prompt_lookup_max, p.prompt_lookup_min);
+    CHECK(lm_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2}", &p) == LM_OK &&
               p.prompt_lookup_max == 2 && p.prompt_lookup_min == 2,
           "a lone min sets the max: %d", p.prompt_lookup_max);
-    CHECK(lm_spec_parse("{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4, "
+    CHECK(lm_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4, "
                         "\"prompt_lookup_min\": 2, \"disable_by_batch_size\": 32}",
                         &p) == LM_OK &&
               p.prompt_lookup_max == 4 && p.prompt_lookup_min == 2 && p.disable_by_batch_size == 32,
@@ -131,20 +147,25 @@ static void test_parse(void) {
         const char *json, *needle;
     } bad[] = {
         {"{\"method\": \"eagle\", \"num_speculative_tokens\": 3}", "method"},
-        {"{\"num_speculative_tokens\": 16}", "num_speculative_tokens"},
-        {"{\"num_speculative_tokens\": -1}", "num_speculative_tokens"},
-        {"{\"prompt_lookup_max\": 3}", "num_speculative_tokens is required"},
-        {"{\"num_speculative_tokens\": 2, \"prompt_lookup_min\": 0}", "prompt_lookup_min"},
-        {"{\"num_speculative_tokens\": 2, \"prompt_lookup_max\": 2, \"prompt_lookup_min\": 3}",
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 16}", "num_speculative_tokens"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": -1}", "num_speculative_tokens"},
+        {"{\"method\": \"ngram\", \"prompt_lookup_max\": 3}", "num_speculative_tokens is required"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_min\": 0}", "prompt_lookup_min"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_max\": 2, \"prompt_lookup_min\": 3}",
          "prompt_lookup_max"},
-        {"{\"num_speculative_tokens\": 2, \"model\": \"x\"}", "unknown key \"model\""},
-        {"{\"num_speculative_tokens\": 3, \"prompt_lookup_max\": -5}", "prompt_lookup"},
-        {"{\"num_speculative_tokens\": 0, \"prompt_lookup_min\": -1}", "prompt_lookup_min"},
-        {"{\"num_speculative_tokens\": 2, \"num_speculative_tokens\": 3}", "bad JSON"},
-        {"{\"num_speculative_tokens\": 2, \"disable_by_batch_size\": -1}", "disable_by_batch_size"},
-        {"{\"num_speculative_tokens\": \"2\"}", "must be an integer"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"model\": \"x\"}", "unknown key \"model\""},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": -5}", "prompt_lookup"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_min\": -1}", "prompt_lookup_min"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"num_speculative_tokens\": 3}", "bad JSON"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"disable_by_batch_size\": -1}", "disable_by_batch_size"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": \"2\"}", "must be an integer"},
         {"[1]", "not a JSON object"},
         {"{num_speculative_tokens: 2}", "bad JSON"},
+        {"{\"num_speculative_tokens\": 3}", "method is required"},
+        {"{\"method\": null, \"num_speculative_tokens\": 3}", "method is required"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens: 0 is not in 1..15"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 0}",
+         "prompt_lookup_max: 0 is not in 1..64"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lm_status rc = lm_spec_parse(bad[i].json, &p);

@@ -91,10 +91,10 @@ static void usage(FILE *f) {
         "manifest\n"
         "\n"
         "load:\n"
-        "  --conversations N          conversations to profile (default 10, or unbounded when\n"
-        "                             --request-count or --benchmark-duration is given); they "
-        "cycle\n"
-        "                             through the dataset when N exceeds it\n"
+        "  --conversations N          conversations to profile (default 10, at most the ones\n"
+        "                             selected, or unbounded when --request-count or\n"
+        "                             --benchmark-duration is given); a larger N cycles through\n"
+        "                             the selection (later passes meet the server's prefix cache)\n"
         "  --request-count N          send at most N profiling requests\n"
         "  --benchmark-duration S     release no profiling request after S seconds (in-flight "
         "ones\n"
@@ -541,6 +541,7 @@ int lm_cmd_profile(int argc, char **argv) {
     }
     if (!conversations_given && (o.params.request_count || o.params.duration_s > 0))
         o.params.conversations = 0;
+    o.params.conversations_default = !conversations_given;
     if ((o.params.request_rate > 0 || rate_list) && !concurrency_given)
         o.params.concurrency = 0; /* 256 */
     if (o.data.name && !strcmp(o.data.name, "synthetic") && o.data.osl_mean > 0 &&

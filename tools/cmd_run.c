@@ -210,7 +210,7 @@ int lm_cmd_run(int argc, char **argv) {
             break;
         case O_SPEC:
             if (lm_spec_parse(optarg, &a.spec)) {
-                fprintf(stderr, "lumen run: --speculative-config: %s\n", lm_error_message());
+                fprintf(stderr, "lumen run: %s\n", lm_error_message()); /* "speculative config: ..." */
                 return 2;
             }
             break;

@@ -81,7 +81,7 @@ static void help(FILE *f) {
             "                   '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'. Each step, a\n"
             "                   decoding request also runs up to num_speculative_tokens (1..15; on\n"
             "                   CUDA at most 7 are used, 3 is the batch-1 sweet spot) tokens proposed\n"
-            "                   by n-gram prompt lookup: the tokens that followed the latest earlier\n"
+            "                   by n-gram prompt lookup: the tokens that followed the earliest earlier\n"
             "                   occurrence of its last prompt_lookup_max down to prompt_lookup_min\n"
             "                   tokens, in its prompt and output (vLLM's defaults: 5 and 5; one given\n"
             "                   sets the other). The model keeps those it agrees with, drawn as plain\n"
@@ -227,7 +227,7 @@ int lm_cmd_serve(int argc, char **argv) {
             break;
         case 'X':
             if (lm_spec_parse(optarg, &sp.spec)) {
-                fprintf(stderr, "lumen serve: --speculative-config: %s\n", lm_error_message());
+                fprintf(stderr, "lumen serve: %s\n", lm_error_message()); /* "speculative config: ..." */
                 return 2;
             }
             break;

@@ -302,8 +302,14 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         lm_bench_report_print(mf, &run, &s);
         fprintf(mf, "\n");
         lm_bench_verification_print(mf, &v);
-        fprintf(mf, "Dataset: %s, %zu of %zu conversations selected, %zu of them ran", se->ds.name,
-                se->ds.n, se->ds.n_considered, run.n_conversations);
+        if (run.n_conversations > se->ds.n)
+            fprintf(mf, "Dataset: %s, %zu of %zu conversations selected, %zu conversations ran (the "
+                        "selection cycled, %.1f passes: later passes reuse the server's prefix cache)",
+                    se->ds.name, se->ds.n, se->ds.n_considered, run.n_conversations,
+                    (double)run.n_conversations / (double)se->ds.n);
+        else
+            fprintf(mf, "Dataset: %s, %zu of %zu conversations selected, %zu of them ran", se->ds.name,
+                    se->ds.n, se->ds.n_considered, run.n_conversations);
         const char *reason;
         json_t *cnt;
         bool first = true;

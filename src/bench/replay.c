@@ -588,7 +588,8 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
     bool *used = calloc(ds->n, sizeof *used);
     if (!order || !warm || !used) abort();
     lm_bench_select(ds->n, ds->n, p->shuffle, p->seed, order);
-    size_t n_used = p->conversations && p->conversations < ds->n ? p->conversations : ds->n;
+    const size_t n_convs = p->conversations_default && p->conversations > ds->n ? ds->n : p->conversations;
+    size_t n_used = n_convs && n_convs < ds->n ? n_convs : ds->n;
     for (size_t i = 0; i < n_used; i++)
         used[order[i]] = true;
     size_t nw = 0;
@@ -635,7 +636,7 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
         .tag = 'c',
         .order = order,
         .n_order = ds->n,
-        .max_convs = p->conversations,
+        .max_convs = n_convs,
         .request_cap = p->request_count,
         .deadline = INFINITY,
         .rate = p->request_rate > 0,

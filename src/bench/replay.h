@@ -56,6 +56,9 @@ struct lm_bench_params {
     const char *api_key;  /* NULL: no Authorization header */
     size_t conversations; /* conversations to profile (cycling through the dataset); 0: no
                              cap (request_count or duration_s must be set) */
+    bool conversations_default; /* `conversations` is the default, not the user's: at most the
+                                   dataset's selected conversations run (no second pass over
+                                   the same ones, whose prompts the server has cached) */
     size_t request_count; /* profiling requests to send at most; 0: no cap */
     double duration_s;    /* release no profiling request after this; 0: no cap */
     int concurrency;      /* concurrency mode: conversations in flight (>= 1); rate mode:

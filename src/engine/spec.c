@@ -26,11 +26,11 @@ lm_status lm_spec_check(const struct lm_spec_params *p) {
     return LM_OK;
 }
 
-/* An integer member of o into *v; *present says whether it was there. */
+/* An integer member of o into *v; *present says whether it was there (null counts as absent). */
 static lm_status int_key(json_t *o, const char *key, int *v, bool *present) {
     json_t *x = json_object_get(o, key);
-    *present = x != NULL;
-    if (!x) return LM_OK;
+    *present = x != NULL && !json_is_null(x); /* null: unset, as vLLM's None */
+    if (!*present) return LM_OK;
     if (!json_is_integer(x) || json_integer_value(x) < -1000000 || json_integer_value(x) > 1000000)
         return lm_errorf(LM_ERR_INVALID, "speculative config: %s must be an integer", key);
     *v = (int)json_integer_value(x);
@@ -53,7 +53,7 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
     json_t *val;
     json_object_foreach(o, key, val) {
         if (!strcmp(key, "method")) {
-            if (!json_is_string(val) || strcmp(json_string_value(val), "ngram")) {
+            if (!json_is_null(val) && (!json_is_string(val) || strcmp(json_string_value(val), "ngram"))) {
                 rc = lm_errorf(LM_ERR_INVALID,
                                "speculative config: method must be \"ngram\" (n-gram prompt "
                                "lookup; lumen has no draft-model method)");
@@ -69,11 +69,22 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
             break;
         }
     }
+    /* vLLM's rules: the method is required without a draft model (lumen has none), and
+     * num_speculative_tokens is a positive integer (0 would be "off": leave the option out). */
+    json_t *method = json_object_get(o, "method");
+    if (!rc && (!method || json_is_null(method)))
+        rc = lm_errorf(LM_ERR_INVALID, "speculative config: method is required (\"ngram\")");
     bool has_n = false, has_max = false, has_min = false;
     if (!rc) rc = int_key(o, "num_speculative_tokens", &out->num_speculative_tokens, &has_n);
     if (!rc && !has_n)
         rc = lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens is required");
+    if (!rc && (out->num_speculative_tokens < 1 || out->num_speculative_tokens > LM_SPEC_MAX_TOKENS))
+        rc = lm_errorf(LM_ERR_INVALID, "speculative config: num_speculative_tokens: %d is not in 1..%d",
+                       out->num_speculative_tokens, LM_SPEC_MAX_TOKENS);
     if (!rc) rc = int_key(o, "prompt_lookup_max", &out->prompt_lookup_max, &has_max);
+    if (!rc && has_max && (out->prompt_lookup_max < 1 || out->prompt_lookup_max > 64))
+        rc = lm_errorf(LM_ERR_INVALID, "speculative config: prompt_lookup_max: %d is not in 1..64",
+                       out->prompt_lookup_max);
     if (!rc) rc = int_key(o, "prompt_lookup_min", &out->prompt_lookup_min, &has_min);
     bool has_dis;
     if (!rc) rc = int_key(o, "disable_by_batch_size", &out->disable_by_batch_size, &has_dis);
@@ -85,11 +96,7 @@ lm_status lm_spec_parse(const char *json, struct lm_spec_params *out) {
         out->prompt_lookup_min = out->prompt_lookup_max;
     else if (!has_max)
         out->prompt_lookup_max = out->prompt_lookup_min;
-    /* The lookup keys are checked even when num_speculative_tokens is 0 (off). */
-    struct lm_spec_params on = *out;
-    on.num_speculative_tokens = 1;
-    rc = lm_spec_check(&on);
-    return rc ? rc : lm_spec_check(out);
+    return lm_spec_check(out);
 }
 
 /* The draft after a match ending at position e (tokens[e + 1 ..]). */
@@ -158,7 +165,10 @@ lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, i
     for (int i = x->n; i < n; i++) {
         if (2 * (x->hn + 1) > x->hcap) {
             lm_status rc = rehash(x, x->hcap ? 2 * x->hcap : 256);
-            if (rc) return rc;
+            if (rc) {
+                x->n = i; /* positions before i are indexed; a later call goes on from i */
+                return rc;
+            }
         }
         const int32_t v = tokens[i];
         assert(v >= 0); /* vocabulary ids; -1 marks an empty slot */
@@ -185,18 +195,19 @@ void lm_spec_index_free(struct lm_spec_index *x) {
     memset(x, 0, sizeof *x);
 }
 
-/* Visits the candidate ends e (earlier occurrences of tokens[n - 1]) latest first and keeps the
- * first with the longest match: the latest start of the largest matching n-gram size, as spec.h
- * words it. */
+/* Visits every candidate end e (the earlier occurrences of tokens[n - 1]), latest first, and
+ * keeps the last one visited with the longest match: the earliest start of the largest matching
+ * n-gram size, as spec.h words it (and vLLM's _find_longest_matched_ngram_and_propose_tokens
+ * chooses). In a repeating text the earliest match has the most tokens after it. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft) {
     max_draft = draft_cap(p, max_draft);
     if (p->num_speculative_tokens <= 0 || max_draft <= 0 || n < 2 || x->n != n) return 0;
     const int cap = p->prompt_lookup_max < n - 1 ? p->prompt_lookup_max : n - 1;
     int best = 0, best_e = -1;
-    for (int e = x->prev[n - 1]; e >= 0 && best < cap; e = x->prev[e]) {
+    for (int e = x->prev[n - 1]; e >= 0; e = x->prev[e]) {
         int len = match_len(tokens, n, e, cap);
-        if (len > best) best = len, best_e = e;
+        if (len >= best) best = len, best_e = e;
     }
     if (best < p->prompt_lookup_min) return 0;
     return copy_draft(tokens, n, best_e, max_draft, draft);

@@ -49,10 +49,12 @@ struct lm_spec_params {
 lm_status lm_spec_check(const struct lm_spec_params *p);
 
 /* Parses a vLLM-style speculative config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
- * "prompt_lookup_max": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 32}, into *out (missing lookup keys as above;
- * method may be omitted). LM_ERR_INVALID names the key: malformed JSON, a duplicated key, a
- * method other than "ngram" (lumen has no draft-model method), an unknown key, a value out of
- * range. */
+ * "prompt_lookup_max": 4, "prompt_lookup_min": 2, "disable_by_batch_size": 32}, into *out
+ * (missing lookup keys as above; a key set to null counts as missing, as vLLM's None).
+ * LM_ERR_INVALID names the key: malformed JSON, a duplicated key, a missing method or one other
+ * than "ngram" (lumen has no draft-model method), num_speculative_tokens missing or outside
+ * 1..LM_SPEC_MAX_TOKENS (vLLM requires it positive: leave the config out for no speculation), an
+ * unknown key, a value out of range. */
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
 
 /* An index of a growing token history (vocabulary ids, >= 0) for lm_spec_propose_indexed: for
@@ -68,16 +70,18 @@ struct lm_spec_index {
 };
 
 /* Indexes tokens[index->n .. n) (the history only grows; tokens[0 .. index->n) must be what was
- * indexed before). LM_ERR_NOMEM. */
+ * indexed before). LM_ERR_NOMEM, with index->n at the positions indexed so far: the index stays
+ * consistent, and a later call goes on from there. */
 lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, int n);
 void lm_spec_index_free(struct lm_spec_index *x); /* accepts a zeroed struct */
 
 /* Proposes up to min(max_draft, num_speculative_tokens) tokens to follow tokens[0..n), which x
  * must index exactly: for n-gram sizes g = prompt_lookup_max down to prompt_lookup_min (and
- * g < n), the latest start j < n - g with tokens[j..j+g) == tokens[n-g..n) gives
- * draft[i] = tokens[j + g + i] for i < max_draft while j + g + i < n. Returns the number written
- * (0: no match). tokens are borrowed; draft may point just past them (tokens + n). Time
- * proportional to the earlier occurrences of tokens[n - 1], not to n. */
+ * g < n), the earliest start j < n - g with tokens[j..j+g) == tokens[n-g..n) gives
+ * draft[i] = tokens[j + g + i] for i < max_draft while j + g + i < n (vLLM's ngram proposer:
+ * the longest match, the earliest among equals). Returns the number written (0: no match).
+ * tokens are borrowed; draft may point just past them (tokens + n). Time proportional to the
+ * earlier occurrences of tokens[n - 1], not to n. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft);
 
