@@ -455,9 +455,10 @@ size_t mlp1_smem_bytes(int T, int du, int k) {
 
 /* T activation rows (rows from n on are zeros that nothing reads). Block b owns the NJ = 8 * DU
  * intermediate units i in [b * NJ, (b + 1) * NJ): its 2 * NJ consecutive rows of the interleaved
- * gate/up matrix and NJ columns of down_proj, all copied into shared memory (cp.async, no
- * registers held) before the wait, so that they stream while the preceding o_proj finishes and
- * the next kernel's blocks still fit beside this one. Then warp w sums rows 2 * DU * w ..
+ * gate/up matrix and NJ columns of down_proj, copied into shared memory (cp.async, no
+ * registers held): the gate/up rows before the wait, so that they stream while the preceding
+ * o_proj finishes and the next kernel's blocks still fit beside this one; down_proj's columns
+ * with them at 4 and 8 rows, after x is staged at 1 and 2 (late_down, perf-notes v17). Then warp w sums rows 2 * DU * w ..
  * 2 * DU * w + 2 * DU - 1 in k_gemv's order for format F (the same bits as its SwiGLU epilogue),
  * and thread t the down_proj rows t, t + 256, ... (rotated per block) over the block's units in
  * unit order, converts each activation row's sum to fixed point (Q8_0: the units quantized per
@@ -471,6 +472,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
            const void *__restrict__ wd, const uint16_t *__restrict__ wd_s, int K, int I,
            const float *__restrict__ nw, float eps, unsigned long long *trace) {
     constexpr bool Q8 = F == GEMV_Q8;
+    /* At 1 and 2 rows, down_proj's columns are copied only after x is staged (v17): the copies
+     * issued before the wait hold the block back from its wait (their issue stalls once the
+     * memory pipeline is full), and gate/up's rows, needed first, land sooner without them. At 4
+     * and 8 rows the gate/up products take long enough that the early copies cost nothing: -3%
+     * at 4 rows when late. */
+    constexpr bool late_down = T <= 2;
     constexpr int R = 2 * DU, NJ = 8 * DU, EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH, WB = Q8 ? 1 : 2;
     constexpr int NB = Q8 ? NJ / 32 : 1; /* Q8_0 blocks in a down_proj row's NJ columns */
     constexpr int PR = NJ * WB / 16;     /* 16-byte pieces of them */
@@ -494,19 +501,24 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
     char *wdn = wg + (size_t)2 * NJ * K * WB;                                  /* [K][NJ] */
     const uint16_t *gsc = reinterpret_cast<const uint16_t *>(wdn + (size_t)K * NJ * WB);
     const unsigned long long t0 = trace ? gtime() : 0;
-    {
-        const char *g = static_cast<const char *>(wgu) + (size_t)2 * i0 * K * WB; /* contiguous rows */
-        for (int i = threadIdx.x; i < 2 * NJ * K * WB / 16; i += GEMV_THREADS) cp_async16(wg + i * 16, g + i * 16);
+    auto copy_down = [&] {
         for (int i = threadIdx.x; i < K * PR; i += GEMV_THREADS) {
             const int row = i / PR, d = i % PR;
             cp_async16(wdn + ((size_t)row * NJ * WB + d * 16),
                        static_cast<const char *>(wd) + ((size_t)row * I + i0) * WB + d * 16);
         }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    {
+        const char *g = static_cast<const char *>(wgu) + (size_t)2 * i0 * K * WB; /* contiguous rows */
+        for (int i = threadIdx.x; i < 2 * NJ * K * WB / 16; i += GEMV_THREADS) cp_async16(wg + i * 16, g + i * 16);
         if constexpr (Q8) {
             const char *s = reinterpret_cast<const char *>(wgu_s + (size_t)2 * i0 * (K / 32));
             for (int i = threadIdx.x; i < 2 * NJ * (K / 32) * 2 / 16; i += GEMV_THREADS)
                 cp_async16((char *)gsc + i * 16, s + i * 16);
         }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if constexpr (!late_down) copy_down();
     }
     /* Q8_0: this thread's down_proj scales (2 bytes each, strided: no cp.async) into registers */
     [[maybe_unused]] uint16_t dsc[Q8 ? MLP1_Q8_ROWS : 1][NB];
@@ -528,7 +540,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
     gemv_stage<T, EL>(xs, x, K, K, Kp, nw, nwv, NULL, sq, ss_part, n);
     if constexpr (Q8) gemv_quant_x<T>(xq, xd, nch);
     gemv_inv(inv, ss_part, K, nw, eps);
-    cp_async_wait_all();
+    if constexpr (late_down) copy_down();
+    asm volatile("cp.async.wait_group 1;" ::: "memory"); /* gate/up's rows (the older group) landed */
     __syncthreads();
     const unsigned long long t2 = trace ? gtime() : 0;
     float a[T][R];
@@ -567,6 +580,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int i = 0; i < DU; i++) hs[t][warp * DU + i] = swiglu_rn(a[t][2 * i], a[t][2 * i + 1]);
+    cp_async_wait_all(); /* down_proj's columns landed */
     __syncthreads();
     if constexpr (Q8) { /* warp t quantizes row t's units per 32, as gemv_quant_x does */
         if (warp < T) {
