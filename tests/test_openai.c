@@ -76,6 +76,15 @@ static void test_chat_fields(void) {
     }
     lm_chat_request_free(&r);
 
+    /* OpenAI's developer role is the system role; an unknown role names the known ones. */
+    const char *dev = "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},"
+                      "{\"role\":\"user\",\"content\":\"hi\"}]}";
+    st = lm_chat_request_parse(dev, strlen(dev), &r, &e);
+    CHECK(st == LM_OK && r.n_messages == 2 && r.messages[0].role == LM_ROLE_SYSTEM &&
+              r.messages[1].role == LM_ROLE_USER,
+          "developer is system: %s", st ? e.message : "");
+    lm_chat_request_free(&r);
+
     const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
     st = lm_chat_request_parse(plain, strlen(plain), &r, &e);
     struct lm_sampling_params p = lm_chat_request_sampling(&r, NULL, 0);
@@ -97,6 +106,8 @@ static void test_chat_fields(void) {
         {MSG "\"min_p\":1.5}", "min_p", "[0, 1]"},
         {MSG "\"min_p\":\"low\"}", "min_p", "must be a number"},
         {MSG "\"logit_bias\":{\"5\":1}}", "logit_bias", "not supported"},
+        {"{\"messages\":[{\"role\":\"critic\",\"content\":\"x\"}]}", "messages[0].role",
+         "is not one of system, developer, user, assistant"},
     };
 #undef MSG
     check_errors(true, cases, sizeof cases / sizeof cases[0]);
