@@ -242,6 +242,10 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
          "lumen run: --ids reads the prompt from stdin; unexpected argument 'x'\n"},
         {"version", false, "extra", "lumen version: unexpected argument 'extra'\n"},
         {"run", true, "--bogus", "lumen run: unrecognized option '--bogus'\n"},
+        {"perf", false, "--bogus", "lumen perf: unrecognized option '--bogus'\n"},
+        {"synth", false, "--bogus", "lumen synth: unrecognized option '--bogus'\n"},
+        {"build", false, "", "lumen build: --model DIR and --out FILE are required\n"},
+        {"run", false, "", "lumen run: --model DIR is required\n"},
         {"profile", false, "sweep --bogus", "lumen profile sweep: unrecognized option '--bogus'\n"},
         {"profile", false, "--url", "lumen profile: option '--url' requires an argument\n"},
         /* a bad --kv-size is refused before the model loads (no such model here) */
@@ -266,10 +270,16 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
         CHECK(rc == 2 && !strncmp(err->p, k_cases[i].want, strlen(k_cases[i].want)),
               "lumen %s %s: rc %d, stderr starts: %.200s", k_cases[i].cmd, k_cases[i].rest, rc,
               err->p);
-        /* profile's usage is 100 lines: its errors point to --help instead */
-        if (!strcmp(k_cases[i].cmd, "profile"))
-            CHECK(!strstr(err->p, "usage:") && strstr(err->p, "lumen profile --help"),
-                  "lumen profile %s: the usage follows the error: %.300s", k_cases[i].rest, err->p);
+        /* a usage error is one line (and a pointer to --help), not the error buried above the
+         * whole usage (profile's is 100 lines) */
+        CHECK(!strstr(err->p, "usage:"), "lumen %s %s: the usage follows the error: %.300s",
+              k_cases[i].cmd, k_cases[i].rest, err->p);
+        if (strstr(k_cases[i].want, "unrecognized option") || strstr(k_cases[i].want, "required\n")) {
+            char help[64];
+            snprintf(help, sizeof help, "lumen %s --help", k_cases[i].cmd);
+            CHECK(strstr(err->p, help) != NULL, "lumen %s %s: no pointer to --help: %.300s",
+                  k_cases[i].cmd, k_cases[i].rest, err->p);
+        }
     }
     /* lumen help CMD is lumen CMD --help */
     snprintf(cmd, sizeof cmd, "'%s' help run", LM_LUMEN_BIN);

@@ -60,15 +60,14 @@ int lm_cmd_build(int argc, char **argv) {
             }
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("build");
         }
     }
     if (optind < argc || !model || !out) {
         fprintf(stderr, "lumen build: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind])
                               : "--model DIR and --out FILE are required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("build");
     }
     if (lm_cmd_lacks_tokenizer(model, p.tokenizer_dir)) return lm_cmd_fail("build", NULL);
     struct timespec t0, t1;

@@ -360,7 +360,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("cudabench");
         }
     }
     if (optind < argc || !model || reps < 1 || pp < 0 || tg < 0 || in_len < 1 || out_len < 1) {
@@ -370,8 +370,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                 : reps < 1         ? "--reps must be an integer >= 1"
                 : pp < 0 || tg < 0 ? "-p and -n must be >= 0"
                                    : "--in and --out must be >= 1");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("cudabench");
     }
     int blist[32], nb = 0, maxb = 1;
     for (const char *s = batches; *s && nb < 32;) {

@@ -37,15 +37,14 @@ int lm_cmd_detokenize(int argc, char **argv) {
         case 't': tokdir = optarg; break;
         case 's': skip = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("detokenize");
         }
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen detokenize: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind])
                               : "--model DIR (or --tokenizer DIR) is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("detokenize");
     }
     json_t *arr = NULL;
     lm_cmd_stdin_hint("detokenize", "a JSON array of token ids");

@@ -96,7 +96,7 @@ int lm_cmd_logits(int argc, char **argv) {
             break;
         case 's': params.scalar_kernels = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("logits");
         }
     }
     if (optind < argc || !model_dir || !k) {
@@ -104,8 +104,7 @@ int lm_cmd_logits(int argc, char **argv) {
                 optind < argc ? lm_cmd_unexpected(argv[optind])
                 : !model_dir  ? "--model DIR is required"
                               : "--top-k K is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("logits");
     }
 
     json_t *arr = NULL;

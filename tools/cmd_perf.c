@@ -445,14 +445,13 @@ int lm_cmd_perf(int argc, char **argv) {
             params.device = optarg;
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("perf");
         }
     }
     if (optind < argc || !model_dir) {
         fprintf(stderr, "lumen perf: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("perf");
     }
     if (!p && !n) {
         fprintf(stderr, "lumen perf: nothing to measure (-p 0 and -n 0)\n");

@@ -216,7 +216,7 @@ int lm_cmd_run(int argc, char **argv) {
             break;
         case 'v': a.verbose = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("run");
         }
         if (bad) {
             fprintf(stderr, "lumen run: %s, not '%s'\n", bad, optarg);
@@ -227,8 +227,7 @@ int lm_cmd_run(int argc, char **argv) {
         fprintf(stderr, "lumen run: %s%s\n", !a.model ? "--model DIR is required"
                                                       : "--ids reads the prompt from stdin; ",
                 a.model ? lm_cmd_unexpected(argv[optind]) : "");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("run");
     }
 
     struct lm_model_open_params op = lm_model_default_open_params();

@@ -150,7 +150,7 @@ int lm_cmd_synth(int argc, char **argv) {
             break;
         case 't': tok_dir = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("synth");
         }
     }
     if (optind < argc || !sh || !out) {
@@ -158,8 +158,7 @@ int lm_cmd_synth(int argc, char **argv) {
                 optind < argc ? lm_cmd_unexpected(argv[optind])
                 : !sh         ? "--shape is required"
                               : "--out DIR is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("synth");
     }
     /* The default: the checkout's tiny model, from the current folder or next to the binary. */
     char tok_buf[4096];

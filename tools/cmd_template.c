@@ -165,14 +165,13 @@ int lm_cmd_template(int argc, char **argv) {
             }
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("template");
         }
     }
     if (optind < argc || !model) {
         fprintf(stderr, "lumen template: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind]) : "--model DIR is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("template");
     }
     if (!lm_dir_exists(model) && !lm_gguf_is_gguf(model)) {
         fprintf(stderr, "lumen template: --model %s: %s\n", model,

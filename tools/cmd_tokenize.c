@@ -65,15 +65,14 @@ int lm_cmd_tokenize(int argc, char **argv) {
         case 't': tokdir = optarg; break;
         case 's': flags |= LM_ENCODE_SPECIAL_AS_TEXT; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return lm_cmd_usage_error("tokenize");
         }
     }
     if (optind < argc || (!model && !tokdir)) {
         fprintf(stderr, "lumen tokenize: %s\n",
                 optind < argc ? lm_cmd_unexpected(argv[optind])
                               : "--model DIR (or --tokenizer DIR) is required");
-        usage(stderr);
-        return 2;
+        return lm_cmd_usage_error("tokenize");
     }
     struct lm_tokenizer *tok;
     if (lm_cmd_load_tokenizer("tokenize", model, tokdir, &tok)) return 1;

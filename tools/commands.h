@@ -16,6 +16,9 @@ struct lm_cmd {
 
 /* Prints "lumen <cmd>: <message>" to stderr with the thread's last error and returns 1. */
 int lm_cmd_fail(const char *cmd, const char *what);
+/* After getopt's own line about a bad option ("lumen <cmd>: unrecognized option ..."): points
+ * to --help on stderr instead of burying that line under the whole usage; returns 2. */
+int lm_cmd_usage_error(const char *cmd);
 /* When stdin is a terminal, says on stderr that the command now reads `what` from it (so that a
  * command waiting for input does not look hung). */
 void lm_cmd_stdin_hint(const char *cmd, const char *what);

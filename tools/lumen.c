@@ -42,6 +42,11 @@ const char *lm_cmd_unexpected(const char *arg) {
     return msg;
 }
 
+int lm_cmd_usage_error(const char *cmd) {
+    fprintf(stderr, "(lumen %s --help lists the options)\n", cmd);
+    return 2;
+}
+
 bool lm_cmd_device_ok(const char *cmd, const char *value) {
     if (!strcmp(value, "cpu") || !strcmp(value, "cuda")) return true;
     if (!strncmp(value, "cuda:", 5)) {
