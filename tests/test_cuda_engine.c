@@ -19,6 +19,8 @@
  * - device sampling (temperature, top_k, top_p) with a seed is reproducible on fresh engines,
  *   and another seed draws otherwise (batched, or over a cached prefix, the logits differ at bf16
  *   level and a draw near a boundary may flip: printed, not checked);
+ * - a seeded request batched with a logprobs request (whose step returns the logits too) draws
+ *   the same ids as batched with a plain one;
  * - speculative decoding (n-gram drafts): a 4-token verification step's logits equal 4
  *   one-token steps' bit for bit (bf16, Q8_0, split-KV); greedy and seeded ids alone equal plain
  *   decoding's exactly, batched to near ties; blocks come back.
@@ -475,6 +477,45 @@ static void run_fresh(struct lm_sched_req *r) {
     lm_sched_destroy(s);
 }
 
+/* A seeded request's draws do not depend on whether a request batched with it needs the logits
+ * on the host (logprobs): the same steps and kernels twice, the other request asking for logprobs
+ * the second time. The device keeps drawing the seeded request's tokens (lm_model_forward_sample
+ * returns the logits as well), so its ids must be equal; the other request's greedy ids too. */
+static void test_seeded_mixed(void) {
+    enum { T = 16 };
+    int done = 0;
+    struct lm_sched_req f[2], o[2];
+    const struct lm_sampling_params sp = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 77,
+                                          .seeded = true};
+    for (int k = 0; k < 2; k++) {
+        struct lm_sched *s = new_sched(g_gpu, 8);
+        if (!s) return;
+        req_init(&f[k], &g_cases[4], T, &done);
+        f[k].gen.sampling = sp;
+        req_init(&o[k], &g_cases[5], T, &done);
+        o[k].gen.sampling.logprobs = k == 1;
+        CHECK(!lm_sched_submit(s, &o[k]), "submit: %s", lm_error_message());
+        run_all(s, &f[k], 1); /* runs o[k] too */
+        struct lm_sched_stats st;
+        lm_sched_stats(s, &st);
+        CHECK(k == 0 ? st.device_sampled_steps == st.steps : st.device_sampled_steps < st.steps,
+              "round %d: %lld of %lld steps sampled on the device alone", k, st.device_sampled_steps,
+              st.steps);
+        lm_sched_destroy(s);
+    }
+    const int fd = first_diff(&f[0].result.ids, &f[1].result.ids, T);
+    const int od = first_diff(&o[0].result.ids, &o[1].result.ids, T);
+    CHECK(f[1].result.ids.n == T && fd == T,
+          "a seeded request's ids changed when the request beside it asked for logprobs (from %d)", fd);
+    CHECK(o[1].result.ids.n == T && od == T && o[1].result.logprobs.n == T,
+          "the logprobs request: ids equal to %d, %zu logprobs", od, o[1].result.logprobs.n);
+    fprintf(stderr, "seeded beside a logprobs request: %d of %d ids equal to beside a plain one\n", fd, T);
+    for (int k = 0; k < 2; k++) {
+        lm_gen_result_free(&f[k].result);
+        lm_gen_result_free(&o[k].result);
+    }
+}
+
 static void test_seeded(void) {
     enum { T = 16 };
     int done = 0;
@@ -677,6 +718,7 @@ int main(void) {
         test_sched_greedy();
         test_cancel();
         test_seeded();
+        test_seeded_mixed();
         test_verify_rows();
         test_spec();
     }

@@ -252,7 +252,7 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
             for (int b = 0; b < B; b++)
                 seqs[b] = (struct lm_batch_seq){ids + (b * 131 + step) % n_ids, 1, depth + step,
                                                 blocks + b * nbps, LM_LOGITS_LAST};
-            st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen)
+            st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen, NULL)
                      : lm_model_forward(m, kv, seqs, B, logits);
         }
         double dt = now_s() - t0;

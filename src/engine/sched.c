@@ -617,11 +617,14 @@ int lm_sched_step(struct lm_sched *s) {
     int n = plan_step(s);
     if (n == 0) return s->n_running + s->n_waiting;
 
-    /* 4. One forward over every planned sequence. The device chooses the tokens itself when it
-     * can for every sequence that needs one (only ids cross to the host), else logits come
-     * back and the sampler runs here. */
+    /* 4. One forward over every planned sequence. On a device that samples, it chooses the
+     * tokens of every sequence it can draw for (only ids cross to the host); the logits come back
+     * too when some sequence needs them (penalties, min_p, logprobs: sampled here), and the
+     * others keep their device draws, so a seeded request's tokens do not depend on what it is
+     * batched with. Without such a device, logits come back and the sampler runs here. */
     int tokens = 0, rows = 0, drafts = 0;
-    bool on_device = lm_model_samples_on_device(s->m);
+    const bool dev = lm_model_samples_on_device(s->m);
+    bool host_rows = false; /* some sequence samples on the host */
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
         bool last = q->n_computed + q->chunk - q->n_draft == q->n_tokens && q->r->gen.max_tokens > 0;
@@ -633,24 +636,27 @@ int lm_sched_step(struct lm_sched *s) {
         tokens += q->chunk;
         drafts += q->n_draft;
         if (last) {
-            on_device = on_device && device_samples(q);
+            const bool own = dev && device_samples(q);
+            host_rows = host_rows || !own;
             /* A draft's rows draw the tokens plain decoding would draw there: the counter is the
-             * token's index in the request. */
-            for (int j = 0; j <= q->n_draft && on_device; j++) {
-                s->dsamp[rows + j] = device_params(q);
-                s->dsamp[rows + j].counter += (uint64_t)j;
+             * token's index in the request. A host-sampled sequence's rows get a greedy draw that
+             * nothing reads. */
+            for (int j = 0; j <= q->n_draft && dev; j++) {
+                s->dsamp[rows + j] = own ? device_params(q) : (struct lm_device_sampling){0};
+                s->dsamp[rows + j].counter += own ? (uint64_t)j : 0;
             }
             rows += 1 + q->n_draft;
         }
     }
     double tf = lm_now_ms();
-    lm_status rc = on_device ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids)
-                             : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
+    lm_status rc = dev ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids,
+                                                 host_rows ? s->logits : NULL)
+                       : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
     s->st.steps++;
     s->st.step_tokens += tokens;
     s->st.decode_steps += tokens - drafts == n; /* no prefill chunk (drafts may ride along) */
-    s->st.device_sampled_steps += on_device;
+    s->st.device_sampled_steps += dev && !host_rows;
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", lm_error_message());
@@ -663,6 +669,7 @@ int lm_sched_step(struct lm_sched *s) {
     int row = 0;
     for (int i = 0; i < n; i++) {
         struct seq *q = s->plan[i];
+        const bool on_device = dev && device_samples(q);
         if (q->n_draft) {
             row += verify(s, q, on_device, row);
             continue;

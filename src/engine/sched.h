@@ -17,11 +17,12 @@
  *     tokens proposed by n-gram lookup (engine/spec.h), as far as the token budget, its
  *     max_tokens and the free KV blocks allow (drafts never preempt anyone);
  *  4. runs the step as one lm_model_forward, so every weight matrix is read once per step; on a
- *     model that chooses tokens on its device (lm_model_samples_on_device: CUDA) and when every
- *     sequence that needs a token samples in a way the device can (greedy, temperature, top_k,
- *     top_p; no penalties, min_p or logprobs), as one lm_model_forward_sample instead, so only
- *     ids come back (seed: the request's, or one from the clock; counter: the token's index in
- *     the request);
+ *     model that chooses tokens on its device (lm_model_samples_on_device: CUDA), as one
+ *     lm_model_forward_sample instead: a sequence that samples in a way the device can (greedy,
+ *     temperature, top_k, top_p) takes the device's token (seed: the request's, or one from the
+ *     clock; counter: the token's index in the request), whatever it is batched with; the logits
+ *     come back too only when some sequence needs them (penalties, min_p, logprobs), for the
+ *     host sampler;
  *  5. indexes the blocks that became full, samples each sequence that reached its last token
  *     (per sequence: its own sampling parameters, token history and RNG), streams text through
  *     its emitter (stop strings held back) and finishes sequences at EOS, a stop string or
@@ -104,8 +105,8 @@ struct lm_sched_stats {
     double forward_s;        /* of which inside the model's forward step */
     long long decode_steps;  /* steps with no prefill chunk (every sequence decodes one token,
                                 plus its draft with speculative decoding) */
-    long long device_sampled_steps; /* steps whose tokens the device chose (only ids came back;
-                                       lm_model_forward_sample) */
+    long long device_sampled_steps; /* steps whose tokens the device chose alone (only ids came
+                                       back; lm_model_forward_sample without logits) */
     /* Speculative decoding (vLLM's spec_decode counters): */
     long long spec_drafts;          /* sequence-steps that verified a draft */
     long long spec_draft_tokens;    /* draft tokens run in those steps (vLLM's num_draft_tokens:

@@ -147,11 +147,12 @@ struct lm_family {
      * block tables). logits: the sequences' requested rows in order. */
     lm_status (*forward)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                          float *logits);
-    /* Optional (NULL: none): the same step returning the chosen ids of the output rows instead of
-     * logits (model.h, lm_model_forward_sample); LM_ERR_UNSUPPORTED when this state cannot
-     * (runs on the CPU). */
+    /* Optional (NULL: none): the same step returning the chosen ids of the output rows, and the
+     * logits too when `logits` is not NULL (model.h, lm_model_forward_sample);
+     * LM_ERR_UNSUPPORTED when this state cannot (runs on the CPU). */
     lm_status (*forward_sample)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
-                                const struct lm_device_sampling *sampling, int32_t *ids);
+                                const struct lm_device_sampling *sampling, int32_t *ids,
+                                float *logits);
 
     /* Renders a conversation with the family's chat template (see model.h). */
     lm_status (*render_chat)(const struct lm_chat_msg *msgs, size_t n,

@@ -493,7 +493,8 @@ int lm_model_max_run(const struct lm_model *m) {
 
 lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
                                   const struct lm_batch_seq *seqs, int n_seqs,
-                                  const struct lm_device_sampling *sampling, int32_t *ids) {
+                                  const struct lm_device_sampling *sampling, int32_t *ids,
+                                  float *logits) {
     if (!lm_model_samples_on_device(m))
         return lm_errorf(LM_ERR_UNSUPPORTED, "choosing tokens in the forward step needs a model on "
                          "a CUDA device (this one runs on %s)", m->device);
@@ -502,7 +503,7 @@ lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
     if (rc) return rc;
     assert(rows == 0 || (sampling && ids));
     pthread_mutex_lock(&m->forward_mu);
-    rc = m->family->forward_sample(m->state, kv->state, seqs, n_seqs, sampling, ids);
+    rc = m->family->forward_sample(m->state, kv->state, seqs, n_seqs, sampling, ids, logits);
     pthread_mutex_unlock(&m->forward_mu);
     return rc;
 }

@@ -190,7 +190,7 @@ lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const str
  * more than the forward step itself at 64+ sequences. A model whose device samples
  * (lm_model_samples_on_device) can instead return only the chosen ids: greedy, or temperature,
  * top_k and top_p, in that order (backend/cuda/cuda.h, struct lm_cuda_sampling). Penalties,
- * min_p and logprobs need the logits: callers fall back to lm_model_forward for them.
+ * min_p and logprobs need the logits: the same call can return them too, for those rows.
  * A draw is a function of (seed, counter) alone, so a seeded request is reproducible and
  * independent of what it is batched with on that device; it draws from a different random
  * stream than the CPU sampler (engine/sampler.h), so seeded CPU and CUDA runs differ. */
@@ -211,12 +211,15 @@ bool lm_model_samples_on_device(const struct lm_model *m);
  * graph; on the CPU there is no such limit (a large number). */
 int lm_model_max_run(const struct lm_model *m);
 
-/* lm_model_forward, but instead of logits returns ids[r] = the token chosen for output row r with
- * sampling[r] (rows as lm_model_forward's: 1 for LAST, n for ALL, 0 for NONE). Errors as
+/* lm_model_forward, but returns ids[r] = the token chosen for output row r with sampling[r]
+ * (rows as lm_model_forward's: 1 for LAST, n for ALL, 0 for NONE); logits: NULL, or float32
+ * [rows, vocab] also written, as lm_model_forward writes them, for a step where some rows are
+ * sampled on the host (penalties, logprobs) and the others keep their device draws. Errors as
  * lm_model_forward; LM_ERR_UNSUPPORTED when lm_model_samples_on_device is false. */
 lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
                                   const struct lm_batch_seq *seqs, int n_seqs,
-                                  const struct lm_device_sampling *sampling, int32_t *ids);
+                                  const struct lm_device_sampling *sampling, int32_t *ids,
+                                  float *logits);
 
 /* ---- one sequence on its own cache (run, perf, logits, tests) ---- */
 

@@ -434,10 +434,11 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
 }
 
 lm_status lm_qwen3_forward_sample(void *state, void *kvp, const struct lm_batch_seq *seqs, int n_seqs,
-                                  const struct lm_device_sampling *sampling, int32_t *ids) {
+                                  const struct lm_device_sampling *sampling, int32_t *ids,
+                                  float *logits) {
     struct lm_qwen3_kv *kv = kvp;
     if (!kv->gpu)
         return lm_errorf(LM_ERR_UNSUPPORTED, "qwen3: choosing tokens in the forward step needs a "
                                              "CUDA device (the model runs on the CPU)");
-    return lm_qwen3_gpu_forward(kv->gpu, seqs, n_seqs, NULL, sampling, ids);
+    return lm_qwen3_gpu_forward(kv->gpu, seqs, n_seqs, logits, sampling, ids);
 }

@@ -30,10 +30,12 @@ void lm_qwen3_kv_copy(void *kv, int src, int dst, int n_rows);
  * attention go sequence by sequence. No allocation. */
 lm_status lm_qwen3_forward(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                            float *logits);
-/* The same step on CUDA returning the chosen ids (model.h, lm_model_forward_sample);
+/* The same step on CUDA returning the chosen ids, and the logits when `logits` is not NULL
+ * (model.h, lm_model_forward_sample);
  * LM_ERR_UNSUPPORTED on the CPU. On CUDA (load args `cuda`) every function here runs on the
  * device through qwen3/gpu.h: weights uploaded as bf16, the KV pool in device memory. */
 lm_status lm_qwen3_forward_sample(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
-                                  const struct lm_device_sampling *sampling, int32_t *ids);
+                                  const struct lm_device_sampling *sampling, int32_t *ids,
+                                  float *logits);
 
 #endif
