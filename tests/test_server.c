@@ -2048,11 +2048,20 @@ static void test_metrics_api(void) {
         json_decref(rec);
         resp_free(&r);
     }
+    /* a body over the limit, refused from its Content-Length before libmicrohttpd reads it:
+     * counted under its endpoint, not "other" */
+    {
+        static const char big[] =
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n";
+        bool closed;
+        free(raw_exchange(g_base, big, strlen(big), 3000, &closed));
+    }
     st = request_h(g_base, "GET", "/metrics", NULL, NULL, &r1);
     const char *a = r0.body.p ? r0.body.p : "", *b = r1.body.p ? r1.body.p : "";
 #define DELTA(series) (scrape(b, series) - scrape(a, series))
     CHECK(DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}") == 2 &&
-              DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}") == 1,
+              DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}") == 1 &&
+              DELTA("lumen_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"}") == 1,
           "requests by status");
     CHECK(DELTA("lumen_prompt_tokens_total") == (double)prompt && DELTA("lumen_generation_tokens_total") == (double)completion,
           "token counters: %g/%lld %g/%lld", DELTA("lumen_prompt_tokens_total"), (long long)prompt,

@@ -117,6 +117,14 @@ static const char *route_path(enum route r) {
     return "other";
 }
 
+/* The route of a request path (no query), ROUTE_NONE for an unknown one. */
+static enum route route_of(const char *url) {
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (!strcmp(url, k_routes[i].path)) return k_routes[i].route;
+    if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) return ROUTE_MODEL;
+    return ROUTE_NONE;
+}
+
 static bool route_post(enum route r) {
     for (size_t i = 0; i < N_ROUTES; i++)
         if (k_routes[i].route == r) return k_routes[i].post;
@@ -936,9 +944,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 if ((unsigned char)*p < 0x20 || *p == ' ') *p = '_';
         }
 
-        for (size_t i = 0; i < N_ROUTES; i++)
-            if (!strcmp(url, k_routes[i].path)) k->route = k_routes[i].route;
-        if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) k->route = ROUTE_MODEL;
+        k->route = route_of(url);
         if (k->route == ROUTE_NONE)
             return respond_errorf(c, k, 404, "invalid_request_error", NULL,
                                   "unknown path %s %s; lumen serves POST /v1/chat/completions, POST "
@@ -1061,7 +1067,11 @@ static void gate_refused(void *ctx, int status, const char *msg, const char *met
         log_limit(s, "too many connections wait for their first request");
         return;
     }
-    lm_metrics_count_request(s->metrics, "other", status);
+    /* counted under its endpoint when the request line named one (a 413 for a body over the
+     * limit on POST /v1/chat/completions is that endpoint's), else under "other" */
+    char path[256];
+    snprintf(path, sizeof path, "%.*s", (int)strcspn(target, "?"), target);
+    lm_metrics_count_request(s->metrics, route_path(route_of(path)), status);
     if (s->log)
         fprintf(stderr, "lumen serve: %s %s status=%d error=\"%s\"\n", *method ? method : "-", *target ? target : "-",
                 status, msg);
