@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -183,9 +184,9 @@ static void test_speculative(const char *dir) {
     }
     snprintf(cmd, sizeof cmd,
              "cd '%s' && '%s' profile --url http://127.0.0.1:%d --dataset spec_bench --category qa "
-             "--conversations 3 --max-tokens 24 --warmup-requests 0 --artifact-dir '%s' --quiet > "
-             "'%s/spec.txt'",
-             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sdir, dir);
+             "--conversations 3 --max-tokens 24 --warmup-requests 0 --artifact-dir '%s' --quiet "
+             "--server-records '%s' > '%s/spec.txt'",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sdir, g_records, dir);
     int rc = system(cmd);
     CHECK(rc == 0, "lumen profile against a speculating server exited with %d", rc);
     double drafted = scrape_metric(port, "lumen_spec_decode_num_draft_tokens_total");
@@ -203,6 +204,40 @@ static void test_speculative(const char *dir) {
           str(sp, "mode"), (long long)json_integer_value(json_object_get(sp, "accepted_tokens")),
           (long long)json_integer_value(json_object_get(sp, "draft_tokens")), accepted, drafted,
           drafts);
+    /* Per request, from the joined records: accepted / drafted of each request that drafted,
+     * against the same ratios read from the server's records file directly. */
+    const char *run_id = str(sj, "run_id");
+    json_t *acc = json_object_get(json_object_get(sj, "metrics"), "server_draft_acceptance");
+    double lo = INFINITY, hi = -INFINITY;
+    long n = 0;
+    FILE *rf = fopen(g_records, "r");
+    char line[8192];
+    while (rf && fgets(line, sizeof line, rf)) {
+        json_t *rec = json_loads(line, 0, NULL);
+        const char *id = str(rec, "x_request_id");
+        json_t *d = json_object_get(rec, "spec_draft_tokens"), *a = json_object_get(rec, "spec_accepted_tokens");
+        if (*run_id && !strncmp(id, run_id, strlen(run_id)) && json_is_integer(d) && json_integer_value(d) > 0) {
+            const double pct = 100.0 * (double)json_integer_value(a) / (double)json_integer_value(d);
+            lo = pct < lo ? pct : lo;
+            hi = pct > hi ? pct : hi;
+            n++;
+        }
+        json_decref(rec);
+    }
+    if (rf) fclose(rf);
+    CHECK(n > 0 && json_integer_value(json_object_get(acc, "count")) == n &&
+              json_number_value(json_object_get(acc, "min")) == lo &&
+              json_number_value(json_object_get(acc, "max")) == hi && lo >= 0 && hi <= 100,
+          "per-request acceptance: %lld requests, %g..%g; from the records file: %ld, %g..%g",
+          (long long)json_integer_value(json_object_get(acc, "count")),
+          json_number_value(json_object_get(acc, "min")), json_number_value(json_object_get(acc, "max")), n, lo,
+          hi);
+    snprintf(path, sizeof path, "%s/spec.txt", dir);
+    FILE *tf = fopen(path, "r");
+    bool row = false;
+    while (tf && fgets(line, sizeof line, tf)) row = row || strstr(line, "Server Draft Acceptance per Request (%)");
+    if (tf) fclose(tf);
+    CHECK(row, "the text summary has the per-request acceptance row");
     json_decref(sj);
 }
 

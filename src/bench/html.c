@@ -541,7 +541,8 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
     if (s->server_side) {
         lm_buf_puts(&b, "<h2>Server-side time (from the server's records)</h2>\n<table>");
         th_row(&b, cols, 10);
-        for (int m = LM_BENCH_M_S_QUEUE; m <= LM_BENCH_M_S_TOTAL; m++) {
+        for (int m = LM_BENCH_M_S_QUEUE; m <= LM_BENCH_M_S_ACCEPT; m++) {
+            if (m == LM_BENCH_M_S_ACCEPT && s->m[m].n == 0) continue; /* no drafts */
             const struct lm_bench_metric_info *mi = lm_bench_metric_info((enum lm_bench_metric)m);
             stats_tr(&b, mi->label, mi->unit, &s->m[m]);
         }

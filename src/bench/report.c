@@ -25,6 +25,7 @@ static const struct lm_bench_metric_info k_metrics[LM_BENCH_M_COUNT] = {
     [LM_BENCH_M_S_PREFILL] = {"server_prefill_time", "Server Prefill Time", "ms"},
     [LM_BENCH_M_S_DECODE] = {"server_decode_time", "Server Decode Time", "ms"},
     [LM_BENCH_M_S_TOTAL] = {"server_total_time", "Server Total Time", "ms"},
+    [LM_BENCH_M_S_ACCEPT] = {"server_draft_acceptance", "Server Draft Acceptance per Request", "%"},
 };
 
 const struct lm_bench_metric_info *lm_bench_metric_info(enum lm_bench_metric m) {
@@ -42,7 +43,8 @@ static double record_tokens(const struct lm_bench_record *r) {
     return (double)r->n_chunks;
 }
 
-static double server_ms(const struct lm_bench_record *r, const char *key) {
+/* A number of the request's server record (NAN when absent or null). */
+static double server_num(const struct lm_bench_record *r, const char *key) {
     json_t *v = json_object_get(r->server_record, key);
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
@@ -187,10 +189,14 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
             lm_bench_samples_push(&v[LM_BENCH_M_ISL], (double)r->input_tokens);
         if (r->turn > 1) lm_bench_samples_push(&v[LM_BENCH_M_THINK], r->think_ms);
         if (r->server_record) {
-            lm_bench_samples_push(&v[LM_BENCH_M_S_QUEUE], server_ms(r, "queue_ms"));
-            lm_bench_samples_push(&v[LM_BENCH_M_S_PREFILL], server_ms(r, "prefill_ms"));
-            lm_bench_samples_push(&v[LM_BENCH_M_S_DECODE], server_ms(r, "decode_ms"));
-            lm_bench_samples_push(&v[LM_BENCH_M_S_TOTAL], server_ms(r, "total_ms"));
+            lm_bench_samples_push(&v[LM_BENCH_M_S_QUEUE], server_num(r, "queue_ms"));
+            lm_bench_samples_push(&v[LM_BENCH_M_S_PREFILL], server_num(r, "prefill_ms"));
+            lm_bench_samples_push(&v[LM_BENCH_M_S_DECODE], server_num(r, "decode_ms"));
+            lm_bench_samples_push(&v[LM_BENCH_M_S_TOTAL], server_num(r, "total_ms"));
+            const double drafted = server_num(r, "spec_draft_tokens");
+            if (drafted > 0) /* null or absent without speculative decoding: NAN */
+                lm_bench_samples_push(&v[LM_BENCH_M_S_ACCEPT],
+                                      100.0 * server_num(r, "spec_accepted_tokens") / drafted);
         }
         /* goodput */
         bool good = true;
@@ -431,7 +437,8 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
     if (s->server_side) {
         fprintf(f, "\nServer-side time (from the server's records; not mixed with the client's "
                    "figures)\n");
-        for (int m = LM_BENCH_M_S_QUEUE; m <= LM_BENCH_M_S_TOTAL; m++) {
+        for (int m = LM_BENCH_M_S_QUEUE; m <= LM_BENCH_M_S_ACCEPT; m++) {
+            if (m == LM_BENCH_M_S_ACCEPT && s->m[m].n == 0) continue; /* no drafts */
             char name[80];
             snprintf(name, sizeof name, "%s (%s)", k_metrics[m].label, k_metrics[m].unit);
             stats_row(f, name, &s->m[m]);

@@ -50,6 +50,9 @@ enum lm_bench_metric {
     LM_BENCH_M_S_PREFILL,   /* server_prefill_time, ms */
     LM_BENCH_M_S_DECODE,    /* server_decode_time, ms */
     LM_BENCH_M_S_TOTAL,     /* server_total_time, ms */
+    LM_BENCH_M_S_ACCEPT,    /* server_draft_acceptance, %: of a request's draft tokens, those
+                               accepted (records' spec_accepted_tokens / spec_draft_tokens; only
+                               requests that ran drafts, under speculative decoding) */
     LM_BENCH_M_COUNT,
 };
 
