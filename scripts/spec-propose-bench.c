@@ -6,10 +6,12 @@
  *
  * For histories of 4k to 32k tokens, 256 proposals (one step of 256 decoding sequences) with
  * lm_spec_propose_indexed (prompt_lookup 4 / 2, 3 draft tokens), against the scan the first
- * version did: for each n-gram size, every earlier position. Two histories: uniform over the
- * 151,936-token vocabulary (the last token rarely recurs: no match), and one drawn from 64
- * values (the last token recurs every ~64 positions: the index walks many candidates). Prints a
- * table of milliseconds per 256 proposals; the drafts of the two methods must agree. */
+ * version did: for each n-gram size, every earlier position. Three histories: uniform over the
+ * 151,936-token vocabulary (the last token rarely recurs: no match), one drawn from 64 values
+ * (the last token recurs every ~64 positions, a match of the longest size is rare: the index
+ * walks every candidate), and a loop of 37 tokens (greedy output that repeats itself: the
+ * earliest candidate matches in full). Prints a table of milliseconds per 256 proposals; the
+ * drafts of the two methods must agree. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,15 +43,16 @@ static int scan(const struct lm_spec_params *p, const int32_t *t, int n, int k, 
 int main(void) {
     const struct lm_spec_params p = {3, 4, 2, 0};
     printf("| history | values | scan, ms / 256 | indexed, ms / 256 | drafts agree |\n");
-    printf("| ---: | ---: | ---: | ---: | --- |\n");
-    for (int alpha = 0; alpha < 2; alpha++) {
-        const int values = alpha ? 64 : 151936;
+    printf("| ---: | --- | ---: | ---: | --- |\n");
+    static const char *const kinds[] = {"151936, uniform", "64, uniform", "a loop of 37 tokens"};
+    for (int kind = 0; kind < 3; kind++) {
         for (int n = 4096; n <= 32768; n *= 2) {
             int32_t *t = malloc(sizeof *t * (size_t)n);
             uint64_t r = 88172645463325252ull;
             for (int i = 0; i < n; i++) {
                 r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-                t[i] = (int32_t)(r % (uint64_t)values);
+                t[i] = kind == 2 ? (int32_t)((i % 37) * 4099 % 151936)
+                                 : (int32_t)(r % (uint64_t)(kind ? 64 : 151936));
             }
             struct lm_spec_index x = {0};
             if (lm_spec_index_extend(&x, t, n)) return 1;
@@ -61,7 +64,7 @@ int main(void) {
             for (int s = 0; s < 256; s++) nb = lm_spec_propose_indexed(&p, &x, t, n, 3, b);
             double t2 = now_ms();
             agree = na == nb && !memcmp(a, b, sizeof *a * (size_t)na);
-            printf("| %d | %d | %.3f | %.3f | %s (%d) |\n", n, values, t1 - t0, t2 - t1,
+            printf("| %d | %s | %.3f | %.3f | %s (%d) |\n", n, kinds[kind], t1 - t0, t2 - t1,
                    agree ? "yes" : "NO", na);
             lm_spec_index_free(&x);
             free(t);

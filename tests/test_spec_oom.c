@@ -2,8 +2,8 @@
  * lm_spec_index_extend. The index must stay consistent (every position's previous occurrence
  * earlier than itself), a later call (the scheduler retries at its next step) must finish it,
  * and the proposer must then return what it returns on an index built without the failure.
- * Before the fix, the retry re-inserted positions, made a cycle in the chains and the proposer
- * never returned.
+ * (An index that forgot how far it got re-inserted positions on the retry, made a cycle in the
+ * chains, and the proposer never returned.)
  *
  * The failure comes from a malloc of one chosen size, through glibc's __libc_malloc; skipped
  * (77) under AddressSanitizer, which owns malloc.
@@ -34,10 +34,12 @@ void *malloc(size_t n) {
     return __libc_malloc(n);
 }
 
-/* Every chain strictly decreasing and every link to the same token value. */
+/* Every chain strictly increasing within the indexed positions, and every link to the same
+ * token value. */
 static bool consistent(const struct lm_spec_index *x, const int32_t *t) {
     for (int i = 0; i < x->n; i++)
-        if (x->prev[i] >= i || (x->prev[i] >= 0 && t[x->prev[i]] != t[i])) return false;
+        if (x->next[i] >= x->n || (x->next[i] >= 0 && (x->next[i] <= i || t[x->next[i]] != t[i])))
+            return false;
     return true;
 }
 #endif
@@ -67,7 +69,7 @@ int main(void) {
     CHECK(lm_spec_propose_indexed(&p, &x, t, N, 4, got) == 0, "a partial index proposes nothing");
     rc = lm_spec_index_extend(&x, t, N);
     CHECK(rc == LM_OK && x.n == N && consistent(&x, t), "the retry finishes it: rc %d, n %d", rc, x.n);
-    CHECK(!memcmp(x.prev, ref.prev, sizeof *x.prev * N), "the same chains as without the failure");
+    CHECK(!memcmp(x.next, ref.next, sizeof *x.next * N), "the same chains as without the failure");
     const int gn = lm_spec_propose_indexed(&p, &x, t, N, 4, got);
     CHECK(gn == wn && !memcmp(got, want, sizeof *got * (size_t)wn), "the same draft: %d vs %d", gn, wn);
     lm_spec_index_free(&x);

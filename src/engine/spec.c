@@ -126,10 +126,20 @@ static uint32_t slot_of(int32_t v, int hcap) {
     return ((uint32_t)v * 2654435761u) & (uint32_t)(hcap - 1);
 }
 
+/* The slot of value v in x's table: where it is, or the empty slot where it would go. */
+static uint32_t slot_find(const struct lm_spec_index *x, int32_t v) {
+    uint32_t h = slot_of(v, x->hcap);
+    while (x->key[h] >= 0 && x->key[h] != v)
+        h = (h + 1) & (uint32_t)(x->hcap - 1);
+    return h;
+}
+
 static lm_status rehash(struct lm_spec_index *x, int hcap) {
-    int32_t *key = malloc(sizeof *key * (size_t)hcap), *last = malloc(sizeof *last * (size_t)hcap);
-    if (!key || !last) {
+    int32_t *key = malloc(sizeof *key * (size_t)hcap), *first = malloc(sizeof *first * (size_t)hcap),
+            *last = malloc(sizeof *last * (size_t)hcap);
+    if (!key || !first || !last) {
         free(key);
+        free(first);
         free(last);
         return lm_errorf(LM_ERR_NOMEM, "speculative index: out of memory");
     }
@@ -141,11 +151,14 @@ static lm_status rehash(struct lm_spec_index *x, int hcap) {
         while (key[h] >= 0)
             h = (h + 1) & (uint32_t)(hcap - 1);
         key[h] = x->key[i];
+        first[h] = x->first[i];
         last[h] = x->last[i];
     }
     free(x->key);
+    free(x->first);
     free(x->last);
     x->key = key;
+    x->first = first;
     x->last = last;
     x->hcap = hcap;
     return LM_OK;
@@ -157,9 +170,9 @@ lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, i
         int cap = x->cap ? x->cap : 256;
         while (cap < n)
             cap *= 2;
-        int32_t *prev = realloc(x->prev, sizeof *prev * (size_t)cap);
-        if (!prev) return lm_errorf(LM_ERR_NOMEM, "speculative index: out of memory");
-        x->prev = prev;
+        int32_t *next = realloc(x->next, sizeof *next * (size_t)cap);
+        if (!next) return lm_errorf(LM_ERR_NOMEM, "speculative index: out of memory");
+        x->next = next;
         x->cap = cap;
     }
     for (int i = x->n; i < n; i++) {
@@ -172,16 +185,15 @@ lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, i
         }
         const int32_t v = tokens[i];
         assert(v >= 0); /* vocabulary ids; -1 marks an empty slot */
-        uint32_t h = slot_of(v, x->hcap);
-        while (x->key[h] >= 0 && x->key[h] != v)
-            h = (h + 1) & (uint32_t)(x->hcap - 1);
+        const uint32_t h = slot_find(x, v);
         if (x->key[h] < 0) {
             x->key[h] = v;
             x->hn++;
-            x->prev[i] = -1;
+            x->first[h] = i;
         } else {
-            x->prev[i] = x->last[h];
+            x->next[x->last[h]] = i;
         }
+        x->next[i] = -1;
         x->last[h] = i;
     }
     x->n = n;
@@ -189,25 +201,28 @@ lm_status lm_spec_index_extend(struct lm_spec_index *x, const int32_t *tokens, i
 }
 
 void lm_spec_index_free(struct lm_spec_index *x) {
-    free(x->prev);
+    free(x->next);
     free(x->key);
+    free(x->first);
     free(x->last);
     memset(x, 0, sizeof *x);
 }
 
-/* Visits every candidate end e (the earlier occurrences of tokens[n - 1]), latest first, and
- * keeps the last one visited with the longest match: the earliest start of the largest matching
- * n-gram size, as spec.h words it (and vLLM's _find_longest_matched_ngram_and_propose_tokens
- * chooses). In a repeating text the earliest match has the most tokens after it. */
+/* Visits the candidate ends e (the earlier occurrences of tokens[n - 1]) earliest first and keeps
+ * the first with the longest match, stopping at one of the longest size possible: the earliest
+ * start of the largest matching n-gram size, as spec.h words it (and vLLM's
+ * _find_longest_matched_ngram_and_propose_tokens chooses). In a repeating text the earliest
+ * match has the most tokens after it, and it is found at once. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft) {
     max_draft = draft_cap(p, max_draft);
     if (p->num_speculative_tokens <= 0 || max_draft <= 0 || n < 2 || x->n != n) return 0;
     const int cap = p->prompt_lookup_max < n - 1 ? p->prompt_lookup_max : n - 1;
     int best = 0, best_e = -1;
-    for (int e = x->prev[n - 1]; e >= 0; e = x->prev[e]) {
+    /* tokens[n - 1] is indexed, so its value has a slot; its own position ends the chain */
+    for (int e = x->first[slot_find(x, tokens[n - 1])]; e != n - 1 && best < cap; e = x->next[e]) {
         int len = match_len(tokens, n, e, cap);
-        if (len >= best) best = len, best_e = e;
+        if (len > best) best = len, best_e = e;
     }
     if (best < p->prompt_lookup_min) return 0;
     return copy_draft(tokens, n, best_e, max_draft, draft);

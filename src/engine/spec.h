@@ -7,8 +7,8 @@
  * token of its own: 1 to k + 1 tokens a step for the weight reads of one.
  *
  * The proposer here is n-gram prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM's
- * speculative method "ngram"): find the most recent earlier occurrence of the sequence's last n
- * tokens (n from prompt_lookup_max down to prompt_lookup_min) in its own prompt and output, and
+ * speculative method "ngram"): find the earliest occurrence of the sequence's last n tokens (n
+ * from prompt_lookup_max down to prompt_lookup_min) earlier in its own prompt and output, and
  * propose the tokens that followed it. It needs no second model, so it works on any checkpoint,
  * and pays where the output repeats its input (summaries, code edits, retrieval answers, quoted
  * text, multi-turn chat that echoes earlier turns).
@@ -58,14 +58,15 @@ lm_status lm_spec_check(const struct lm_spec_params *p);
 lm_status lm_spec_parse(const char *json, struct lm_spec_params *out);
 
 /* An index of a growing token history (vocabulary ids, >= 0) for lm_spec_propose_indexed: for
- * each position, the
- * previous position holding the same token (a chain per token value, through a hash table of
- * the values seen), so a proposal visits only the earlier occurrences of the last token, not the
- * whole history. Zero-initialise; owned, lm_spec_index_free releases it. */
+ * each position, the next position holding the same token (a chain per token value, earliest
+ * first, through a hash table of the values seen), so a proposal visits only the earlier
+ * occurrences of the last token, not the whole history. Zero-initialise; owned,
+ * lm_spec_index_free releases it. */
 struct lm_spec_index {
-    int32_t *prev; /* [cap] previous position with the same token, -1 for none */
+    int32_t *next; /* [cap] next position with the same token, -1 for none yet */
     int n, cap;    /* positions indexed */
-    int32_t *key, *last; /* [hcap] open addressing: token value (-1 empty) -> latest position */
+    int32_t *key, *first, *last; /* [hcap] open addressing: token value (-1 empty) -> its earliest
+                                    and latest position */
     int hcap, hn;
 };
 
@@ -81,7 +82,8 @@ void lm_spec_index_free(struct lm_spec_index *x); /* accepts a zeroed struct */
  * draft[i] = tokens[j + g + i] for i < max_draft while j + g + i < n (vLLM's ngram proposer:
  * the longest match, the earliest among equals). Returns the number written (0: no match).
  * tokens are borrowed; draft may point just past them (tokens + n). Time proportional to the
- * earlier occurrences of tokens[n - 1], not to n. */
+ * earlier occurrences of tokens[n - 1] at most (the walk stops at the first match of
+ * prompt_lookup_max tokens), not to n. */
 int lm_spec_propose_indexed(const struct lm_spec_params *p, const struct lm_spec_index *x,
                             const int32_t *tokens, int n, int max_draft, int32_t *draft);
 
