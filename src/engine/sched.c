@@ -642,8 +642,12 @@ int lm_sched_step(struct lm_sched *s) {
              * token's index in the request. A host-sampled sequence's rows get a greedy draw that
              * nothing reads. */
             for (int j = 0; j <= q->n_draft && dev; j++) {
-                s->dsamp[rows + j] = own ? device_params(q) : (struct lm_device_sampling){0};
-                s->dsamp[rows + j].counter += own ? (uint64_t)j : 0;
+                struct lm_device_sampling d = {0};
+                if (own) {
+                    d = device_params(q);
+                    d.counter += (uint64_t)j;
+                }
+                s->dsamp[rows + j] = d;
             }
             rows += 1 + q->n_draft;
         }

@@ -782,7 +782,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     const dim3 grid(a.n_kv_heads, n), block(ATT_WARPS * 32);
     /* Decode launches that fit the GPU in one wave: the 8-warp kernel (v7). */
     if constexpr (GM * D <= 1024)
-        if (fused && c->attn_dec) {
+        if (fused) {
             auto fn = k_attn_dec<D, GM>;
             if (dec_fits_g<D, GM>(c, a, n)) {
                 if (a.n_splits <= 1 || !a.split_part || !a.split_count)
@@ -803,47 +803,44 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     return lm_launch(c, grid, block, 0, k_attention<D, GM, false>, a, (int)fused);
 }
 
-template <int D>
-static cudaError_t launch_attention(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n, bool fused) {
-    const int G = a.n_heads / a.n_kv_heads;
-    if (G <= 1) return launch_attention_g<D, 1>(c, a, n, fused);
-    if (G <= 2) return launch_attention_g<D, 2>(c, a, n, fused);
-    if (G <= 4) return launch_attention_g<D, 4>(c, a, n, fused);
-    return launch_attention_g<D, 8>(c, a, n, fused);
-}
+template <int V>
+using int_c = std::integral_constant<int, V>;
 
-template <int D>
-static bool dec_fits(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+/* f(D, GM) for the instantiation that serves a's shape (check_attn passed): D the head_dim
+ * (16, 32, 64, 128 or 256) and GM the query heads a KV head serves rounded up to 1, 2, 4 or 8,
+ * both as int_c. The one place a shape picks its kernels. */
+template <class F>
+static auto by_shape(const lm_cuda_attn &a, F &&f) {
     const int G = a.n_heads / a.n_kv_heads;
-    if (G <= 1) return dec_fits_g<D, 1>(c, a, n);
-    if (G <= 2) return dec_fits_g<D, 2>(c, a, n);
-    if (G <= 4) return dec_fits_g<D, 4>(c, a, n);
-    return dec_fits_g<D, 8>(c, a, n);
+    auto by_g = [&](auto d) {
+        if (G <= 1) return f(d, int_c<1>{});
+        if (G <= 2) return f(d, int_c<2>{});
+        if (G <= 4) return f(d, int_c<4>{});
+        return f(d, int_c<8>{});
+    };
+    switch (a.head_dim) {
+    case 16: return by_g(int_c<16>{});
+    case 32: return by_g(int_c<32>{});
+    case 64: return by_g(int_c<64>{});
+    case 128: return by_g(int_c<128>{});
+    default: return by_g(int_c<256>{});
+    }
 }
 
 extern "C" bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n) {
     if (check_attn(a) || n < 1) return false;
-    switch (a->head_dim) {
-    case 16: return dec_fits<16>(c, *a, n);
-    case 32: return dec_fits<32>(c, *a, n);
-    case 64: return dec_fits<64>(c, *a, n);
-    case 128: return dec_fits<128>(c, *a, n);
-    default: return dec_fits<256>(c, *a, n);
-    }
+    return by_shape(*a, [&](auto d, auto gm) {
+        return dec_fits_g<decltype(d)::value, decltype(gm)::value>(c, *a, n);
+    });
 }
 
 extern "C" lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n,
                                        bool fused) {
     lm_status rc = check_attn(a);
     if (rc || n < 1) return rc;
-    cudaError_t e;
-    switch (a->head_dim) {
-    case 16: e = launch_attention<16>(c, *a, n, fused); break;
-    case 32: e = launch_attention<32>(c, *a, n, fused); break;
-    case 64: e = launch_attention<64>(c, *a, n, fused); break;
-    case 128: e = launch_attention<128>(c, *a, n, fused); break;
-    default: e = launch_attention<256>(c, *a, n, fused); break;
-    }
+    const cudaError_t e = by_shape(*a, [&](auto d, auto gm) {
+        return launch_attention_g<decltype(d)::value, decltype(gm)::value>(c, *a, n, fused);
+    });
     LM_CU(e);
     return LM_OK;
 }
