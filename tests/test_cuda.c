@@ -849,12 +849,14 @@ static void test_attention_case(const struct attn_case *ac) {
             a.seq = dseq, a.pos = dpos;
             a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS;
             a.out = dout, a.out_bf16 = obf;
-            /* Mode 2: split-KV decode, 4 splits of one round of positions each (the last takes
-             * the rest), so the 38- and 301-position contexts merge several splits. */
+            /* Modes 2 and 3: split-KV decode (the 8-warp kernel; the v6 kernel, as batched
+             * decode runs it), 4 splits of one round of positions each (the 8-warp kernel's
+             * round; 32 positions for the v6 kernel), the last taking the rest, so the 38- and
+             * 301-position contexts merge several splits. */
             const int G = NH / NKV, NZ = 4;
             float *dpart = NULL;
             unsigned *dcnt = NULL;
-            if (g_attn_dec == 2 && phase == 1) {
+            if (g_attn_dec >= 2 && phase == 1) {
                 dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
                 poison(dpart, sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
@@ -898,7 +900,7 @@ static void test_attention_case(const struct attn_case *ac) {
                 if (e2 > ev) ev = e2;
             }
             if (ek > worst_cache) worst_cache = ek;
-            CHECK(ek <= 4e-3 && ev == 0, "attention D=%d phase %d 8-warp decode %d: stored K rel err %.3g, V %.3g",
+            CHECK(ek <= 4e-3 && ev == 0, "attention D=%d phase %d decode mode %d: stored K rel err %.3g, V %.3g",
                   D, phase, g_attn_dec, ek, ev);
             /* Queries: the unfused path rotates q in place in qkv. */
             if (phase == 0) {
@@ -940,13 +942,13 @@ static void test_attention_case(const struct attn_case *ac) {
             }
             if (!obf && eo > worst_out) worst_out = eo;
             CHECK(eo <= (obf ? 4e-3 : 2e-5), "attention D=%d heads %d/%d block %d phase %d bf16 out %d "
-                  "8-warp decode %d: rel err %.3g", D, NH, NKV, BS, phase, obf, g_attn_dec, eo);
+                  "decode mode %d: rel err %.3g", D, NH, NKV, BS, phase, obf, g_attn_dec, eo);
             free(out), free(ref), free(ck), free(cv), free(scratch), free(kg), free(qg);
         }
         free(qkv), free(qref), free(seq), free(pos);
         lm_cuda_free(dqkv), lm_cuda_free(dseq), lm_cuda_free(dpos), lm_cuda_free(dout);
     }
-    fprintf(stderr, "attention D=%d heads %d/%d block %d (8-warp decode %d): worst K rel err %.3g, output %.3g\n",
+    fprintf(stderr, "attention D=%d heads %d/%d block %d (decode mode %d): worst K rel err %.3g, output %.3g\n",
             D, NH, NKV, BS, g_attn_dec, worst_cache, worst_out);
     free(perm), free(bt), free(qn), free(kn), free(inv), free(kc), free(vc), free(kp), free(vp);
     lm_cuda_free(dqn), lm_cuda_free(dkn), lm_cuda_free(dinv), lm_cuda_free(dk), lm_cuda_free(dv),
@@ -958,16 +960,17 @@ static void test_attention(void) {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
     /* Decode (phase 1) with the 8-warp kernel (v7, default: 1), the v6 kernel (0) and the 8-warp
-     * kernel split over positions (2); later passes replay the first one's random inputs (and the
-     * generator is left where the first left it). */
+     * kernel split over positions (2), and the v6 kernel split over positions (3: batched decode's
+     * split); later passes replay the first one's random inputs (and the generator is left where
+     * the first left it). */
     const uint64_t rng0 = g_rng;
     uint64_t rng1 = 0;
-    static const int modes[] = {1, 0, 2}; /* 2: the 8-warp kernel with split-KV */
-    for (int mi = 0; mi < 3; mi++) {
+    static const int modes[] = {1, 0, 2, 3};
+    for (int mi = 0; mi < 4; mi++) {
         const int dec = modes[mi];
         if (mi == 1) rng1 = g_rng;
         if (mi > 0) g_rng = rng0;
-        lm_cuda_ctx_set_attn_dec(g_ctx, dec > 0);
+        lm_cuda_ctx_set_attn_dec(g_ctx, dec == 1 || dec == 2);
         g_attn_dec = dec;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
     }

@@ -58,6 +58,7 @@ struct lm_sched {
     int n_waiting;
     long long arrivals;
     struct lm_sched_stats st;
+    FILE *trace; /* LM_STEP_TRACE: one line a step (sched.h), or NULL */
 };
 
 struct lm_sched_params lm_sched_default_params(void) {
@@ -110,6 +111,15 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
         return rc;
     }
     lm_sampler_init(&s->sampler, s->vocab);
+    const char *trace = getenv("LM_STEP_TRACE");
+    if (trace && *trace) {
+        s->trace = fopen(trace, "w");
+        if (s->trace)
+            fprintf(s->trace, "# step t_ms forward_ms plan_ms seqs tokens draft_tokens prefill_chunks "
+                              "out_rows longest_context\n");
+        else
+            fprintf(stderr, "lumen: LM_STEP_TRACE=%s: cannot open it for writing; no step trace\n", trace);
+    }
     s->max_run = lm_model_max_run(m);
     long rows = (long)p->max_seqs * (1 + p->spec.num_speculative_tokens);
     s->max_rows = (int)(rows < p->max_batch_tokens ? rows : p->max_batch_tokens);
@@ -595,6 +605,18 @@ static bool cancelled(const struct seq *q) {
     return q->r->gen.cancel && atomic_load(q->r->gen.cancel);
 }
 
+/* One line of LM_STEP_TRACE (sched.h) for the step just run. */
+static void trace_step(struct lm_sched *s, int n, int tokens, int drafts, int rows, double t0, double tf) {
+    int longest = 0, chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const int end = s->batch[i].pos + s->batch[i].n;
+        if (end > longest) longest = end;
+        chunks += s->batch[i].n > 1 + s->plan[i]->n_draft; /* more than its pending token + draft */
+    }
+    fprintf(s->trace, "%lld %.3f %.3f %.3f %d %d %d %d %d %d\n", s->st.steps, tf, lm_now_ms() - tf, tf - t0, n,
+            tokens, drafts, chunks, rows, longest);
+}
+
 int lm_sched_step(struct lm_sched *s) {
     /* 1. Cancellations: running sequences stop, waiting ones never run. */
     for (int i = s->n_running - 1; i >= 0; i--)
@@ -657,6 +679,7 @@ int lm_sched_step(struct lm_sched *s) {
                                                  host_rows ? s->logits : NULL)
                        : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
+    if (s->trace) trace_step(s, n, tokens, drafts, rows, t0, tf);
     s->st.steps++;
     s->st.step_tokens += tokens;
     s->st.decode_steps += tokens - drafts == n; /* no prefill chunk (drafts may ride along) */
@@ -711,6 +734,7 @@ void lm_sched_cancel_all(struct lm_sched *s) {
 void lm_sched_destroy(struct lm_sched *s) {
     if (!s) return;
     if (s->running) lm_sched_cancel_all(s);
+    if (s->trace) fclose(s->trace);
     lm_kv_free(&s->kv);
     lm_kv_cache_destroy(s->cache);
     lm_sampler_free(&s->sampler);

@@ -128,6 +128,52 @@ __device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const fl
     }
 }
 
+/* The end of a split-KV block (nused > 1 splits of token t's KV head g in use): this block's
+ * (max, sum, weighted V sum) per head to the scratch; the last block of the token's KV head to
+ * finish merges the splits in order 0 .. nused - 1 (Dao et al. 2023, flash-decoding), so the
+ * result does not depend on which block finishes last. stride: the block's thread count. */
+template <int NW, int GM, int D>
+__device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const float (&wm)[NW][GM],
+                                                 const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
+                                                 int t, int g, int G, int Q, int nused, int nthreads) {
+    const int nz = gridDim.z, z = blockIdx.z;
+    const int stride = G * (D + 2);
+    float *part = a.split_part + (size_t)(t * a.n_kv_heads + g) * nz * stride;
+    for (int i = threadIdx.x; i < G * D; i += nthreads) {
+        const int h = i / D, d = i % D;
+        float M, num, den;
+        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
+        float *ps = part + (size_t)z * stride;
+        ps[h * D + d] = num;
+        if (d == 0) ps[G * D + h] = M, ps[G * D + G + h] = den;
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        unsigned *cnt = a.split_count + t * a.n_kv_heads + g;
+        last = atomicAdd(cnt, 1u) == (unsigned)nused - 1;
+        if (last) *cnt = 0; /* every other split has arrived: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * D; i += nthreads) {
+        const int h = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int q = 0; q < nused; q++) M = fmaxf(M, __ldcg(part + (size_t)q * stride + G * D + h));
+        float num = 0.f, den = 0.f;
+        for (int q = 0; q < nused; q++) {
+            const float *ps = part + (size_t)q * stride;
+            const float mq = __ldcg(ps + G * D + h);
+            const float f = mq == -INFINITY ? 0.f : expf(mq - M);
+            num = fmaf(__ldcg(ps + h * D + d), f, num);
+            den = fmaf(__ldcg(ps + G * D + G + h), f, den);
+        }
+        attn_store(a, t, g * G + h, Q, D, d, num / den);
+    }
+}
+
 /* One block per (KV head, token). Phase 0 (FUSED): normalise/rotate this token's query heads of
  * the group into shared memory and write its K/V. Then each warp takes chunks of 32 positions:
  * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
@@ -149,18 +195,26 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int G = a.n_heads / a.n_kv_heads, BS = a.block_size;
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
+    /* Split-KV (FUSED decode launches with gridDim.z > 1): block z of nz takes positions
+     * [p0, p1), split_len of them (a multiple of 32), the last one up to L. The step's inputs
+     * were copied before its first kernel, so pos can be read before the wait. */
+    const int pos = a.pos[t], L = pos + 1;
+    const int nz = gridDim.z, z = blockIdx.z, SL = a.split_len;
+    const int p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
+    if (p0 >= L) return; /* no position of this token here */
+    const int nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
+    const bool own = p1 == L; /* this block holds the new token: it writes its K/V */
     pdl_wait();
-    const int seq = a.seq[t], pos = a.pos[t];
+    const int seq = a.seq[t];
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
     const float *row = a.qkv + (size_t)t * a.ld_qkv;
     const int Q = a.n_heads * D, KV = a.n_kv_heads * D;
-    const int L = pos + 1;
     /* This warp's first chunk: its block-table lookups, and an L1 prefetch of its K and V rows,
      * issued before the fused phase so that they overlap it (position pos is written below and
      * read after the barrier). */
-    const int tok0 = warp * 32 + lane;
+    const int tok0 = p0 + warp * 32 + lane;
     unsigned off0 = 0;
-    if (tok0 < L) {
+    if (tok0 < p1) {
         off0 = (unsigned)kv_offset(a, bt[tok0 / BS], g, tok0 % BS, D);
         if (tok0 < pos) {
             const char *kp = reinterpret_cast<const char *>(a.k_cache + off0);
@@ -178,17 +232,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
             if (vi < G)
                 norm_rope_warp<D>(row + (g * G + vi) * D, a.q_norm, a.inv_freq, pos, a.eps, &qs[vi][0],
                                   nullptr, lane);
-            else
+            else if (own)
                 norm_rope_warp<D>(row + Q + g * D, a.k_norm, a.inv_freq, pos, a.eps, nullptr,
                                   a.k_cache + off, lane);
         }
-        for (int d = threadIdx.x; d < D; d += blockDim.x) a.v_cache[off + d] = f2bf(row[Q + KV + g * D + d]);
+        if (own)
+            for (int d = threadIdx.x; d < D; d += blockDim.x) a.v_cache[off + d] = f2bf(row[Q + KV + g * D + d]);
     } else {
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = row[g * G * D + i];
     }
     __syncthreads();
 
-    const int nchunk = (L + 31) >> 5;
+    const int nchunk = (p1 - p0 + 31) >> 5;
     float m[ATT_MAXG], l[ATT_MAXG], acc[ATT_MAXG][DPL];
 #pragma unroll
     for (int h = 0; h < ATT_MAXG; h++) {
@@ -199,13 +254,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     }
     const int gi = lane / LPT, d0 = (lane % LPT) * DPL;
     for (int c = warp; c < nchunk; c += ATT_WARPS) {
-        const int tok = c * 32 + lane;
+        const int c0 = p0 + c * 32, tok = c0 + lane;
         float s[ATT_MAXG];
 #pragma unroll
         for (int h = 0; h < ATT_MAXG; h++) s[h] = 0.f;
         /* This lane's position: its K row and, at the same offset, its V row. */
         unsigned off = 0; /* elements into this layer's pool (< 2^32: checked at model creation) */
-        if (tok < L) off = c == warp ? off0 : (unsigned)kv_offset(a, bt[tok / BS], g, tok % BS, D);
+        if (tok < p1) off = c == warp ? off0 : (unsigned)kv_offset(a, bt[tok / BS], g, tok % BS, D);
         /* The V slices this lane needs for p.V, loaded now (raw bf16) so that their latency
          * overlaps the q.k loads: a chunk then costs two round trips (block table, K and V). */
         constexpr int NV = 32 / TPW;
@@ -216,13 +271,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
             for (int j = 0; j < NV; j++) {
                 const int tt = j * TPW + gi;
                 const unsigned o = __shfl_sync(0xffffffffu, off, tt);
-                if (c * 32 + tt < L)
+                if (c0 + tt < p1)
                     vraw[j] = *reinterpret_cast<const vraw_t *>(a.v_cache + o + d0);
                 else
                     vraw[j] = vraw_t{};
             }
         }
-        if (tok < L) {
+        if (tok < p1) {
             const uint16_t *kr = a.k_cache + off;
             /* Two partial sums per head (even and odd 8-element groups) halve the FMA chain. */
             float s2[ATT_MAXG];
@@ -274,7 +329,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
         __syncwarp();
         /* p.V: lanes are dims; the V row offsets come from the lanes that own the positions, and
          * PB rows are loaded before any is used (no dependent loads in the loop). */
-        const int cn = min(32, L - c * 32);
+        const int cn = min(32, p1 - c0);
         if (VPRE) {
 #pragma unroll
             for (int j = 0; j < NV; j++) {
@@ -377,7 +432,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
         }
     }
     __syncthreads();
-    attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
+    if (nused == 1)
+        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
+    else
+        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, nused, (int)blockDim.x);
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -695,44 +753,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
         return;
     }
-    /* Split: this block's (max, sum, weighted V sum) per head to the scratch; the last block of
-     * the token's KV head to finish merges the splits in order 0 .. nused - 1 (Dao et al. 2023,
-     * flash-decoding), so the result does not depend on which block finishes last. */
-    const int stride = G * (D + 2);
-    float *part = a.split_part + (size_t)(t * a.n_kv_heads + g) * nz * stride;
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, d = i % D;
-        float M, num, den;
-        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
-        float *ps = part + (size_t)z * stride;
-        ps[h * D + d] = num;
-        if (d == 0) ps[G * D + h] = M, ps[G * D + G + h] = den;
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) {
-        unsigned *cnt = a.split_count + t * a.n_kv_heads + g;
-        last = atomicAdd(cnt, 1u) == (unsigned)nused - 1;
-        if (last) *cnt = 0; /* every other split has arrived: ready for the next launch */
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int q = 0; q < nused; q++) M = fmaxf(M, __ldcg(part + (size_t)q * stride + G * D + h));
-        float num = 0.f, den = 0.f;
-        for (int q = 0; q < nused; q++) {
-            const float *ps = part + (size_t)q * stride;
-            const float mq = __ldcg(ps + G * D + h);
-            const float f = mq == -INFINITY ? 0.f : expf(mq - M);
-            num = fmaf(__ldcg(ps + h * D + d), f, num);
-            den = fmaf(__ldcg(ps + G * D + G + h), f, den);
-        }
-        attn_store(a, t, g * G + h, Q, D, d, num / den);
-    }
+    attn_split_merge(a, wm, wl, wacc, t, g, G, Q, nused, DEC_THREADS);
 }
 
 } // namespace
@@ -798,9 +819,14 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* V prefetch when the launch is too small to fill the GPU (latency-bound: decode at small
      * batch) and the slices fit in registers (D <= 128); otherwise occupancy matters more. */
     constexpr bool can_pre = AttShape<D>::DPL <= 4;
+    /* Split-KV for fused (decode) launches: split_len rounded up to the 32-position chunk. */
+    const bool split = fused && a.n_splits > 1 && a.split_part && a.split_count;
+    lm_cuda_attn as = a;
+    if (split) as.split_len = (a.split_len < 1 ? 1 : a.split_len + 31) / 32 * 32;
+    const dim3 g3(a.n_kv_heads, n, split ? a.n_splits : 1);
     if (can_pre && (long)a.n_kv_heads * n <= 4L * c->sm_count)
-        return lm_launch(c, grid, block, 0, k_attention<D, GM, can_pre>, a, (int)fused);
-    return lm_launch(c, grid, block, 0, k_attention<D, GM, false>, a, (int)fused);
+        return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
+    return lm_launch(c, g3, block, 0, k_attention<D, GM, false>, as, (int)fused);
 }
 
 template <int V>

@@ -254,6 +254,15 @@ lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq, co
 lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const float *x, const int32_t *rows,
                               int n, int d, const int64_t *add);
 
+/* Copies rows [0, n_rows) of KV block src into block dst, in every layer's K and V pool (the
+ * prefix cache's copy of a partly matched block). Pools: n_layers x layer_elems bf16 each, a
+ * layer [n_blocks][n_kv_heads][block_size][head_dim] (the layout below). One launch on the
+ * context's stream, not waited for: later work on the stream sees the copy. LM_ERR_SHAPE when a
+ * row is not a multiple of 16 bytes; the caller checks the block ids. */
+lm_status lm_cuda_kv_copy_rows(struct lm_cuda_ctx *c, uint16_t *k_pool, uint16_t *v_pool, size_t layer_elems,
+                               int n_layers, int n_kv_heads, int block_size, int head_dim, int src, int dst,
+                               int n_rows);
+
 /* ---- attention over a paged KV cache ---- */
 
 /* The KV cache of one layer is two pools of bf16 blocks, [n_blocks][n_kv_heads][block_size]

@@ -312,6 +312,30 @@ extern "C" lm_status lm_cuda_gather_rows(struct lm_cuda_ctx *c, float *y, const 
     return LM_OK;
 }
 
+/* One block per (layer, pool, KV head): n16 16-byte pieces of the block's first rows. */
+__global__ void k_kv_copy_rows(uint16_t *k_pool, uint16_t *v_pool, size_t layer_elems, size_t blk_elems,
+                               size_t head_elems, int src, int dst, int n16) {
+    pdl_wait();
+    const int l = blockIdx.x, h = blockIdx.y >> 1;
+    uint16_t *base = ((blockIdx.y & 1) ? v_pool : k_pool) + (size_t)l * layer_elems + (size_t)h * head_elems;
+    const uint4 *from = reinterpret_cast<const uint4 *>(base + (size_t)src * blk_elems);
+    uint4 *to = reinterpret_cast<uint4 *>(base + (size_t)dst * blk_elems);
+    for (int i = threadIdx.x; i < n16; i += blockDim.x) to[i] = from[i];
+}
+
+extern "C" lm_status lm_cuda_kv_copy_rows(struct lm_cuda_ctx *c, uint16_t *k_pool, uint16_t *v_pool,
+                                          size_t layer_elems, int n_layers, int n_kv_heads, int block_size,
+                                          int head_dim, int src, int dst, int n_rows) {
+    if (n_rows <= 0 || src == dst) return LM_OK;
+    const size_t head_elems = (size_t)block_size * head_dim, blk_elems = (size_t)n_kv_heads * head_elems;
+    if ((size_t)n_rows * head_dim * 2 % 16 || head_elems * 2 % 16)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA KV copy: rows of %d bf16 are not in 16-byte pieces", head_dim);
+    const int n16 = (int)((size_t)n_rows * head_dim * 2 / 16);
+    LM_CU(lm_launch(c, dim3(n_layers, 2 * n_kv_heads), dim3(128), 0, k_kv_copy_rows, k_pool, v_pool, layer_elems,
+                    blk_elems, head_elems, src, dst, n16));
+    return LM_OK;
+}
+
 extern "C" lm_status lm_cuda_bench_copy(int dev, size_t bytes, int reps, double *bytes_per_s) {
     *bytes_per_s = 0;
     if (bytes < (64u << 20)) bytes = 64u << 20;

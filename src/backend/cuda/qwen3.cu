@@ -503,6 +503,16 @@ static lm_cuda_attn attn_shape(const lm_cuda_qwen3 *m) {
     return a;
 }
 
+/* Positions per split of a batched decode step's attention (make_attn); LM_CUDA_SPLIT_BATCH=N
+ * sets it (0: no split) for A/B measurements. */
+static int split_batch_len() {
+    static const int n = [] {
+        const char *e = getenv("LM_CUDA_SPLIT_BATCH");
+        return e && *e ? atoi(e) : 256;
+    }();
+    return n;
+}
+
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
@@ -523,16 +533,25 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
      * kernel's blocks (one a multiprocessor): each extra wave would repeat the blocks' fixed
      * latency (v10: 16 splits at 16 sequences were 16-24% slower than none). */
     const int waves = m->ctx->sm_count / std::max(1, n * m->cfg.n_kv_heads);
-    if (cls > 0 && waves > 1) {
-        const int cap = SPLIT_MIN_CTX << cls;
+    const int cap = SPLIT_MIN_CTX << cls;
+    const bool dec = decode && lm_cuda_attn_dec_fits(m->ctx, &a, n);
+    if (cls > 0 && dec && waves > 1) {
         a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
+    } else if (cls > 0 && decode && !dec && split_batch_len() > 0) {
+        /* Batched decode (more blocks than one wave): a step's time is its longest context's
+         * block, so contexts split into pieces of split_batch_len positions (while at most
+         * SPLIT_MAX pieces cover the class), the same pieces whatever the step holds. */
+        a.n_splits = std::min(SPLIT_MAX, (cap + split_batch_len() - 1) / split_batch_len());
+        a.split_len = (cap + a.n_splits - 1) / a.n_splits;
+    }
+    if (a.n_splits > 1) {
         a.split_part = m->split_part;
         a.split_count = m->split_count;
     }
     /* A decode step on the decode kernel takes runs of a sequence's tokens (verification of
      * speculative drafts); the host fills L.run (zeros for a plain decode step). */
-    if (decode && lm_cuda_attn_dec_fits(m->ctx, &a, n)) a.run_prev = (const int32_t *)(m->in_dev + L.run);
+    if (dec) a.run_prev = (const int32_t *)(m->in_dev + L.run);
     return a;
 }
 
@@ -875,13 +894,12 @@ extern "C" lm_status lm_cuda_qwen3_kv_copy(struct lm_cuda_qwen3 *m, int src, int
     if (n_rows < 0 || n_rows > BS)
         return lm_errorf(LM_ERR_INVALID, "CUDA KV copy: %d rows (0 to %d)", n_rows, BS);
     if (n_rows == 0 || src == dst) return LM_OK;
-    /* A block is [n_kv_heads][block_size][head_dim] bf16: n_kv_heads runs of n_rows * D. */
-    const size_t blk = (size_t)nkv * BS * D, pitch = (size_t)BS * D * 2, width = (size_t)n_rows * D * 2;
-    for (int l = 0; l < m->NL; l++)
-        for (int pool = 0; pool < 2; pool++) {
-            uint16_t *base = (pool ? m->v_pool : m->k_pool) + (size_t)l * m->layer_elems;
-            LM_CU(cudaMemcpy2DAsync(base + (size_t)dst * blk, pitch, base + (size_t)src * blk, pitch,
-                                    width, (size_t)nkv, cudaMemcpyDeviceToDevice, m->ctx->stream));
-        }
-    return lm_cuda_ctx_sync(m->ctx);
+    /* Queued before the next step's input copy, like it a plain launch (no kernel to overlap). */
+    lm_cuda_ctx *c = m->ctx;
+    const bool pdl = c->pdl;
+    c->pdl = false;
+    const lm_status rc = lm_cuda_kv_copy_rows(c, m->k_pool, m->v_pool, m->layer_elems, m->NL, nkv, BS, D, src,
+                                              dst, n_rows);
+    c->pdl = pdl;
+    return rc;
 }

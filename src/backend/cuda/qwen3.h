@@ -205,7 +205,8 @@ struct lm_cuda_batch {
 lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b);
 
 /* Copies the K/V of the first n_rows (0..block_size) positions of block src into block dst, every
- * layer, K and V (device to device on the model's stream; returns once done): a sequence reusing
+ * layer, K and V (one kernel on the model's stream, not waited for: the steps queued after it
+ * see the copy; an asynchronous failure shows at the next step): a sequence reusing
  * part of a cached block gets its own copy to extend (family/model.h, lm_kv_cache_copy).
  * LM_ERR_INVALID for a block outside [0, n_blocks) or n_rows outside [0, block_size]; LM_ERR_IO
  * for a CUDA failure. */
