@@ -849,19 +849,34 @@ static void test_attention_case(const struct attn_case *ac) {
             a.seq = dseq, a.pos = dpos;
             a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = D, a.block_size = BS;
             a.out = dout, a.out_bf16 = obf;
-            /* Modes 2 and 3: split-KV decode (the 8-warp kernel; the v6 kernel, as batched
-             * decode runs it), 4 splits of one round of positions each (the 8-warp kernel's
+            /* Modes 2 and 3: split-KV decode (the 8-warp kernel; the v6 kernel), 4 splits of one round of positions each (the 8-warp kernel's
              * round; 32 positions for the v6 kernel), the last taking the rest, so the 38- and
              * 301-position contexts merge several splits. */
-            const int G = NH / NKV, NZ = 4;
+            /* Mode 4: the v6 kernel from a work list (batched decode's), planned for P = 8 with
+             * pieces of at least 32 positions (the 301-position context in 5 pieces: 4 of 64 and
+             * 45): 7 items, and 3 + 8 blocks a KV head, 4 of them with no item. */
+            const int G = NH / NKV, NZ = g_attn_dec == 4 ? 16 : 4;
             float *dpart = NULL;
             unsigned *dcnt = NULL;
+            int32_t *dwork = NULL;
             if (g_attn_dec >= 2 && phase == 1) {
                 dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
                 poison(dpart, sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 lm_cuda_memset(dcnt, 0, sizeof(unsigned) * (size_t)n * NKV);
                 a.n_splits = NZ, a.split_len = 1, a.split_part = dpart, a.split_count = dcnt;
+            }
+            if (g_attn_dec == 4 && phase == 1) {
+                int32_t w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (NS + 8)];
+                const int items = lm_cuda_attn_plan_work(w, pos, n, 8, 32, NZ);
+                int most = 0; /* the most pieces a token got */
+                for (int i = 0; i < items; i++)
+                    if ((w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i + 3] & 255) > most)
+                        most = w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i + 3] & 255;
+                CHECK(items == 7 && most == 5, "work list of contexts 2, 38, 301 for 8 blocks: %d items, "
+                      "at most %d pieces a token (7 and 5 expected)", items, most);
+                dwork = dev_from(w, sizeof(int32_t) * (LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * items));
+                a.work = dwork, a.work_blocks = 8;
             }
             lm_cuda_upload(dqkv, qkv, sizeof(float) * n * QKV);
             poison(dout, sizeof(float) * n * Q);
@@ -877,7 +892,7 @@ static void test_attention_case(const struct attn_case *ac) {
                 int nonzero = 0;
                 for (int i = 0; i < nc; i++) nonzero += cnt[i] != 0;
                 CHECK(nonzero == 0, "split attention D=%d: %d split counters not reset", D, nonzero);
-                lm_cuda_free(dpart), lm_cuda_free(dcnt);
+                lm_cuda_free(dpart), lm_cuda_free(dcnt), lm_cuda_free(dwork);
             }
             /* The cache: what the GPU stored against the CPU's bf16-rounded K/V. */
             lm_cuda_download(kp, dk, 2 * pool);
@@ -960,13 +975,13 @@ static void test_attention(void) {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
     /* Decode (phase 1) with the 8-warp kernel (v7, default: 1), the v6 kernel (0) and the 8-warp
-     * kernel split over positions (2), and the v6 kernel split over positions (3: batched decode's
-     * split); later passes replay the first one's random inputs (and the generator is left where
-     * the first left it). */
+     * kernel split over positions (2), the v6 kernel split over positions (3) and the v6 kernel
+     * from a work list (4: batched decode's); later passes replay the first one's random inputs
+     * (and the generator is left where the first left it). */
     const uint64_t rng0 = g_rng;
     uint64_t rng1 = 0;
-    static const int modes[] = {1, 0, 2, 3};
-    for (int mi = 0; mi < 4; mi++) {
+    static const int modes[] = {1, 0, 2, 3, 4};
+    for (int mi = 0; mi < 5; mi++) {
         const int dec = modes[mi];
         if (mi == 1) rng1 = g_rng;
         if (mi > 0) g_rng = rng0;
@@ -976,6 +991,62 @@ static void test_attention(void) {
     }
     g_rng = rng1;
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
+}
+
+/* The batched decode planner (lm_cuda_attn_plan_work) on random steps: every context covered by
+ * its pieces in order, at most n + P items, at most max_splits pieces a token, pieces longest
+ * first, none of 1.5 sl + 32 positions or more (sl the planned size) and none but a context's last
+ * under 0.75 sl once it is cut, and even contexts left whole. */
+static void test_plan_work(void) {
+    enum { MAXN = 300, P_MAX = 70 };
+    static int32_t w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (MAXN + P_MAX)];
+    int32_t pos[MAXN];
+    int bad = 0, cases = 0;
+    for (int c = 0; c < 400; c++) {
+        const int n = 1 + (int)urand(MAXN), P = 1 + (int)urand(P_MAX), min_len = c % 3 ? 256 : 32;
+        long total = 0;
+        int longest = 0;
+        for (int i = 0; i < n; i++) {
+            pos[i] = c % 4 == 0 ? 999 : (int)urand(c % 5 == 0 ? 5000 : 600);
+            if (i == 0 && c % 7 == 0) pos[i] = 20000; /* one long context among short ones */
+            total += pos[i] + 1;
+            if (pos[i] + 1 > longest) longest = pos[i] + 1;
+        }
+        const int items = lm_cuda_attn_plan_work(w, pos, n, P, min_len, 16);
+        long sl = total / P + (total % P != 0);
+        if (sl < min_len) sl = min_len;
+        if (sl < (longest + 15) / 16) sl = (longest + 15) / 16;
+        sl = (sl + 31) / 32 * 32;
+        int next[MAXN] = {0}, count[MAXN] = {0}, nused[MAXN] = {0};
+        bool ok = items == w[0] && items <= n + P && items >= n;
+        for (int i = 0; i < items && ok; i++) {
+            const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
+            const int t = it[0], p0 = it[1], p1 = it[2], z = it[3] >> 8, k = it[3] & 255;
+            ok = t >= 0 && t < n && p1 > p0 && 2 * (p1 - p0) < 3 * sl + 64 && k >= 1 && k <= 16 && z < k &&
+                 (k == 1 || 4 * (p1 - p0) >= 3 * sl || z + 1 == k);
+            if (ok && i > 0) ok = p1 - p0 <= w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 2] -
+                                            w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 1];
+            if (ok) ok = (nused[t] == 0 || nused[t] == k) && (p1 == pos[t] + 1 || (p1 - p0) % 32 == 0);
+            nused[t] = k;
+            if (!ok) break;
+            count[t]++;
+            next[t] += p1 - p0; /* checked below: the pieces tile [0, L) */
+            (void)z;
+        }
+        for (int t = 0; t < n && ok; t++) ok = count[t] == nused[t] && next[t] == pos[t] + 1;
+        /* z values: each of 0..k-1 once, piece z starting at z times the first piece's length */
+        for (int i = 0; i < items && ok; i++) {
+            const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
+            const int z = it[3] >> 8, k = it[3] & 255, L = pos[it[0]] + 1;
+            const int len = k == 1 ? L : ((L + k - 1) / k + 31) / 32 * 32;
+            ok = it[1] == z * len && it[2] == (z + 1 == k ? L : (z + 1) * len);
+        }
+        if (c % 4 == 0 && c % 7 && ok && 1000 <= sl) ok = items == n; /* even contexts: whole */
+        bad += !ok;
+        cases++;
+    }
+    CHECK(bad == 0, "work list planner: %d of %d random steps break an invariant", bad, cases);
+    fprintf(stderr, "work list planner: %d random steps, %d bad\n", cases, bad);
 }
 
 /* Runs (speculative verification): one fused launch holding runs of consecutive tokens of a
@@ -1664,8 +1735,10 @@ static void test_model(void) {
 }
 
 int main(void) {
+    test_plan_work(); /* host-only: runs without a device too */
     if (lm_cuda_device_count() == 0) {
-        fprintf(stderr, "test_cuda: no CUDA device: skipped\n");
+        if (g_check_failures) return check_exit("test_cuda");
+        fprintf(stderr, "test_cuda: no CUDA device: skipped (the host-only work list planner passed)\n");
         return 77;
     }
     struct lm_cuda_device_info info;

@@ -1,6 +1,8 @@
 /* attention.cu: q/k RMSNorm + RoPE + paged K/V store, and grouped-query attention over a paged
  * bf16 KV cache (cuda.h lm_cuda_qk_norm_rope_store, lm_cuda_attention). */
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 
@@ -128,15 +130,16 @@ __device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const fl
     }
 }
 
-/* The end of a split-KV block (nused > 1 splits of token t's KV head g in use): this block's
+/* The end of a split-KV block (split z of nused > 1 in use of token t's KV head g; scratch room for
+ * nz splits a (token, KV head)): this block's
  * (max, sum, weighted V sum) per head to the scratch; the last block of the token's KV head to
  * finish merges the splits in order 0 .. nused - 1 (Dao et al. 2023, flash-decoding), so the
  * result does not depend on which block finishes last. stride: the block's thread count. */
 template <int NW, int GM, int D>
 __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const float (&wm)[NW][GM],
                                                  const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
-                                                 int t, int g, int G, int Q, int nused, int nthreads) {
-    const int nz = gridDim.z, z = blockIdx.z;
+                                                 int t, int g, int G, int Q, int z, int nz, int nused,
+                                                 int nthreads) {
     const int stride = G * (D + 2);
     float *part = a.split_part + (size_t)(t * a.n_kv_heads + g) * nz * stride;
     for (int i = threadIdx.x; i < G * D; i += nthreads) {
@@ -174,37 +177,34 @@ __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const fl
     }
 }
 
-/* One block per (KV head, token). Phase 0 (FUSED): normalise/rotate this token's query heads of
- * the group into shared memory and write its K/V. Then each warp takes chunks of 32 positions:
- * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
- * then lanes = dims for p.V. Warps' partial (max, sum, acc) are merged at the end. */
-/* GM: the group size rounded up (1, 2, 4 or 8: registers and shared memory scale with it). VPRE:
- * prefetch each chunk's V slices with its K rows (fewer round trips, more registers: for launches
- * too small to fill the GPU). FUSED: this kernel normalises/rotates/stores its own token first. */
+/* k_attention's shared memory: the group's rotated queries, a warp's probabilities, and the warps'
+ * softmax states for the merge. */
+template <int D, int GM>
+struct AttSmem {
+    __align__(16) float qs[GM][D];
+    float ps[ATT_WARPS][GM][32];
+    float wm[ATT_WARPS][GM], wl[ATT_WARPS][GM];
+    float wacc[ATT_WARPS][GM][D];
+};
+
+/* Positions [p0, p1) of token t's context for KV head g (split z of nused, scratch room for nz
+ * splits; nused 1: the whole context, written out directly), after the wait. */
 template <int D, int GM, bool VPRE>
-__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn a, int FUSED) {
+__device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttSmem<D, GM> &sm, int g, int t,
+                                          int p0, int p1, int z, int nz, int nused) {
     using S = AttShape<D>;
     constexpr int DPL = S::DPL, LPT = S::LPT;
     constexpr int TPW = S::TPW;
     constexpr int ATT_MAXG = GM;
-    __shared__ __align__(16) float qs[ATT_MAXG][D];
-    __shared__ float ps[ATT_WARPS][ATT_MAXG][32];
-    __shared__ float wm[ATT_WARPS][ATT_MAXG], wl[ATT_WARPS][ATT_MAXG];
-    __shared__ float wacc[ATT_WARPS][ATT_MAXG][D];
-    const int g = blockIdx.x, t = blockIdx.y;
+    auto &qs = sm.qs;
+    auto &ps = sm.ps;
+    auto &wm = sm.wm;
+    auto &wl = sm.wl;
+    auto &wacc = sm.wacc;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int G = a.n_heads / a.n_kv_heads, BS = a.block_size;
-    pdl_trigger(); /* the next kernel may launch now; it waits for this one */
-    /* Split-KV (FUSED decode launches with gridDim.z > 1): block z of nz takes positions
-     * [p0, p1), split_len of them (a multiple of 32), the last one up to L. The step's inputs
-     * were copied before its first kernel, so pos can be read before the wait. */
     const int pos = a.pos[t], L = pos + 1;
-    const int nz = gridDim.z, z = blockIdx.z, SL = a.split_len;
-    const int p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
-    if (p0 >= L) return; /* no position of this token here */
-    const int nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
     const bool own = p1 == L; /* this block holds the new token: it writes its K/V */
-    pdl_wait();
     const int seq = a.seq[t];
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
     const float *row = a.qkv + (size_t)t * a.ld_qkv;
@@ -435,7 +435,43 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     if (nused == 1)
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
     else
-        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, nused, (int)blockDim.x);
+        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, z, nz, nused, (int)blockDim.x);
+}
+
+/* One block per (KV head, token), or per (KV head, token, split) with gridDim.z > 1, or, with a
+ * work list (FUSED decode, a.work), per (KV head, item) (blocks past the item count return). Phase 0
+ * (FUSED): normalise/rotate this token's query heads of the group into shared memory and write
+ * its K/V (the block holding the token's position). Then each warp takes chunks of 32 positions:
+ * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
+ * then lanes = dims for p.V. Warps' partial (max, sum, acc) are merged at the end, and splits
+ * through the scratch (attn_split_merge). GM: the group size rounded up (1, 2, 4 or 8: registers
+ * and shared memory scale with it). VPRE: prefetch each chunk's V slices with its K rows (fewer
+ * round trips, more registers: for launches too small to fill the GPU). */
+template <int D, int GM, bool VPRE>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn a, int FUSED) {
+    __shared__ AttSmem<D, GM> sm;
+    const int g = blockIdx.x;
+    pdl_trigger(); /* the next kernel may launch now; it waits for this one */
+    /* One place calls att_range (inlined: a second copy would cost registers in both). */
+    int t, p0, p1, z, nz, nused;
+    if (FUSED && a.work) {
+        /* Item blockIdx.y of the list, if there is one (the step's inputs, the list among them,
+         * were copied before its first kernel, so it can be read before the wait). */
+        if ((int)blockIdx.y >= a.work[0]) return;
+        const int32_t *w = a.work + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
+        t = w[0], p0 = w[1], p1 = w[2], z = w[3] >> 8, nz = a.n_splits, nused = w[3] & 255;
+    } else {
+        /* Split-KV (FUSED decode launches with gridDim.z > 1): block z of nz takes positions
+         * [p0, p1), split_len of them (a multiple of 32), the last one up to L. pos is an input
+         * too. */
+        t = blockIdx.y, nz = gridDim.z, z = blockIdx.z;
+        const int L = a.pos[t] + 1, SL = a.split_len;
+        p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
+        if (p0 >= L) return; /* no position of this token here */
+        nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
+    }
+    pdl_wait();
+    att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nz, nused);
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -753,7 +789,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
         return;
     }
-    attn_split_merge(a, wm, wl, wacc, t, g, G, Q, nused, DEC_THREADS);
+    attn_split_merge(a, wm, wl, wacc, t, g, G, Q, (int)blockIdx.z, (int)gridDim.z, nused, DEC_THREADS);
 }
 
 } // namespace
@@ -798,6 +834,14 @@ static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     }
 }
 
+/* k_attention prefetches V with K when the launch is too small to fill the GPU (latency-bound:
+ * decode at small batch) and the slices fit in registers (D <= 128); otherwise occupancy matters
+ * more. */
+template <int D>
+static bool att_pre(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+    return AttShape<D>::DPL <= 4 && (long)a.n_kv_heads * n <= 4L * c->sm_count;
+}
+
 template <int D, int GM>
 static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n, bool fused) {
     const dim3 grid(a.n_kv_heads, n), block(ATT_WARPS * 32);
@@ -816,21 +860,30 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
         }
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
     if (fused && a.run_prev) return cudaErrorInvalidValue;
-    /* V prefetch when the launch is too small to fill the GPU (latency-bound: decode at small
-     * batch) and the slices fit in registers (D <= 128); otherwise occupancy matters more. */
-    constexpr bool can_pre = AttShape<D>::DPL <= 4;
-    /* Split-KV for fused (decode) launches: split_len rounded up to the 32-position chunk. */
+    constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
+    /* Split-KV for fused (decode) launches: split_len rounded up to the 32-position chunk; or a
+     * work list, work_blocks blocks a KV head. */
     const bool split = fused && a.n_splits > 1 && a.split_part && a.split_count;
+    if (fused && a.work && (!split || a.work_blocks < 1)) return cudaErrorInvalidValue;
     lm_cuda_attn as = a;
-    if (split) as.split_len = (a.split_len < 1 ? 1 : a.split_len + 31) / 32 * 32;
-    const dim3 g3(a.n_kv_heads, n, split ? a.n_splits : 1);
-    if (can_pre && (long)a.n_kv_heads * n <= 4L * c->sm_count)
+    if (!fused) as.work = NULL;
+    if (split && !a.work) as.split_len = (a.split_len < 1 ? 1 : a.split_len + 31) / 32 * 32;
+    const dim3 g3(a.n_kv_heads, as.work ? n + a.work_blocks : n, split && !as.work ? a.n_splits : 1);
+    if (att_pre<D>(c, a, n))
         return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
     return lm_launch(c, g3, block, 0, k_attention<D, GM, false>, as, (int)fused);
 }
 
 template <int V>
 using int_c = std::integral_constant<int, V>;
+
+template <int D, int GM>
+static int work_blocks_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+    const void *fn = att_pre<D>(c, a, n) ? (const void *)k_attention<D, GM, AttShape<D>::DPL <= 4>
+                                          : (const void *)k_attention<D, GM, false>;
+    const int per_sm = std::max(1, lm_cuda_occupancy(fn, ATT_WARPS * 32, 0));
+    return std::max(1, per_sm * c->sm_count / std::max(1, a.n_kv_heads));
+}
 
 /* f(D, GM) for the instantiation that serves a's shape (check_attn passed): D the head_dim
  * (16, 32, 64, 128 or 256) and GM the query heads a KV head serves rounded up to 1, 2, 4 or 8,
@@ -858,6 +911,48 @@ extern "C" bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct 
     return by_shape(*a, [&](auto d, auto gm) {
         return dec_fits_g<decltype(d)::value, decltype(gm)::value>(c, *a, n);
     });
+}
+
+extern "C" int lm_cuda_attn_work_blocks(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n) {
+    if (check_attn(a) || n < 1) return 1;
+    return by_shape(*a, [&](auto d, auto gm) {
+        return work_blocks_g<decltype(d)::value, decltype(gm)::value>(c, *a, n);
+    });
+}
+
+extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int P, int min_len, int max_splits) {
+    long total = 0;
+    int longest = 0;
+    for (int i = 0; i < n; i++) {
+        total += pos[i] + 1;
+        longest = std::max(longest, pos[i] + 1);
+    }
+    P = std::max(P, 1);
+    max_splits = std::min(std::max(max_splits, 1), 255);
+    long sl = std::max({(long)min_len, (total + P - 1) / P, (long)(longest + max_splits - 1) / max_splits, 1L});
+    sl = (sl + 31) / 32 * 32;
+    /* Pieces in token order, then a stable sort by length (longest first). */
+    struct piece {
+        int32_t t, p0, p1, zn;
+    };
+    std::vector<piece> v;
+    v.reserve((size_t)n + (size_t)P);
+    for (int i = 0; i < n; i++) {
+        const int L = pos[i] + 1;
+        /* round(L / sl) pieces, of 0.75 sl to 1.5 sl: a context a little over sl stays whole */
+        int k = std::max(1, (int)((L + sl / 2) / sl));
+        const int len = ((L + k - 1) / k + 31) / 32 * 32;
+        k = (L + len - 1) / len;
+        for (int z = 0; z < k; z++) v.push_back({i, z * len, std::min(L, (z + 1) * len), z << 8 | k});
+    }
+    std::stable_sort(v.begin(), v.end(), [](const piece &x, const piece &y) { return x.p1 - x.p0 > y.p1 - y.p0; });
+    w[0] = (int32_t)v.size();
+    w[1] = w[2] = w[3] = 0;
+    for (size_t i = 0; i < v.size(); i++) {
+        int32_t *o = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
+        o[0] = v[i].t, o[1] = v[i].p0, o[2] = v[i].p1, o[3] = v[i].zn;
+    }
+    return (int)v.size();
 }
 
 extern "C" lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n,

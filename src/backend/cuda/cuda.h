@@ -296,6 +296,16 @@ struct lm_cuda_attn {
     int n_splits, split_len;
     float *split_part;
     unsigned *split_count;
+    /* Batched decode's work list (a fused launch that lm_cuda_attn_dec_fits refuses; FlashInfer's
+     * planned split-KV): NULL, or device int32 [LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * items]:
+     * work[0] the item count, then per item the token t, its first position p0, the end p1, and
+     * z << 8 | nused (split z of the nused that token t's items make, in position order, covering
+     * [0, pos[t] + 1); nused 1..min(255, n_splits)). The launch then has n + work_blocks blocks
+     * a KV head (the planner's bound on the items: lm_cuda_attn_work_blocks), block y taking item
+     * y if there is one; split items merge through the scratch as above, with room for n_splits
+     * splits a (token, KV head). */
+    const int32_t *work;
+    int work_blocks;
     /* Runs (speculative decoding's verification): NULL, or [n] per token the number of tokens of
      * its sequence just before it in this launch (0 .. LM_CUDA_DEC_RUN - 1), which must be the
      * rows t - run_prev[t] .. t - 1 at positions pos[t] - run_prev[t] .. pos[t] - 1 of the same
@@ -328,6 +338,25 @@ lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a,
 /* True when a fused lm_cuda_attention launch of n tokens with these arguments runs the 8-warp
  * decode kernel (ctx option attn_dec, one wave of blocks), the one that takes run_prev. */
 bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
+
+enum { LM_CUDA_WORK_HEAD = 4, LM_CUDA_WORK_ITEM = 4 }; /* lm_cuda_attn.work's int32 header, item */
+
+/* P for a work-list launch of n tokens (lm_cuda_attn.work_blocks, lm_cuda_attn_plan_work): the
+ * blocks of its kernel that are resident at once on the device, over n_kv_heads (at least 1). */
+int lm_cuda_attn_work_blocks(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
+
+/* Plans a batched decode step's work list into w (host memory, room for LM_CUDA_WORK_HEAD +
+ * LM_CUDA_WORK_ITEM * (n + P) int32) for n tokens at positions pos[] and P blocks a KV head;
+ * returns the item count (at most n + P). Each context of L = pos + 1 positions is cut into
+ * k = max(1, round(L / sl)) equal pieces (a multiple of 32 positions, the last taking the rest),
+ * sl = the largest of min_len, the step's positions over P and the longest context over
+ * max_splits (1..255), rounded up to 32; a piece is under 1.5 sl + 32 positions. So a step of
+ * even contexts gets one piece a token (a context a little over the mean share stays whole:
+ * cutting it costs more than the balance gains), and one long context among short ones is cut
+ * until no block holds much more than the mean (the batched step otherwise takes as long as that
+ * context's one block). Pieces are listed longest
+ * first (ties in token order), so that the long ones start first. Host-only: no device needed. */
+int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int P, int min_len, int max_splits);
 
 /* ---- choosing tokens ---- */
 

@@ -37,12 +37,13 @@ struct layer_dev {
 };
 
 /* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
- * tables (int32), then the sampling rows (8-byte aligned). */
+ * tables (int32), the sampling rows (8-byte aligned), then a batched decode step's attention work
+ * list (lm_cuda_attn.work: room for nt + wb items, wb the most blocks a KV head it can have). */
 struct layout {
-    size_t ids, pos, seq, run, out, bt, samp, total;
+    size_t ids, pos, seq, run, out, bt, samp, work, total;
 };
 
-layout make_layout(int nt, int no, int ns, int W) {
+layout make_layout(int nt, int no, int ns, int W, int wb) {
     layout L;
     L.ids = 0;
     L.pos = L.ids + 4 * (size_t)nt;
@@ -51,7 +52,8 @@ layout make_layout(int nt, int no, int ns, int W) {
     L.out = L.run + 4 * (size_t)nt;
     L.bt = L.out + 4 * (size_t)no;
     L.samp = (L.bt + 4 * (size_t)ns * W + 15) / 16 * 16;
-    L.total = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
+    L.work = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
+    L.total = L.work + 4 * (LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * ((size_t)nt + wb));
     return L;
 }
 
@@ -94,13 +96,16 @@ struct lm_cuda_qwen3 {
     float *split_part;
     unsigned *split_count;
     int n_classes; /* context classes of the decode graphs: <= 512 positions, <= 1024, ... */
+    int work_max;  /* the most blocks a KV head a work-list attention launch has (make_layout) */
     /* staging */
     char *in_dev, *in_host;
     int32_t *ids_host;
     size_t in_cap;
-    std::vector<graph_slot> graphs; /* [(class * (MO + 16) + bucket) * 2 + sampling] */
+    std::vector<graph_slot> graphs; /* [((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list] */
     char device_name[128];
 };
+
+static lm_cuda_attn attn_shape(const lm_cuda_qwen3 *m);
 
 static lm_status dev_alloc(lm_cuda_qwen3 *m, void **p, size_t bytes) {
     LM_TRY(lm_cuda_malloc(p, bytes));
@@ -401,8 +406,13 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(dev_alloc_t(m, &m->ids_dev, MO));
 
     /* Staging: sized for the largest eager call and the largest graph bucket. */
-    const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W);
-    const layout b = make_layout(m->MO, m->MO, m->MO, m->W);
+    {
+        const lm_cuda_attn shape = attn_shape(m);
+        m->work_max = std::max(lm_cuda_attn_work_blocks(m->ctx, &shape, 1),
+                               lm_cuda_attn_work_blocks(m->ctx, &shape, m->MO));
+    }
+    const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W, m->work_max);
+    const layout b = make_layout(m->MO, m->MO, m->MO, m->W, m->work_max);
     m->in_cap = a.total > b.total ? a.total : b.total;
     LM_TRY(dev_alloc(m, (void **)&m->in_dev, m->in_cap));
     LM_CU(cudaMallocHost((void **)&m->in_host, m->in_cap));
@@ -417,7 +427,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 2 * m->n_classes, graph_slot{NULL});
+    m->graphs.assign((size_t)(m->MO + 16) * 4 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -503,8 +513,9 @@ static lm_cuda_attn attn_shape(const lm_cuda_qwen3 *m) {
     return a;
 }
 
-/* Positions per split of a batched decode step's attention (make_attn); LM_CUDA_SPLIT_BATCH=N
- * sets it (0: no split) for A/B measurements. */
+/* The fewest positions a piece of a batched decode step's work list has (lm_cuda_attn_plan_work);
+ * LM_CUDA_SPLIT_BATCH=N sets it, 0 turning the work list off (one block a token and KV head),
+ * for A/B measurements. */
 static int split_batch_len() {
     static const int n = [] {
         const char *e = getenv("LM_CUDA_SPLIT_BATCH");
@@ -513,10 +524,18 @@ static int split_batch_len() {
     return n;
 }
 
+/* True when a decode step of n tokens runs its attention from a work list: the batched kernel
+ * (the decode kernel does not fit n), on unless LM_CUDA_SPLIT_BATCH=0. */
+static bool work_list(const lm_cuda_qwen3 *m, bool decode, int n) {
+    if (!decode || split_batch_len() <= 0) return false;
+    const lm_cuda_attn shape = attn_shape(m);
+    return !lm_cuda_attn_dec_fits(m->ctx, &shape, n);
+}
+
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
-                              bool decode) {
+                              bool decode, bool work) {
     lm_cuda_attn a = attn_shape(m);
     a.qkv = m->qkv;
     a.ld_qkv = m->QKV;
@@ -538,12 +557,11 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     if (cls > 0 && dec && waves > 1) {
         a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
-    } else if (cls > 0 && decode && !dec && split_batch_len() > 0) {
-        /* Batched decode (more blocks than one wave): a step's time is its longest context's
-         * block, so contexts split into pieces of split_batch_len positions (while at most
-         * SPLIT_MAX pieces cover the class), the same pieces whatever the step holds. */
-        a.n_splits = std::min(SPLIT_MAX, (cap + split_batch_len() - 1) / split_batch_len());
-        a.split_len = (cap + a.n_splits - 1) / a.n_splits;
+    } else if (work && work_list(m, decode, n)) {
+        /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
+        a.n_splits = SPLIT_MAX;
+        a.work = (const int32_t *)(m->in_dev + L.work);
+        a.work_blocks = lm_cuda_attn_work_blocks(m->ctx, &a, n);
     }
     if (a.n_splits > 1) {
         a.split_part = m->split_part;
@@ -571,7 +589,7 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
-                             bool out_identity, bool sampling, int cls) {
+                             bool out_identity, bool sampling, int cls, bool work) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -598,7 +616,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const int mlp1_from = mlp1_min_rows(m);
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
-    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode);
+    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, work);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -733,7 +751,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const bool use_graph = decode && p.graphs && nt <= m->MO;
     const int rows = use_graph ? bucket_of(m, nt) : nt;
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
-    const layout L = make_layout(rows, noo, nso, W);
+    const layout L = make_layout(rows, noo, nso, W, m->work_max);
     char *h = m->in_host;
     int32_t *ids = (int32_t *)(h + L.ids), *pos = (int32_t *)(h + L.pos), *seq = (int32_t *)(h + L.seq);
     int32_t *run = (int32_t *)(h + L.run);
@@ -767,20 +785,30 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (b->sampling) samp[i] = b->sampling[i];
         }
     }
+    /* A batched decode step whose plan cuts some context runs its attention from the list; one
+     * whose contexts are even enough to stay whole keeps one block a token (a graph of its own). */
+    const int n_att = use_graph ? rows : nt; /* the attention's tokens (make_attn's n) */
+    bool work = false;
+    if (work_list(m, decode, n_att)) {
+        const lm_cuda_attn shape = attn_shape(m);
+        work = lm_cuda_attn_plan_work((int32_t *)(h + L.work), pos, n_att,
+                                      lm_cuda_attn_work_blocks(c, &shape, n_att), split_batch_len(),
+                                      SPLIT_MAX) > n_att;
+    }
 
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g = m->graphs[((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)];
+        graph_slot &g = m->graphs[(((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + work];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, work));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, work)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -802,7 +830,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, work));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
@@ -828,7 +856,8 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 4: return gemv_any(m, c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
-        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W), rows <= m->p.gemv_max_rows, 0, rows, true);
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max), rows <= m->p.gemv_max_rows, 0,
+                                   rows, true, false);
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }
@@ -873,9 +902,9 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
 extern "C" lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, int reps, double *us) {
     lm_cuda_ctx *c = m->ctx;
     const int rows = n >= 1 && n <= m->MO ? bucket_of(m, n) : 0;
-    if (!rows || !m->graphs[(size_t)rows * 2].exec)
+    if (!rows || !m->graphs[(size_t)rows * 4].exec)
         return lm_errorf(LM_ERR_INVALID, "bench_step: no decode graph captured for %d sequences", n);
-    cudaGraphExec_t ge = m->graphs[(size_t)rows * 2].exec;
+    cudaGraphExec_t ge = m->graphs[(size_t)rows * 4].exec;
     float ms = 0;
     const lm_status rc = lm_time_median(c->stream, reps, "bench_step replay", [&] {
         for (int k = 0; k < 10; k++) cudaGraphLaunch(ge, c->stream);
