@@ -1018,6 +1018,7 @@ static void test_plan_work(void) {
         if (sl < (longest + 15) / 16) sl = (longest + 15) / 16;
         sl = (sl + 31) / 32 * 32;
         int next[MAXN] = {0}, count[MAXN] = {0}, nused[MAXN] = {0};
+        unsigned seen[MAXN] = {0}; /* the split indices z met, a bit each */
         bool ok = items == w[0] && items <= n + P && items >= n;
         for (int i = 0; i < items && ok; i++) {
             const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
@@ -1026,9 +1027,11 @@ static void test_plan_work(void) {
                  (k == 1 || 4 * (p1 - p0) >= 3 * sl || z + 1 == k);
             if (ok && i > 0) ok = p1 - p0 <= w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 2] -
                                             w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 1];
-            if (ok) ok = (nused[t] == 0 || nused[t] == k) && (p1 == pos[t] + 1 || (p1 - p0) % 32 == 0);
-            nused[t] = k;
+            if (ok) ok = (nused[t] == 0 || nused[t] == k) && (p1 == pos[t] + 1 || (p1 - p0) % 32 == 0) &&
+                         !(seen[t] >> z & 1u);
             if (!ok) break;
+            nused[t] = k;
+            seen[t] |= 1u << z;
             count[t]++;
             next[t] += p1 - p0; /* checked below: the pieces tile [0, L) */
             (void)z;

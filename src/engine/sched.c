@@ -115,7 +115,7 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
     if (trace && *trace) {
         s->trace = fopen(trace, "w");
         if (s->trace)
-            fprintf(s->trace, "# step t_ms forward_ms plan_ms seqs tokens draft_tokens prefill_chunks "
+            fprintf(s->trace, "# step forward_start_ms forward_ms plan_ms seqs tokens draft_tokens prefill_chunks "
                               "out_rows longest_context\n");
         else
             fprintf(stderr, "lumen: LM_STEP_TRACE=%s: cannot open it for writing; no step trace\n", trace);
@@ -611,10 +611,13 @@ static void trace_step(struct lm_sched *s, int n, int tokens, int drafts, int ro
     for (int i = 0; i < n; i++) {
         const int end = s->batch[i].pos + s->batch[i].n;
         if (end > longest) longest = end;
-        chunks += s->batch[i].n > 1 + s->plan[i]->n_draft; /* more than its pending token + draft */
+        chunks += s->batch[i].n > 1 + s->plan[i]->n_draft; /* more than its pending token + draft (a
+                                                               one-token chunk counts as a decode, as in
+                                                               decode_steps) */
     }
     fprintf(s->trace, "%lld %.3f %.3f %.3f %d %d %d %d %d %d\n", s->st.steps, tf, lm_now_ms() - tf, tf - t0, n,
             tokens, drafts, chunks, rows, longest);
+    fflush(s->trace); /* a line a step even if the process dies */
 }
 
 int lm_sched_step(struct lm_sched *s) {

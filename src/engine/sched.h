@@ -35,13 +35,14 @@
  * sampling is per sequence, so a request's ids do not depend on what runs beside it, on the
  * chunking of its prompt, on the blocks it got or on preemption.
  *
- * Step trace: with LM_STEP_TRACE=FILE in the environment, lm_sched_create opens FILE (truncated)
- * and each step appends one line: the step index, its start (ms, lm_now_ms's clock), the forward's
- * time and the admission + planning time before it (ms), the sequences, tokens and draft tokens it
- * ran, how many of the sequences were prefill chunks, its output rows, and its longest context
- * (positions). A header line starting with # names the columns. For finding where serving time goes
- * (docs/ENGINE.md); the gap between one step's forward end and the next step's start is the
- * sampling, streaming and bookkeeping between them.
+ * Step trace: with LM_STEP_TRACE=FILE in the environment, lm_sched_create opens FILE (truncated;
+ * one scheduler a process should trace) and each step appends one line, flushed: the step index,
+ * its forward's start (ms, lm_now_ms's clock) and time, the admission + planning time before the
+ * forward (ms), the sequences, tokens and draft tokens it ran, how many of the sequences were
+ * prefill chunks of more than one token, its output rows, and its longest context (positions). A
+ * header line starting with # names the columns. For finding where serving time goes
+ * (docs/ENGINE.md): the next line's forward start minus this one's forward end, less the next
+ * line's plan_ms, is the sampling, streaming and bookkeeping between the two forwards.
  *
  * Not thread-safe: everything here runs on the engine thread; callbacks are called from
  * lm_sched_step on that thread. */

@@ -854,7 +854,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
                     return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
                 constexpr int RP = DecShape<D, GM>::RP;
                 lm_cuda_attn as = a;
-                as.split_len = (a.split_len < 1 ? 1 : a.split_len + RP - 1) / RP * RP;
+                as.split_len = (std::max(1, a.split_len) + RP - 1) / RP * RP; /* at least one round */
                 return lm_launch(c, dim3(a.n_kv_heads, n, a.n_splits), dim3(DEC_THREADS), 0, fn, as);
             }
         }
@@ -867,7 +867,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     if (fused && a.work && (!split || a.work_blocks < 1)) return cudaErrorInvalidValue;
     lm_cuda_attn as = a;
     if (!fused) as.work = NULL;
-    if (split && !a.work) as.split_len = (a.split_len < 1 ? 1 : a.split_len + 31) / 32 * 32;
+    if (split && !a.work) as.split_len = (std::max(1, a.split_len) + 31) / 32 * 32;
     const dim3 g3(a.n_kv_heads, as.work ? n + a.work_blocks : n, split && !as.work ? a.n_splits : 1);
     if (att_pre<D>(c, a, n))
         return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);

@@ -102,6 +102,8 @@ struct lm_cuda_qwen3 {
     int32_t *ids_host;
     size_t in_cap;
     std::vector<graph_slot> graphs; /* [((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list] */
+    cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
+    int last_rows;             /* its bucket */
     char device_name[128];
 };
 
@@ -255,6 +257,8 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
 static void drop_graphs(lm_cuda_qwen3 *m) {
     for (auto &g : m->graphs)
         if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = NULL;
+    m->last_exec = NULL;
+    m->last_rows = 0;
 }
 
 extern "C" void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m) {
@@ -791,9 +795,12 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     bool work = false;
     if (work_list(m, decode, n_att)) {
         const lm_cuda_attn shape = attn_shape(m);
-        work = lm_cuda_attn_plan_work((int32_t *)(h + L.work), pos, n_att,
-                                      lm_cuda_attn_work_blocks(c, &shape, n_att), split_batch_len(),
-                                      SPLIT_MAX) > n_att;
+        const int P = lm_cuda_attn_work_blocks(c, &shape, n_att);
+        if (P > m->work_max) /* the layout holds n + work_max items */
+            return lm_errorf(LM_ERR_RANGE, "CUDA forward: work list of %d blocks a KV head over the %d "
+                             "the staging holds", P, m->work_max);
+        work = lm_cuda_attn_plan_work((int32_t *)(h + L.work), pos, n_att, P, split_batch_len(), SPLIT_MAX) >
+               n_att;
     }
 
     lm_status rc = LM_OK;
@@ -828,6 +835,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (rc) return fail_rc(rc);
         }
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
+        m->last_exec = g.exec;
+        m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
         LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, work));
@@ -902,9 +911,9 @@ extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int wha
 extern "C" lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, int reps, double *us) {
     lm_cuda_ctx *c = m->ctx;
     const int rows = n >= 1 && n <= m->MO ? bucket_of(m, n) : 0;
-    if (!rows || !m->graphs[(size_t)rows * 4].exec)
-        return lm_errorf(LM_ERR_INVALID, "bench_step: no decode graph captured for %d sequences", n);
-    cudaGraphExec_t ge = m->graphs[(size_t)rows * 4].exec;
+    if (!rows || !m->last_exec || m->last_rows != rows)
+        return lm_errorf(LM_ERR_INVALID, "bench_step: the last decode step was not a graph of %d sequences", n);
+    cudaGraphExec_t ge = m->last_exec;
     float ms = 0;
     const lm_status rc = lm_time_median(c->stream, reps, "bench_step replay", [&] {
         for (int k = 0; k < 10; k++) cudaGraphLaunch(ge, c->stream);

@@ -168,10 +168,11 @@ struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m);
 lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps, double *us,
                                      double *bytes);
 
-/* GPU time of a decode step alone: replays the captured greedy graph of batch bucket `n` (run a
- * decode step of n sequences first; the replays repeat it with the same inputs) `reps` times
- * back to back between two events. *us: median microseconds per replay. LM_ERR_INVALID when no
- * such graph has been captured. */
+/* GPU time of a decode step alone: replays the graph the last decode step ran, which must have
+ * been of batch bucket `n` (run a decode step of n sequences first; the replays repeat it with
+ * the same inputs: its context class, sampling and attention work list) `reps` times back to back
+ * between two events. *us: median microseconds per replay. LM_ERR_INVALID when the last decode
+ * step was not a graph of that bucket. */
 lm_status lm_cuda_qwen3_bench_step(struct lm_cuda_qwen3 *m, int n, int reps, double *us);
 
 /* Per-row sampling: struct lm_cuda_sampling of backend/cuda/cuda.h. */
