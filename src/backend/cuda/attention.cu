@@ -2,7 +2,6 @@
  * bf16 KV cache (cuda.h lm_cuda_qk_norm_rope_store, lm_cuda_attention). */
 #include <algorithm>
 #include <type_traits>
-#include <vector>
 
 #include "backend/cuda/common.cuh"
 
@@ -187,11 +186,12 @@ struct AttSmem {
     float wacc[ATT_WARPS][GM][D];
 };
 
-/* Positions [p0, p1) of token t's context for KV head g (split z of nused, scratch room for nz
- * splits; nused 1: the whole context, written out directly), after the wait. */
+/* Positions [p0, p1) of token t's context for KV head g (p1 < 0: up to its own position; split z
+ * of nused, merged through the scratch's a.n_splits splits a (token, KV head); nused 1: the whole
+ * context, written out directly), after the wait. */
 template <int D, int GM, bool VPRE>
 __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttSmem<D, GM> &sm, int g, int t,
-                                          int p0, int p1, int z, int nz, int nused) {
+                                          int p0, int p1, int z, int nused) {
     using S = AttShape<D>;
     constexpr int DPL = S::DPL, LPT = S::LPT;
     constexpr int TPW = S::TPW;
@@ -204,6 +204,7 @@ __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttS
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int G = a.n_heads / a.n_kv_heads, BS = a.block_size;
     const int pos = a.pos[t], L = pos + 1;
+    if (p1 < 0) p1 = L;
     const bool own = p1 == L; /* this block holds the new token: it writes its K/V */
     const int seq = a.seq[t];
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
@@ -435,11 +436,11 @@ __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttS
     if (nused == 1)
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
     else
-        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, z, nz, nused, (int)blockDim.x);
+        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, z, a.n_splits, nused, (int)blockDim.x);
 }
 
-/* One block per (KV head, token), or per (KV head, token, split) with gridDim.z > 1, or, with a
- * work list (FUSED decode, a.work), per (KV head, item) (blocks past the item count return). Phase 0
+/* One block per (KV head, token), or, with a work list (FUSED decode, a.work), per (KV head, item)
+ * (blocks past the item count return). Phase 0
  * (FUSED): normalise/rotate this token's query heads of the group into shared memory and write
  * its K/V (the block holding the token's position). Then each warp takes chunks of 32 positions:
  * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
@@ -453,25 +454,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     const int g = blockIdx.x;
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     /* One place calls att_range (inlined: a second copy would cost registers in both). */
-    int t, p0, p1, z, nz, nused;
+    int t = blockIdx.y, p0 = 0, p1 = -1, z = 0, nused = 1; /* p1 -1: up to the token's own position */
     if (FUSED && a.work) {
         /* Item blockIdx.y of the list, if there is one (the step's inputs, the list among them,
          * were copied before its first kernel, so it can be read before the wait). */
         if ((int)blockIdx.y >= a.work[0]) return;
         const int32_t *w = a.work + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
-        t = w[0], p0 = w[1], p1 = w[2], z = w[3] >> 8, nz = a.n_splits, nused = w[3] & 255;
-    } else {
-        /* Split-KV (FUSED decode launches with gridDim.z > 1): block z of nz takes positions
-         * [p0, p1), split_len of them (a multiple of 32), the last one up to L. pos is an input
-         * too. */
-        t = blockIdx.y, nz = gridDim.z, z = blockIdx.z;
-        const int L = a.pos[t] + 1, SL = a.split_len;
-        p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
-        if (p0 >= L) return; /* no position of this token here */
-        nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
+        t = w[0], p0 = w[1], p1 = w[2], z = w[3] >> 8, nused = w[3] & 255;
     }
     pdl_wait();
-    att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nz, nused);
+    att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nused);
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -861,17 +853,16 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
     if (fused && a.run_prev) return cudaErrorInvalidValue;
     constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
-    /* Split-KV for fused (decode) launches: split_len rounded up to the 32-position chunk; or a
-     * work list, work_blocks blocks a KV head. */
-    const bool split = fused && a.n_splits > 1 && a.split_part && a.split_count;
-    if (fused && a.work && (!split || a.work_blocks < 1)) return cudaErrorInvalidValue;
+    /* A fused (decode) launch with a work list: n + work_blocks blocks a KV head, the splits
+     * merged through the scratch. Without one, one block a (KV head, token). */
     lm_cuda_attn as = a;
     if (!fused) as.work = NULL;
-    if (split && !a.work) as.split_len = (std::max(1, a.split_len) + 31) / 32 * 32;
-    const dim3 g3(a.n_kv_heads, as.work ? n + a.work_blocks : n, split && !as.work ? a.n_splits : 1);
+    if (as.work && (a.n_splits < 1 || !a.split_part || !a.split_count || a.work_blocks < 1))
+        return cudaErrorInvalidValue;
+    const dim3 g2(a.n_kv_heads, as.work ? n + a.work_blocks : n);
     if (att_pre<D>(c, a, n))
-        return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
-    return lm_launch(c, g3, block, 0, k_attention<D, GM, false>, as, (int)fused);
+        return lm_launch(c, g2, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
+    return lm_launch(c, g2, block, 0, k_attention<D, GM, false>, as, (int)fused);
 }
 
 template <int V>
@@ -931,28 +922,29 @@ extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int
     max_splits = std::min(std::max(max_splits, 1), 255);
     long sl = std::max({(long)min_len, (total + P - 1) / P, (long)(longest + max_splits - 1) / max_splits, 1L});
     sl = (sl + 31) / 32 * 32;
-    /* Pieces in token order, then a stable sort by length (longest first). */
+    /* Pieces written in (token, split) order, then sorted longest first, ties in that order: no
+     * allocation (this runs every batched decode step). */
     struct piece {
         int32_t t, p0, p1, zn;
     };
-    std::vector<piece> v;
-    v.reserve((size_t)n + (size_t)P);
+    static_assert(sizeof(piece) == sizeof(int32_t) * LM_CUDA_WORK_ITEM, "an item is a piece");
+    piece *v = reinterpret_cast<piece *>(w + LM_CUDA_WORK_HEAD);
+    int items = 0;
     for (int i = 0; i < n; i++) {
         const int L = pos[i] + 1;
         /* round(L / sl) pieces, of 0.75 sl to 1.5 sl: a context a little over sl stays whole */
         int k = std::max(1, (int)((L + sl / 2) / sl));
         const int len = ((L + k - 1) / k + 31) / 32 * 32;
         k = (L + len - 1) / len;
-        for (int z = 0; z < k; z++) v.push_back({i, z * len, std::min(L, (z + 1) * len), z << 8 | k});
+        for (int z = 0; z < k; z++) v[items++] = {i, z * len, std::min(L, (z + 1) * len), z << 8 | k};
     }
-    std::stable_sort(v.begin(), v.end(), [](const piece &x, const piece &y) { return x.p1 - x.p0 > y.p1 - y.p0; });
-    w[0] = (int32_t)v.size();
+    std::sort(v, v + items, [](const piece &x, const piece &y) {
+        const int lx = x.p1 - x.p0, ly = y.p1 - y.p0;
+        return lx != ly ? lx > ly : x.t != y.t ? x.t < y.t : x.zn < y.zn;
+    });
+    w[0] = items;
     w[1] = w[2] = w[3] = 0;
-    for (size_t i = 0; i < v.size(); i++) {
-        int32_t *o = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
-        o[0] = v[i].t, o[1] = v[i].p0, o[2] = v[i].p1, o[3] = v[i].zn;
-    }
-    return (int)v.size();
+    return items;
 }
 
 extern "C" lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n,

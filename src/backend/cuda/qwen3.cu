@@ -561,7 +561,7 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     if (cls > 0 && dec && waves > 1) {
         a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
-    } else if (work && work_list(m, decode, n)) {
+    } else if (work) {
         /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
         a.n_splits = SPLIT_MAX;
         a.work = (const int32_t *)(m->in_dev + L.work);
@@ -803,18 +803,21 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                n_att;
     }
 
+    /* The inputs the step's first copy takes: the work list only when the step has one. */
+    const size_t in_bytes = work ? L.total : L.work;
+
     lm_status rc = LM_OK;
     if (use_graph) {
         graph_slot &g = m->graphs[(((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + work];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
-            LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
+            LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
             LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, work));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-            cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream);
+            cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
             rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, work)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
@@ -838,7 +841,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         m->last_exec = g.exec;
         m->last_rows = rows;
     } else {
-        LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, L.total, cudaMemcpyHostToDevice, c->stream));
+        LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
         LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, work));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
