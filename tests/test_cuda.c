@@ -770,6 +770,12 @@ static void test_rows(void) {
 /* ---- attention ---- */
 
 static int g_attn_dec = 1; /* which decode kernel test_attention_case runs (lm_cuda_ctx_set_attn_dec) */
+/* How test_attention_case's prefill (phase 0) runs in each decode mode: its tokens shuffled or in
+ * sequence order, and the fewest tokens of a tile on the tensor-core kernel (lm_cuda_attn_plan_tiles)
+ * for the bf16-output launch; g_case the case's index, for g_flash_bits (mode 1's bf16 outputs
+ * by (sequence, position), which mode 0's must equal: a token's bits do not depend on its tile). */
+static int g_shuffle = 1, g_flash_min = 4, g_case = 0;
+static uint16_t *g_flash_bits[8];
 
 struct attn_case {
     int D, n_heads, n_kv, block_size;
@@ -807,7 +813,7 @@ static void test_attention_case(const struct attn_case *ac) {
     /* Host mirror: per sequence, contiguous float32 K/V [max_len, KV] (CPU-computed, bf16-rounded). */
     float *kc = malloc(sizeof(float) * NS * max_len * KV), *vc = malloc(sizeof(float) * NS * max_len * KV);
     uint16_t *kp = malloc(2 * pool), *vp = malloc(2 * pool);
-    double worst_cache = 0, worst_out = 0;
+    double worst_cache = 0, worst_out = 0, worst_bf = 0;
 
     for (int phase = 0; phase < 2; phase++) {
         /* phase 0: every prompt token of every sequence in one call (store + attention);
@@ -821,6 +827,7 @@ static void test_attention_case(const struct attn_case *ac) {
             for (int p = phase ? len[s] : 0; p < (phase ? len[s] + 1 : len[s]); p++, t++) seq[t] = s, pos[t] = p;
         for (int i = n - 1; i > 0 && !phase; i--) {
             int j = (int)urand((uint32_t)i + 1), a = seq[i], b = pos[i];
+            if (!g_shuffle) continue; /* the same draws either way */
             seq[i] = seq[j], pos[i] = pos[j], seq[j] = a, pos[j] = b;
         }
         fill(qkv, (long)n * QKV, 2.0f);
@@ -878,6 +885,23 @@ static void test_attention_case(const struct attn_case *ac) {
                 dwork = dev_from(w, sizeof(int32_t) * (LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * items));
                 a.work = dwork, a.work_blocks = 8;
             }
+            /* Prefill with bf16 output: tiles for the tensor-core kernel where it serves the shape
+             * (a float32-output launch with tiles is refused). */
+            int32_t *dtiles = NULL;
+            const int tt = phase == 0 ? lm_cuda_attn_tile_tokens(g_ctx, &a) : 0;
+            int n_tiles = 0, n_rest = 0;
+            if (tt > 0) {
+                int32_t *tl = malloc(sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)n));
+                n_tiles = lm_cuda_attn_plan_tiles(tl, seq, pos, n, tt, g_flash_min, &n_rest);
+                dtiles = dev_from(tl, sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n_tiles + n_rest)));
+                free(tl);
+                a.tiles = dtiles, a.n_tiles = n_tiles, a.n_rest = n_rest;
+                if (!obf) {
+                    CHECK(lm_cuda_attention(g_ctx, &a, n, false) == LM_ERR_IO,
+                          "attention D=%d: tiles with float32 output must be refused", D);
+                    a.tiles = NULL, a.n_tiles = a.n_rest = 0;
+                }
+            }
             lm_cuda_upload(dqkv, qkv, sizeof(float) * n * QKV);
             poison(dout, sizeof(float) * n * Q);
             lm_status rc = LM_OK;
@@ -885,6 +909,7 @@ static void test_attention_case(const struct attn_case *ac) {
             if (!rc) rc = lm_cuda_attention(g_ctx, &a, n, phase == 1);
             CHECK(rc == LM_OK, "attention D=%d: %s", D, lm_error_message());
             sync_ok("attention");
+            lm_cuda_free(dtiles);
             if (dcnt) {
                 unsigned cnt[64] = {0};
                 const int nc = n * NKV < 64 ? n * NKV : 64;
@@ -935,6 +960,26 @@ static void test_attention_case(const struct attn_case *ac) {
                 uint16_t *ob = malloc(2 * (size_t)n * Q);
                 lm_cuda_download(ob, dout, 2 * (size_t)n * Q);
                 for (int i = 0; i < n * Q; i++) out[i] = lm_bf16_to_f32(ob[i]);
+                /* Mode 1 keeps its prefill's bits by (sequence, position); mode 0 (the same
+                 * inputs, shuffled: tiles of one token) must give the same. */
+                if (phase == 0 && (g_attn_dec == 1 || g_attn_dec == 0)) {
+                    uint16_t **keep = &g_flash_bits[g_case];
+                    if (g_attn_dec == 1) {
+                        free(*keep);
+                        *keep = malloc(2 * (size_t)NS * max_len * Q);
+                    }
+                    int differ = 0;
+                    for (int t = 0; t < n && *keep; t++) {
+                        uint16_t *k = *keep + ((size_t)seq[t] * max_len + pos[t]) * Q;
+                        if (g_attn_dec == 1)
+                            memcpy(k, ob + (size_t)t * Q, 2 * (size_t)Q);
+                        else
+                            differ += memcmp(k, ob + (size_t)t * Q, 2 * (size_t)Q) != 0;
+                    }
+                    CHECK(differ == 0, "attention D=%d heads %d/%d: %d prefill tokens' bf16 outputs differ "
+                          "between tiles of one token and tiles in sequence order (%d tiles, %d others)",
+                          D, NH, NKV, differ, n_tiles, n_rest);
+                }
                 free(ob);
             } else {
                 lm_cuda_download(out, dout, sizeof(float) * n * Q);
@@ -956,6 +1001,7 @@ static void test_attention_case(const struct attn_case *ac) {
                 if (e > eo) eo = e;
             }
             if (!obf && eo > worst_out) worst_out = eo;
+            if (obf && eo > worst_bf) worst_bf = eo;
             CHECK(eo <= (obf ? 4e-3 : 2e-5), "attention D=%d heads %d/%d block %d phase %d bf16 out %d "
                   "decode mode %d: rel err %.3g", D, NH, NKV, BS, phase, obf, g_attn_dec, eo);
             free(out), free(ref), free(ck), free(cv), free(scratch), free(kg), free(qg);
@@ -963,8 +1009,8 @@ static void test_attention_case(const struct attn_case *ac) {
         free(qkv), free(qref), free(seq), free(pos);
         lm_cuda_free(dqkv), lm_cuda_free(dseq), lm_cuda_free(dpos), lm_cuda_free(dout);
     }
-    fprintf(stderr, "attention D=%d heads %d/%d block %d (decode mode %d): worst K rel err %.3g, output %.3g\n",
-            D, NH, NKV, BS, g_attn_dec, worst_cache, worst_out);
+    fprintf(stderr, "attention D=%d heads %d/%d block %d (decode mode %d): worst K rel err %.3g, output %.3g, "
+            "bf16 output %.3g\n", D, NH, NKV, BS, g_attn_dec, worst_cache, worst_out, worst_bf);
     free(perm), free(bt), free(qn), free(kn), free(inv), free(kc), free(vc), free(kp), free(vp);
     lm_cuda_free(dqn), lm_cuda_free(dkn), lm_cuda_free(dinv), lm_cuda_free(dk), lm_cuda_free(dv),
         lm_cuda_free(dbt);
@@ -987,10 +1033,18 @@ static void test_attention(void) {
         if (mi > 0) g_rng = rng0;
         lm_cuda_ctx_set_attn_dec(g_ctx, dec == 1 || dec == 2);
         g_attn_dec = dec;
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+        /* Prefill: tiles of one token and up in sequence order (1), of one token (0, shuffled),
+         * in sequence order with smaller tiles on k_attention (2), all on k_attention (4). */
+        g_shuffle = dec == 0 || dec == 4;
+        g_flash_min = dec <= 1 ? 1 : 4;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            g_case = (int)i;
+            test_attention_case(&cases[i]);
+        }
     }
     g_rng = rng1;
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
+    for (int i = 0; i < 8; i++) free(g_flash_bits[i]), g_flash_bits[i] = NULL;
 }
 
 /* The batched decode planner (lm_cuda_attn_plan_work) on random steps: every context tiled by its
@@ -1049,6 +1103,56 @@ static void test_plan_work(void) {
     }
     CHECK(bad == 0, "work list planner: %d of %d random steps break an invariant", bad, cases);
     fprintf(stderr, "work list planner: %d random steps, %d bad\n", cases, bad);
+}
+
+/* The prefill tile planner (lm_cuda_attn_plan_tiles) on random steps of runs of sequences' tokens
+ * (runs of one sequence split, repeated, or cut by a gap in positions): every token once, in a
+ * tile (one sequence, consecutive rows and positions, min_tokens to tile_tokens of them) or in
+ * the rest's list as a whole-context item; a tile shorter than tile_tokens ends where its run
+ * ends. */
+static void test_plan_tiles(void) {
+    enum { MAXN = 600 };
+    static int32_t w[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * MAXN];
+    int32_t seq[MAXN], pos[MAXN];
+    int bad = 0, cases = 0, tiles_seen = 0, rest_seen = 0;
+    for (int c = 0; c < 300; c++) {
+        int n = 0;
+        while (n < MAXN) {
+            const int len = 1 + (int)urand(c % 3 ? 80 : 6), s = (int)urand(6), p0 = (int)urand(3000);
+            for (int i = 0; i < len && n < MAXN; i++, n++) seq[n] = s, pos[n] = p0 + i + (i == len / 2 && c % 5 == 0);
+            if (urand(4) == 0) break;
+        }
+        const int tt = (int[]){64, 32, 16, 8}[c % 4], mt = c % 2 ? 4 : 1;
+        int rest = -1;
+        const int tiles = lm_cuda_attn_plan_tiles(w, seq, pos, n, tt, mt, &rest);
+        int seen[MAXN] = {0};
+        bool ok = tiles >= 0 && rest >= 0 && w[0] == tiles && w[1] == rest;
+        for (int i = 0; i < tiles && ok; i++) {
+            const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
+            const int t0 = it[0], k = it[1];
+            ok = t0 >= 0 && k >= mt && k <= tt && t0 + k <= n;
+            for (int j = 1; j < k && ok; j++) ok = seq[t0 + j] == seq[t0] && pos[t0 + j] == pos[t0] + j;
+            if (ok && k < tt && t0 + k < n) ok = seq[t0 + k] != seq[t0] || pos[t0 + k] != pos[t0] + k;
+            for (int j = 0; j < k && ok; j++) seen[t0 + j]++;
+        }
+        const int32_t *rh = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (ok ? tiles : 0);
+        ok = ok && rh[0] == rest;
+        for (int i = 0; i < rest && ok; i++) {
+            const int32_t *it = rh + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
+            ok = it[0] >= 0 && it[0] < n && it[1] == 0 && it[2] == -1 && it[3] == 1;
+            if (ok) seen[it[0]]++;
+        }
+        for (int t = 0; t < n && ok; t++) ok = seen[t] == 1;
+        if (mt == 1) ok = ok && rest == 0;
+        bad += !ok;
+        cases++;
+        tiles_seen += tiles, rest_seen += rest;
+    }
+    CHECK(bad == 0 && tiles_seen > 0 && rest_seen > 0,
+          "prefill tile planner: %d of %d random steps break an invariant (%d tiles, %d others)", bad, cases,
+          tiles_seen, rest_seen);
+    fprintf(stderr, "prefill tile planner: %d random steps, %d bad (%d tiles, %d tokens for k_attention)\n", cases,
+            bad, tiles_seen, rest_seen);
 }
 
 /* Runs (speculative verification): one fused launch holding runs of consecutive tokens of a
@@ -1738,6 +1842,7 @@ static void test_model(void) {
 
 int main(void) {
     test_plan_work(); /* host-only: runs without a device too */
+    test_plan_tiles();
     if (lm_cuda_device_count() == 0) {
         if (g_check_failures) return check_exit("test_cuda");
         fprintf(stderr, "test_cuda: no CUDA device: skipped (the host-only work list planner passed)\n");

@@ -439,8 +439,8 @@ __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttS
         attn_split_merge(a, wm, wl, wacc, t, g, G, Q, z, a.n_splits, nused, (int)blockDim.x);
 }
 
-/* One block per (KV head, token), or, with a work list (FUSED decode, a.work), per (KV head, item)
- * (blocks past the item count return). Phase 0
+/* One block per (KV head, token), or, with a work list (a.work: FUSED decode's, or the tokens a
+ * non-fused launch's tiles leave), per (KV head, item) (blocks past the item count return). Phase 0
  * (FUSED): normalise/rotate this token's query heads of the group into shared memory and write
  * its K/V (the block holding the token's position). Then each warp takes chunks of 32 positions:
  * lane = position for q.k (scores for all the group's heads at once), an online-softmax update,
@@ -455,15 +455,236 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     /* One place calls att_range (inlined: a second copy would cost registers in both). */
     int t = blockIdx.y, p0 = 0, p1 = -1, z = 0, nused = 1; /* p1 -1: up to the token's own position */
-    if (FUSED && a.work) {
+    if (a.work) {
         /* Item blockIdx.y of the list, if there is one (the step's inputs, the list among them,
-         * were copied before its first kernel, so it can be read before the wait). */
+         * were copied before its first kernel, so it can be read before the wait). A non-fused
+         * launch's list holds the tokens its tiles leave (lm_cuda_attn_plan_tiles). */
         if ((int)blockIdx.y >= a.work[0]) return;
         const int32_t *w = a.work + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
         t = w[0], p0 = w[1], p1 = w[2], z = w[3] >> 8, nused = w[3] & 255;
     }
     pdl_wait();
     att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nused);
+}
+
+/* ---- prefill attention on tensor cores (flash attention) ----
+ *
+ * FlashAttention-2 (Dao 2023) over the paged cache, for a non-fused launch's tiles of consecutive
+ * tokens of one sequence (lm_cuda_attn_plan_tiles). A block takes one tile and one KV head: 64
+ * query rows, row r = token r / GM of the tile, query head r % GM of the group (rows past the
+ * tile's tokens or the group's heads are computed from a valid row and not stored). It walks the
+ * sequence's positions [0, last token's position] in tiles of 64 positions, K and V rows copied
+ * into shared memory (cp.async, two stages) from the pages of the block table; each of the 4
+ * warps owns 16 rows: S = Q K^T with mma.sync m16n8k16 (bf16 in, float32 accumulate), the causal
+ * mask (position > the row's token position), an online softmax in the log2 domain, then
+ * O += P V with P rounded to bf16. q arrives float32 (normalised and rotated by
+ * lm_cuda_qk_norm_rope_store) and is split into bf16 hi + lo parts, both multiplied by K, so the
+ * scores lose no more than K's own bf16 rounding (one part alone gave 3.9e-3 relative error
+ * against float32 on the test's inputs, hi + lo 2.7e-3, mostly P's and the output's rounding).
+ * A row's result depends only on its own inputs and the position tiles (aligned to 0): tiles of
+ * positions past a row's own add exact zeros, so a token gets the same bits in any tile. */
+
+constexpr int FA_ROWS = 64, FA_COLS = 64, FA_WARPS = 4;
+
+/* Shared memory of k_attn_prefill<D>: q hi and lo [64][D + 8] bf16, K and V [2 stages][64][D + 8]
+ * (the 8-element pad puts the 8 rows of an ldmatrix on distinct banks). */
+template <int D>
+constexpr size_t fa_smem() {
+    return sizeof(uint16_t) * (size_t)FA_ROWS * (D + 8) * 6;
+}
+
+/* The head sizes k_attn_prefill is built for (D / 16 k-steps of q.k; its registers hold D / 8
+ * output n-tiles, too many at 256). */
+template <int D>
+constexpr bool fa_shape_ok() {
+    return D >= 16 && D <= 128;
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+/* c += a b: a 16 x 16 bf16 (row), b 16 x 8 bf16 (col), c 16 x 8 float32. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned *>(&v);
+}
+
+template <int D, int GM>
+__global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda_attn a) {
+    constexpr int SD = D + 8, KS = D / 16, NO = D / 8, TOK = FA_ROWS / GM, CH = D / 8;
+    extern __shared__ __align__(16) uint16_t fa_sm[];
+    uint16_t *qh = fa_sm, *ql = qh + FA_ROWS * SD, *ks = ql + FA_ROWS * SD, *vs = ks + 2 * FA_COLS * SD;
+    const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    pdl_trigger();
+    /* The tile list, seq, pos and block tables are the step's inputs (copied before its first
+     * kernel): read before the wait; q and the cache are written by the preceding kernel. */
+    const int32_t *tile = a.tiles + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
+    const int t0 = tile[0], cnt = tile[1];
+    const int pos0 = a.pos[t0], kv_end = pos0 + cnt; /* positions [0, kv_end) */
+    const int32_t *bt = a.block_tables + (size_t)a.seq[t0] * a.bt_width;
+    const int G = a.n_heads / a.n_kv_heads, BS = a.block_size, Q = a.n_heads * D;
+
+    /* K/V rows of positions [kb * 64, kb * 64 + 64) into stage st; past kv_end zeros (so that
+     * P = 0 there multiplies zeros, never a stale NaN). */
+    auto load_kv = [&](int kb, int st) {
+        uint16_t *kd = ks + st * FA_COLS * SD, *vd = vs + st * FA_COLS * SD;
+        for (int i = tid; i < FA_COLS * CH; i += FA_WARPS * 32) {
+            const int r = i / CH, c = i % CH, p = kb * FA_COLS + r;
+            const bool in = p < kv_end;
+            const size_t off = in ? kv_offset(a, bt[p / BS], g, p % BS, D) + c * 8 : 0;
+            cp_async16(kd + r * SD + c * 8, a.k_cache + off, !in);
+            cp_async16(vd + r * SD + c * 8, a.v_cache + off, !in);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    pdl_wait();
+    load_kv(0, 0);
+    /* q hi / lo into shared memory, then this warp's 16 rows into registers (A fragments). */
+    for (int i = tid; i < FA_ROWS * (D / 4); i += FA_WARPS * 32) {
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+        const int tok = min(r / GM, cnt - 1), h = min(r % GM, G - 1);
+        const float4 x = *reinterpret_cast<const float4 *>(a.qkv + (size_t)(t0 + tok) * a.ld_qkv +
+                                                          (size_t)(g * G + h) * D + c);
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        uint16_t hb[4], lb[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            hb[j] = f2bf(xs[j]);
+            lb[j] = f2bf(xs[j] - bf2f(hb[j]));
+        }
+        *reinterpret_cast<uint2 *>(qh + r * SD + c) = make_uint2(hb[0] | (unsigned)hb[1] << 16, hb[2] | (unsigned)hb[3] << 16);
+        *reinterpret_cast<uint2 *>(ql + r * SD + c) = make_uint2(lb[0] | (unsigned)lb[1] << 16, lb[2] | (unsigned)lb[3] << 16);
+    }
+    __syncthreads();
+    unsigned qa[KS][4], qb[KS][4];
+    {
+        const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = (lane >> 4) * 8;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            ldsm_x4(qa[kk], qh + r * SD + kk * 16 + c);
+            ldsm_x4(qb[kk], ql + r * SD + kk * 16 + c);
+        }
+    }
+    /* This thread's two rows (gid and gid + 8 of the warp's 16) and their token positions. */
+    const int ra = warp * 16 + gid, rb = ra + 8;
+    const int pa = pos0 + min(ra / GM, cnt - 1), pb = pos0 + min(rb / GM, cnt - 1);
+    const int pw = pos0 + min((warp * 16 + 15) / GM, cnt - 1); /* the warp's last row's position */
+    const float sl2 = a.scale * 1.4426950408889634f;
+    float o[NO][4], ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+#pragma unroll
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    const int nkb = (kv_end + FA_COLS - 1) / FA_COLS;
+    for (int kb = 0; kb < nkb; kb++) {
+        if (kb + 1 < nkb) {
+            load_kv(kb + 1, (kb + 1) & 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const uint16_t *kt = ks + (kb & 1) * FA_COLS * SD, *vt = vs + (kb & 1) * FA_COLS * SD;
+        const int c0 = kb * FA_COLS;
+        if (c0 <= pw) { /* else every row of this warp masks the whole tile: it adds exact zeros */
+            float s[FA_COLS / 8][4];
+#pragma unroll
+            for (int j = 0; j < FA_COLS / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            /* S = (q hi + q lo) K^T: ldmatrix of K rows (positions) gives the col-major B. */
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int j = 0; j < FA_COLS / 8; j += 2) {
+                    unsigned b[4];
+                    const int mi = lane >> 3;
+                    ldsm_x4(b, kt + ((j + (mi >> 1)) * 8 + (lane & 7)) * SD + kk * 16 + (mi & 1) * 8);
+                    mma_bf16(s[j], qa[kk], b[0], b[1]);
+                    mma_bf16(s[j], qb[kk], b[0], b[1]);
+                    mma_bf16(s[j + 1], qa[kk], b[2], b[3]);
+                    mma_bf16(s[j + 1], qb[kk], b[2], b[3]);
+                }
+            /* Mask, scale to log2 units, and the rows' new maxima (a quad of lanes holds a row). */
+            float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < FA_COLS / 8; j++) {
+                const int p = c0 + j * 8 + tig * 2;
+                s[j][0] = p <= pa ? s[j][0] * sl2 : -INFINITY;
+                s[j][1] = p + 1 <= pa ? s[j][1] * sl2 : -INFINITY;
+                s[j][2] = p <= pb ? s[j][2] * sl2 : -INFINITY;
+                s[j][3] = p + 1 <= pb ? s[j][3] * sl2 : -INFINITY;
+                xa = fmaxf(xa, fmaxf(s[j][0], s[j][1]));
+                xb = fmaxf(xb, fmaxf(s[j][2], s[j][3]));
+            }
+#pragma unroll
+            for (int x = 1; x < 4; x <<= 1) {
+                xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, x));
+                xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, x));
+            }
+            /* A row's first tile holds position 0, so its maximum is finite from then on. */
+            const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+            const float aa = exp2f(ma - na), ab = exp2f(mb - nb);
+            ma = na, mb = nb;
+            la *= aa, lb *= ab;
+#pragma unroll
+            for (int n = 0; n < NO; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+#pragma unroll
+            for (int j = 0; j < FA_COLS / 8; j++) {
+                s[j][0] = exp2f(s[j][0] - na), s[j][1] = exp2f(s[j][1] - na);
+                s[j][2] = exp2f(s[j][2] - nb), s[j][3] = exp2f(s[j][3] - nb);
+                la += s[j][0] + s[j][1], lb += s[j][2] + s[j][3];
+            }
+            /* O += P V: S's accumulator layout is the A fragment of P (two n-tiles a k-step);
+             * V rows are positions, so the transposing ldmatrix gives the col-major B. */
+#pragma unroll
+            for (int kk = 0; kk < FA_COLS / 16; kk++) {
+                const unsigned pf[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                                        pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int n = 0; n < NO; n += 2) {
+                    unsigned b[4];
+                    const int mi = lane >> 3;
+                    ldsm_x4_t(b, vt + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * SD + (n + (mi >> 1)) * 8);
+                    mma_bf16(o[n], pf, b[0], b[1]);
+                    mma_bf16(o[n + 1], pf, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads(); /* the stage is refilled by the next iteration's copy */
+    }
+    /* The rows' sums over their quads, then out = O / l for the rows that are real. */
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, x);
+        lb += __shfl_xor_sync(0xffffffffu, lb, x);
+    }
+    const float ia = 1.0f / la, ib = 1.0f / lb;
+    const bool wa = ra / GM < cnt && ra % GM < G, wb = rb / GM < cnt && rb % GM < G;
+    uint16_t *out = static_cast<uint16_t *>(a.out);
+    uint16_t *oa = out + (size_t)(t0 + ra / GM) * Q + (size_t)(g * G + ra % GM) * D;
+    uint16_t *ob = out + (size_t)(t0 + rb / GM) * Q + (size_t)(g * G + rb % GM) * D;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+        const int d = n * 8 + tig * 2;
+        if (wa) *reinterpret_cast<unsigned *>(oa + d) = pack_bf2(o[n][0] * ia, o[n][1] * ia);
+        if (wb) *reinterpret_cast<unsigned *>(ob + d) = pack_bf2(o[n][2] * ib, o[n][3] * ib);
+    }
+    (void)TOK;
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -853,6 +1074,29 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
     if (fused && a.run_prev) return cudaErrorInvalidValue;
     constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
+    if (!fused && a.tiles) {
+        /* Prefill tiles: the flash kernel, then k_attention over the tokens they leave. */
+        if constexpr (fa_shape_ok<D>()) {
+            if (!a.out_bf16 || a.n_tiles < 0 || a.n_rest < 0 || fa_smem<D>() > (size_t)c->smem_optin)
+                return cudaErrorInvalidValue;
+            auto fn = k_attn_prefill<D, GM>;
+            if (a.n_tiles > 0) {
+                lm_cuda_occupancy((const void *)fn, FA_WARPS * 32, fa_smem<D>()); /* raises the limit */
+                const cudaError_t e = lm_launch(c, dim3(a.n_kv_heads, a.n_tiles), dim3(FA_WARPS * 32),
+                                                fa_smem<D>(), fn, a);
+                if (e != cudaSuccess || a.n_rest == 0) return e;
+            }
+            if (a.n_rest == 0) return cudaSuccess;
+            lm_cuda_attn as = a;
+            as.work = a.tiles + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * a.n_tiles;
+            const dim3 g3(a.n_kv_heads, a.n_rest);
+            if (att_pre<D>(c, a, a.n_rest))
+                return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, 0);
+            return lm_launch(c, g3, block, 0, k_attention<D, GM, false>, as, 0);
+        } else {
+            return cudaErrorInvalidValue;
+        }
+    }
     /* A fused (decode) launch with a work list: n + work_blocks blocks a KV head, the splits
      * merged through the scratch. Without one, one block a (KV head, token). */
     lm_cuda_attn as = a;
@@ -945,6 +1189,49 @@ extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int
     w[0] = items;
     w[1] = w[2] = w[3] = 0;
     return items;
+}
+
+extern "C" int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a) {
+    if (check_attn(a)) return 0;
+    return by_shape(*a, [&](auto d, auto gm) {
+        constexpr int D = decltype(d)::value, GM = decltype(gm)::value;
+        return fa_shape_ok<D>() && fa_smem<D>() <= (size_t)c->smem_optin ? FA_ROWS / GM : 0;
+    });
+}
+
+extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n,
+                                       int tile_tokens, int min_tokens, int *n_rest) {
+    tile_tokens = std::max(tile_tokens, 1);
+    min_tokens = std::max(min_tokens, 1);
+    /* f(t, c) for each tile: c tokens from row t, one sequence at consecutive positions. */
+    auto each_tile = [&](auto &&f) {
+        for (int t = 0, c; t < n; t += c) {
+            c = 1;
+            while (c < tile_tokens && t + c < n && seq[t + c] == seq[t] && pos[t + c] == pos[t] + c) c++;
+            f(t, c);
+        }
+    };
+    int tiles = 0, rest = 0;
+    int32_t *it = w + LM_CUDA_WORK_HEAD;
+    each_tile([&](int t, int c) {
+        if (c < min_tokens) return;
+        int32_t *x = it + LM_CUDA_WORK_ITEM * tiles++;
+        x[0] = t, x[1] = c, x[2] = x[3] = 0;
+    });
+    /* The tokens of smaller tiles: k_attention's work items (t, 0, -1, 1) (the whole context,
+     * one piece), after their own header. */
+    int32_t *rh = it + LM_CUDA_WORK_ITEM * tiles;
+    each_tile([&](int t, int c) {
+        if (c >= min_tokens) return;
+        for (int i = 0; i < c; i++) {
+            int32_t *x = rh + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * rest++;
+            x[0] = t + i, x[1] = 0, x[2] = -1, x[3] = 1;
+        }
+    });
+    rh[0] = rest, rh[1] = rh[2] = rh[3] = 0;
+    w[0] = tiles, w[1] = rest, w[2] = w[3] = 0;
+    *n_rest = rest;
+    return tiles;
 }
 
 extern "C" lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n,

@@ -315,6 +315,16 @@ struct lm_cuda_attn {
      * pos[t] after the earlier ones. Only the decode kernel (lm_cuda_attn_dec_fits) takes runs:
      * another fused launch with run_prev set fails with LM_ERR_IO. Non-fused launches ignore it. */
     const int32_t *run_prev;
+    /* Prefill tiles (a non-fused launch with bf16 output; FlashAttention-2, Dao 2023): NULL (one
+     * k_attention block a token and KV head), or the device copy of lm_cuda_attn_plan_tiles's
+     * list, n_tiles and n_rest its counts. The n_tiles tiles of consecutive tokens of one sequence
+     * then run on tensor cores (a block a tile and KV head), the n_rest other tokens on
+     * k_attention. The output is the same attention to within bf16 rounding (q is split into
+     * bf16 hi + lo parts, the probabilities are rounded to bf16 for p.V), and a token's bits do
+     * not depend on the tile it is in. Only for shapes lm_cuda_attn_tile_tokens accepts; a
+     * float32-output launch with tiles fails (LM_ERR_IO). */
+    const int32_t *tiles;
+    int n_tiles, n_rest;
 };
 
 #define LM_CUDA_DEC_RUN 8 /* the longest run of one sequence in a fused decode launch */
@@ -340,6 +350,22 @@ lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a,
 bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
 
 enum { LM_CUDA_WORK_HEAD = 4, LM_CUDA_WORK_ITEM = 4 }; /* lm_cuda_attn.work's int32 header, item */
+
+/* The most tokens a prefill tile holds for a's shape (64 query rows over the group's heads: 64
+ * over the group size rounded up to 1, 2, 4 or 8), or 0 when the tensor-core kernel does not
+ * serve the shape (head_dim 256, or too little shared memory): such launches take no tiles. */
+int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a);
+
+/* Plans a non-fused launch of n tokens (rows of seq/pos, host arrays) into w (host int32, room
+ * for 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * n): runs of consecutive rows of one sequence at
+ * consecutive positions, cut in order into tiles of at most tile_tokens. Tiles of at least
+ * min_tokens are the tensor-core kernel's, the tokens of smaller ones k_attention's. Writes w[0]
+ * the tiles F, w[1] the rest R, then F items (first row, tokens, 0, 0), then a header (R, 0, 0,
+ * 0) and R items (row, 0, -1, 1) (lm_cuda_attn.work's form: the whole context in one piece).
+ * Returns F and sets *n_rest = R; copy 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (F + R)
+ * int32 to the device for lm_cuda_attn.tiles. */
+int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n, int tile_tokens,
+                            int min_tokens, int *n_rest);
 
 /* P for a work-list launch of n tokens (lm_cuda_attn.work_blocks, lm_cuda_attn_plan_work): the
  * blocks of its kernel that are resident at once on the device, over n_kv_heads (at least 1). */

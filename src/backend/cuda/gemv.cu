@@ -433,13 +433,6 @@ struct gemv_w {
 
 /* ---- the decode MLP as one kernel (lm_cuda_mlp1, lm_cuda_mlp1_q8) ---- */
 
-/* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 /* Q8_0: the down_proj rows a thread of k_mlp1 owns (4 at most, 256 apart, rotated per block),
  * whose scales it holds in registers: hidden sizes up to 4 x 256. */
 constexpr int MLP1_Q8_ROWS = 4;

@@ -38,7 +38,9 @@ struct layer_dev {
 
 /* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
  * tables (int32), the sampling rows (8-byte aligned), then a batched decode step's attention work
- * list (lm_cuda_attn.work: room for nt + wb items, wb the most blocks a KV head it can have). */
+ * list (lm_cuda_attn.work: room for nt + wb items, wb >= 1 the most blocks a KV head it can have)
+ * or a prefill step's tiles (lm_cuda_attn.tiles: two headers and at most nt items, which that
+ * room holds). */
 struct layout {
     size_t ids, pos, seq, run, out, bt, samp, work, total;
 };
@@ -528,6 +530,17 @@ static int split_batch_len() {
     return n;
 }
 
+/* The fewest tokens a prefill tile runs on the tensor-core attention with (lm_cuda_attn_plan_tiles;
+ * fewer go to k_attention, a block a token: a tile's 64 query rows cost the same however few
+ * are real). LM_CUDA_FLASH_MIN=N sets it, 0 turning the tiles off, for A/B measurements. */
+static int flash_min_tokens() {
+    static const int n = [] {
+        const char *e = getenv("LM_CUDA_FLASH_MIN");
+        return e && *e ? atoi(e) : 4;
+    }();
+    return n;
+}
+
 /* True when a decode step of n tokens runs its attention from a work list: the batched kernel
  * (the decode kernel does not fit n), on unless LM_CUDA_SPLIT_BATCH=0. */
 static bool work_list(const lm_cuda_qwen3 *m, bool decode, int n) {
@@ -536,10 +549,19 @@ static bool work_list(const lm_cuda_qwen3 *m, bool decode, int n) {
     return !lm_cuda_attn_dec_fits(m->ctx, &shape, n);
 }
 
+/* The lists a step's attention reads from its inputs' work area (layout::work): a batched decode
+ * step's work list (lm_cuda_attn_plan_work), or a prefill step's tiles (lm_cuda_attn_plan_tiles). */
+struct attn_lists {
+    bool work = false;
+    int n_tiles = 0, n_rest = 0; /* tiles: n_tiles + n_rest > 0 */
+    bool tiles() const { return n_tiles + n_rest > 0; }
+};
+
 /* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
-                              bool decode, bool work) {
+                              bool decode, const attn_lists &lists) {
+    const bool work = lists.work;
     lm_cuda_attn a = attn_shape(m);
     a.qkv = m->qkv;
     a.ld_qkv = m->QKV;
@@ -574,6 +596,11 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     /* A decode step on the decode kernel takes runs of a sequence's tokens (verification of
      * speculative drafts); the host fills L.run (zeros for a plain decode step). */
     if (dec) a.run_prev = (const int32_t *)(m->in_dev + L.run);
+    if (lists.tiles()) {
+        a.tiles = (const int32_t *)(m->in_dev + L.work);
+        a.n_tiles = lists.n_tiles;
+        a.n_rest = lists.n_rest;
+    }
     return a;
 }
 
@@ -593,7 +620,7 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
-                             bool out_identity, bool sampling, int cls, bool work) {
+                             bool out_identity, bool sampling, int cls, const attn_lists &lists) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -620,7 +647,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const int mlp1_from = mlp1_min_rows(m);
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
-    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, work);
+    lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, lists);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -792,7 +819,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     /* A batched decode step whose plan cuts some context runs its attention from the list; one
      * whose contexts are even enough to stay whole keeps one block a token (a graph of its own). */
     const int n_att = use_graph ? rows : nt; /* the attention's tokens (make_attn's n) */
-    bool work = false;
+    attn_lists lists;
+    bool &work = lists.work;
     if (work_list(m, decode, n_att)) {
         const lm_cuda_attn shape = attn_shape(m);
         const int P = lm_cuda_attn_work_blocks(c, &shape, n_att);
@@ -803,8 +831,22 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                n_att;
     }
 
-    /* The inputs the step's first copy takes: the work list only when the step has one. */
-    const size_t in_bytes = work ? L.total : L.work;
+    /* A prefill step on the cuBLAS path (bf16 attention output): tiles of its runs of one
+     * sequence's tokens for the tensor-core attention (LM_CUDA_FLASH_MIN, flash_min_tokens). */
+    if (!decode && nt > p.gemv_max_rows && flash_min_tokens() > 0) {
+        const lm_cuda_attn shape = attn_shape(m);
+        const int tt = lm_cuda_attn_tile_tokens(c, &shape);
+        if (tt > 0)
+            lists.n_tiles = lm_cuda_attn_plan_tiles((int32_t *)(h + L.work), seq, pos, nt, tt, flash_min_tokens(),
+                                                    &lists.n_rest);
+    }
+
+    /* The inputs the step's first copy takes: the work area only when the step has a list. */
+    const size_t in_bytes =
+        work ? L.total
+             : lists.tiles() ? L.work + sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD +
+                                                            LM_CUDA_WORK_ITEM * (size_t)(lists.n_tiles + lists.n_rest))
+                             : L.work;
 
     lm_status rc = LM_OK;
     if (use_graph) {
@@ -813,12 +855,12 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, work));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, work)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -842,7 +884,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, work));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
@@ -869,7 +911,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
         lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max), rows <= m->p.gemv_max_rows, 0,
-                                   rows, true, false);
+                                   rows, true, attn_lists());
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }
