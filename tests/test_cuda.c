@@ -822,15 +822,21 @@ static void test_attention_case(const struct attn_case *ac) {
         for (int s = 0; s < NS; s++) n += phase ? 1 : len[s];
         float *qkv = malloc(sizeof(float) * n * QKV), *qref = malloc(sizeof(float) * n * Q);
         int32_t *seq = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * n);
-        /* Tokens in a shuffled order, so a call's tokens of one sequence are not contiguous. */
+        /* Tokens in a shuffled order (g_shuffle), so a call's tokens of one sequence are not
+         * contiguous; a token's inputs are the same in either order (the same draws). */
         for (int s = 0, t = 0; s < NS; s++)
             for (int p = phase ? len[s] : 0; p < (phase ? len[s] + 1 : len[s]); p++, t++) seq[t] = s, pos[t] = p;
+        fill(qkv, (long)n * QKV, 2.0f);
+        float *row_tmp = malloc(sizeof(float) * QKV);
         for (int i = n - 1; i > 0 && !phase; i--) {
             int j = (int)urand((uint32_t)i + 1), a = seq[i], b = pos[i];
-            if (!g_shuffle) continue; /* the same draws either way */
+            if (!g_shuffle) continue;
             seq[i] = seq[j], pos[i] = pos[j], seq[j] = a, pos[j] = b;
+            memcpy(row_tmp, qkv + (size_t)i * QKV, sizeof(float) * QKV);
+            memcpy(qkv + (size_t)i * QKV, qkv + (size_t)j * QKV, sizeof(float) * QKV);
+            memcpy(qkv + (size_t)j * QKV, row_tmp, sizeof(float) * QKV);
         }
-        fill(qkv, (long)n * QKV, 2.0f);
+        free(row_tmp);
         /* CPU: q/k RMSNorm per head and RoPE, k/v rounded to bf16 into the mirror. */
         for (int t = 0; t < n; t++) {
             const float *row = qkv + (size_t)t * QKV;
