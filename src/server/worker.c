@@ -3,7 +3,9 @@
  * The engine thread loops: hand the jobs queued by network threads to the scheduler (under the
  * worker mutex), then run one scheduler step without the mutex. The scheduler's callbacks run on
  * the engine thread during the step and take the mutex themselves to publish text, state and
- * results to the waiting network threads. Prefix-warming requests (a finished chat turn's
+ * results to the waiting network threads; a stream's waiter is woken once a step, after it (one
+ * wake-up a token, mid-step, made the waiters contend with the engine for the mutex between
+ * steps). Prefix-warming requests (a finished chat turn's
  * canonical form) belong to the engine thread alone: made in a job's on_finish, queued to the
  * scheduler after the step, freed in their own on_finish. */
 #include "server/worker.h"
@@ -38,6 +40,7 @@ struct lm_worker {
     double deadline_ms; /* when stopping: in-flight jobs are cancelled after this */
     pthread_t thread;
     struct lm_worker_stats stats; /* guarded by mu */
+    struct lm_job *wake;          /* guarded by mu: jobs given text since the last wake_flush */
 
     /* Engine thread only. */
     int n_warm;                /* warm requests inside the scheduler */
@@ -112,7 +115,13 @@ static bool job_on_text(void *ctx, const char *text, size_t len) {
                 lm_logprob_list_push(&j->pending_logprobs, &l->v[i]);
             j->logprobs_released = l->n;
         }
-        pthread_cond_broadcast(&j->cond);
+        /* The waiter is woken after the step (wake_flush); the list holds a ref meanwhile. */
+        if (!j->wake_queued) {
+            j->wake_queued = true;
+            j->refs++;
+            j->wake_next = j->w->wake;
+            j->w->wake = j;
+        }
         pthread_mutex_unlock(&j->w->mu);
     }
     return !atomic_load(&j->cancel);
@@ -174,6 +183,30 @@ static void job_on_finish(struct lm_sched_req *r) {
     bool last = unref_locked(j);
     pthread_mutex_unlock(&w->mu);
     if (last) job_free(j);
+}
+
+/* Wakes the waiters of the jobs given text since the last call (after a step, a cancel-all or the
+ * scheduler's destruction: whatever ran the callbacks) and drops the list's refs. */
+static void wake_flush(struct lm_worker *w) {
+    struct lm_job *to_free = NULL;
+    pthread_mutex_lock(&w->mu);
+    for (struct lm_job *j = w->wake, *n; j; j = n) {
+        n = j->wake_next;
+        j->wake_queued = false;
+        j->wake_next = NULL;
+        pthread_cond_broadcast(&j->cond);
+        if (unref_locked(j)) {
+            j->next = to_free;
+            to_free = j;
+        }
+    }
+    w->wake = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (to_free) {
+        struct lm_job *n = to_free->next;
+        job_free(to_free);
+        to_free = n;
+    }
 }
 
 /* ---- the canonical form of a finished chat turn ---- */
@@ -316,6 +349,7 @@ static void *engine_main(void *arg) {
             w->cancelled_all = true;
             pthread_mutex_unlock(&w->mu);
             lm_sched_cancel_all(w->sched);
+            wake_flush(w);
             pthread_mutex_lock(&w->mu);
             continue;
         }
@@ -327,6 +361,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
 
         lm_sched_step(w->sched);
+        wake_flush(w);
         warm_flush(w);
         struct lm_sched_stats st;
         lm_sched_stats(w->sched, &st);
@@ -499,6 +534,7 @@ void lm_worker_destroy(struct lm_worker *w) {
     if (!w) return;
     lm_worker_shutdown(w);
     lm_sched_destroy(w->sched);
+    wake_flush(w); /* text the destruction's cancellations released */
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);

@@ -86,6 +86,8 @@ struct lm_job {
     int reusable;             /* later chat turn: prompt tokens its canonical history covers */
     size_t logprobs_released; /* engine thread: entries of sr.result.logprobs already copied to
                                  pending_logprobs */
+    bool wake_queued;         /* guarded by the mutex: on the worker's wake list (holding a ref) */
+    struct lm_job *wake_next;
 };
 
 /* Engine limits. */
