@@ -1115,7 +1115,7 @@ static void test_plan_work(void) {
  * (runs of one sequence split, repeated, or cut by a gap in positions): every token once, in a
  * tile (one sequence, consecutive rows and positions, min_tokens to tile_tokens of them) or in
  * the rest's list as a whole-context item; a tile shorter than tile_tokens ends where its run
- * ends. */
+ * ends; tiles reading more positions first. */
 static void test_plan_tiles(void) {
     enum { MAXN = 600 };
     static int32_t w[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * MAXN];
@@ -1136,7 +1136,11 @@ static void test_plan_tiles(void) {
         for (int i = 0; i < tiles && ok; i++) {
             const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
             const int t0 = it[0], k = it[1];
-            ok = t0 >= 0 && k >= mt && k <= tt && t0 + k <= n;
+            ok = t0 >= 0 && k >= mt && k <= tt && t0 + k <= n && it[2] == pos[t0] + k - 1 + 1 && it[3] == 0;
+            if (ok && i > 0) { /* the most positions first, ties in row order */
+                const int32_t *pv = it - LM_CUDA_WORK_ITEM;
+                ok = pv[2] > it[2] || (pv[2] == it[2] && pv[0] < t0);
+            }
             for (int j = 1; j < k && ok; j++) ok = seq[t0 + j] == seq[t0] && pos[t0 + j] == pos[t0] + j;
             if (ok && k < tt && t0 + k < n) ok = seq[t0 + k] != seq[t0] || pos[t0 + k] != pos[t0] + k;
             for (int j = 0; j < k && ok; j++) seen[t0 + j]++;

@@ -512,9 +512,10 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void *p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
 }
-/* c += a b: a 16 x 16 bf16 (row), b 16 x 8 bf16 (col), c 16 x 8 float32. */
+/* c += a b: a 16 x 16 bf16 (row), b 16 x 8 bf16 (col), c 16 x 8 float32. Not volatile: registers
+ * only, so the compiler may interleave independent products. */
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
                  "{%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -614,8 +615,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
                     const int mi = lane >> 3;
                     ldsm_x4(b, kt + ((j + (mi >> 1)) * 8 + (lane & 7)) * SD + kk * 16 + (mi & 1) * 8);
                     mma_bf16(s[j], qa[kk], b[0], b[1]);
-                    mma_bf16(s[j], qb[kk], b[0], b[1]);
                     mma_bf16(s[j + 1], qa[kk], b[2], b[3]);
+                    mma_bf16(s[j], qb[kk], b[0], b[1]);
                     mma_bf16(s[j + 1], qb[kk], b[2], b[3]);
                 }
             /* Mask, scale to log2 units, and the rows' new maxima (a quad of lanes holds a row). */
@@ -1216,8 +1217,18 @@ extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int
     each_tile([&](int t, int c) {
         if (c < min_tokens) return;
         int32_t *x = it + LM_CUDA_WORK_ITEM * tiles++;
-        x[0] = t, x[1] = c, x[2] = x[3] = 0;
+        x[0] = t, x[1] = c, x[2] = pos[t] + c, x[3] = 0;
     });
+    /* The tiles with the most positions first (x[2]: the positions a tile reads), ties in row
+     * order: blocks start in list order, so the long ones do not start last and hold up the
+     * launch (a 2,048-token chunk's tiles read 64 to 2,048 positions). */
+    struct tile {
+        int32_t t, c, end, pad;
+    };
+    static_assert(sizeof(tile) == sizeof(int32_t) * LM_CUDA_WORK_ITEM, "an item is a tile");
+    tile *tv = reinterpret_cast<tile *>(it);
+    std::sort(tv, tv + tiles,
+              [](const tile &x, const tile &y) { return x.end != y.end ? x.end > y.end : x.t < y.t; });
     /* The tokens of smaller tiles: k_attention's work items (t, 0, -1, 1) (the whole context,
      * one piece), after their own header. */
     int32_t *rh = it + LM_CUDA_WORK_ITEM * tiles;

@@ -360,7 +360,8 @@ int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struct lm_cuda_a
  * for 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * n): runs of consecutive rows of one sequence at
  * consecutive positions, cut in order into tiles of at most tile_tokens. Tiles of at least
  * min_tokens are the tensor-core kernel's, the tokens of smaller ones k_attention's. Writes w[0]
- * the tiles F, w[1] the rest R, then F items (first row, tokens, 0, 0), then a header (R, 0, 0,
+ * the tiles F, w[1] the rest R, then F items (first row, tokens, positions read = the last
+ * token's position + 1, 0), the most positions first (ties in row order), then a header (R, 0, 0,
  * 0) and R items (row, 0, -1, 1) (lm_cuda_attn.work's form: the whole context in one piece).
  * Returns F and sets *n_rest = R; copy 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (F + R)
  * int32 to the device for lm_cuda_attn.tiles. */
