@@ -474,8 +474,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
  * query rows, row r = token r / GM of the tile, query head r % GM of the group (rows past the
  * tile's tokens or the group's heads are computed from a valid row and not stored). It walks the
  * sequence's positions [0, last token's position] in tiles of 64 positions, K and V rows copied
- * into shared memory (cp.async, two stages) from the pages of the block table; each of the 4
- * warps owns 16 rows: S = Q K^T with mma.sync m16n8k16 (bf16 in, float32 accumulate), the causal
+ * into shared memory (cp.async, two stages) from the pages of the block table. Its 8 warps are two
+ * groups of 4, group z taking the position tiles of index z, z + 2, ... (absolute: a row's split
+ * does not depend on its tile), merged at the end, so that a launch of few tiles (a 512-token
+ * chunk: 16 tiles a KV head) still has 8 warps a multiprocessor. In a group each warp owns 16
+ * rows: S = Q K^T with mma.sync m16n8k16 (bf16 in, float32 accumulate), the causal
  * mask (position > the row's token position), an online softmax in the log2 domain, then
  * O += P V with P rounded to bf16. q arrives float32 (normalised and rotated by
  * lm_cuda_qk_norm_rope_store) and is split into bf16 hi + lo parts, both multiplied by K, so the
@@ -484,13 +487,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
  * A row's result depends only on its own inputs and the position tiles (aligned to 0): tiles of
  * positions past a row's own add exact zeros, so a token gets the same bits in any tile. */
 
-constexpr int FA_ROWS = 64, FA_COLS = 64, FA_WARPS = 4;
+/* Two groups of 4 warps: each group holds all 64 rows and takes every other position tile. */
+constexpr int FA_ROWS = 64, FA_COLS = 64, FA_GROUPS = 2, FA_WARPS = 4 * FA_GROUPS;
 
-/* Shared memory of k_attn_prefill<D>: q hi and lo [64][D + 8] bf16, K and V [2 stages][64][D + 8]
- * (the 8-element pad puts the 8 rows of an ldmatrix on distinct banks). */
+/* Shared memory of k_attn_prefill<D>: q hi and lo [64][D + 8] bf16, then per group K and V
+ * [2 stages][64][D + 8] (the 8-element pad puts the 8 rows of an ldmatrix on distinct banks). */
 template <int D>
 constexpr size_t fa_smem() {
-    return sizeof(uint16_t) * (size_t)FA_ROWS * (D + 8) * 6;
+    return sizeof(uint16_t) * (size_t)FA_ROWS * (D + 8) * (2 + 4 * FA_GROUPS);
 }
 
 /* The head sizes k_attn_prefill is built for (D / 16 k-steps of q.k; its registers hold D / 8
@@ -526,12 +530,15 @@ __device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
 }
 
 template <int D, int GM>
-__global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda_attn a) {
-    constexpr int SD = D + 8, KS = D / 16, NO = D / 8, TOK = FA_ROWS / GM, CH = D / 8;
+__global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda_attn a) {
+    constexpr int SD = D + 8, KS = D / 16, NO = D / 8, TOK = FA_ROWS / GM, CH = D / 8, GT = 128;
     extern __shared__ __align__(16) uint16_t fa_sm[];
-    uint16_t *qh = fa_sm, *ql = qh + FA_ROWS * SD, *ks = ql + FA_ROWS * SD, *vs = ks + 2 * FA_COLS * SD;
-    const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gid = lane >> 2, tig = lane & 3;
+    const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, grp = tid >> 7;
+    const int gid = lane >> 2, tig = lane & 3, gtid = tid & (GT - 1);
+    /* This group's stages; the group's own barrier (ids 1 and 2: 0 is __syncthreads). */
+    uint16_t *qh = fa_sm, *ql = qh + FA_ROWS * SD;
+    uint16_t *ks = ql + FA_ROWS * SD + grp * 4 * FA_COLS * SD, *vs = ks + 2 * FA_COLS * SD;
+    auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(GT) : "memory"); };
     pdl_trigger();
     /* The tile list, seq, pos and block tables are the step's inputs (copied before its first
      * kernel): read before the wait; q and the cache are written by the preceding kernel. */
@@ -545,7 +552,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
      * P = 0 there multiplies zeros, never a stale NaN). */
     auto load_kv = [&](int kb, int st) {
         uint16_t *kd = ks + st * FA_COLS * SD, *vd = vs + st * FA_COLS * SD;
-        for (int i = tid; i < FA_COLS * CH; i += FA_WARPS * 32) {
+        for (int i = gtid; i < FA_COLS * CH; i += GT) {
             const int r = i / CH, c = i % CH, p = kb * FA_COLS + r;
             const bool in = p < kv_end;
             const size_t off = in ? kv_offset(a, bt[p / BS], g, p % BS, D) + c * 8 : 0;
@@ -555,7 +562,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
     pdl_wait();
-    load_kv(0, 0);
+    const int nkb = (kv_end + FA_COLS - 1) / FA_COLS, my_n = (nkb - grp + 1) / 2; /* tiles grp, grp + 2, .. */
+    if (my_n > 0) load_kv(grp, 0);
     /* q hi / lo into shared memory, then this warp's 16 rows into registers (A fragments). */
     for (int i = tid; i < FA_ROWS * (D / 4); i += FA_WARPS * 32) {
         const int r = i / (D / 4), c = (i % (D / 4)) * 4;
@@ -591,16 +599,16 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
 #pragma unroll
     for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-    const int nkb = (kv_end + FA_COLS - 1) / FA_COLS;
-    for (int kb = 0; kb < nkb; kb++) {
-        if (kb + 1 < nkb) {
-            load_kv(kb + 1, (kb + 1) & 1);
+    for (int i = 0; i < my_n; i++) {
+        const int kb = grp + 2 * i;
+        if (i + 1 < my_n) {
+            load_kv(kb + 2, (i + 1) & 1);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
-        __syncthreads();
-        const uint16_t *kt = ks + (kb & 1) * FA_COLS * SD, *vt = vs + (kb & 1) * FA_COLS * SD;
+        group_sync();
+        const uint16_t *kt = ks + (i & 1) * FA_COLS * SD, *vt = vs + (i & 1) * FA_COLS * SD;
         const int c0 = kb * FA_COLS;
         if (c0 <= pw) { /* else every row of this warp masks the whole tile: it adds exact zeros */
             float s[FA_COLS / 8][4];
@@ -636,17 +644,20 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
                 xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, x));
                 xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, x));
             }
-            /* A row's first tile holds position 0, so its maximum is finite from then on. */
+            /* A row's maximum stays -inf while every position it met was masked (group 1's first
+             * tiles for early rows): subtract 0 then, so that exp2 gives 0, not NaN. Group 0's
+             * first tile holds position 0: its maxima are finite from then on. */
             const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-            const float aa = exp2f(ma - na), ab = exp2f(mb - nb);
+            const float za = na == -INFINITY ? 0.f : na, zb = nb == -INFINITY ? 0.f : nb;
+            const float aa = exp2f(ma - za), ab = exp2f(mb - zb);
             ma = na, mb = nb;
             la *= aa, lb *= ab;
 #pragma unroll
             for (int n = 0; n < NO; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
 #pragma unroll
             for (int j = 0; j < FA_COLS / 8; j++) {
-                s[j][0] = exp2f(s[j][0] - na), s[j][1] = exp2f(s[j][1] - na);
-                s[j][2] = exp2f(s[j][2] - nb), s[j][3] = exp2f(s[j][3] - nb);
+                s[j][0] = exp2f(s[j][0] - za), s[j][1] = exp2f(s[j][1] - za);
+                s[j][2] = exp2f(s[j][2] - zb), s[j][3] = exp2f(s[j][3] - zb);
                 la += s[j][0] + s[j][1], lb += s[j][2] + s[j][3];
             }
             /* O += P V: S's accumulator layout is the A fragment of P (two n-tiles a k-step);
@@ -666,7 +677,35 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 2) k_attn_prefill(const lm_cuda
                 }
             }
         }
-        __syncthreads(); /* the stage is refilled by the next iteration's copy */
+        group_sync(); /* the stage is refilled by the next iteration's copy */
+    }
+    /* Group 1 hands its state to the same thread of group 0 (same rows, same fragment layout)
+     * through its own stages, free now; group 0 merges in group order: a group that met no
+     * unmasked position (max -inf, sums 0) adds exact zeros. */
+    float *part = reinterpret_cast<float *>(ql + FA_ROWS * SD + 4 * FA_COLS * SD);
+    if (grp == 1) {
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[(n * 4 + e) * GT + gtid] = o[n][e];
+        part[(NO * 4 + 0) * GT + gtid] = ma, part[(NO * 4 + 1) * GT + gtid] = mb;
+        part[(NO * 4 + 2) * GT + gtid] = la, part[(NO * 4 + 3) * GT + gtid] = lb;
+    }
+    __syncthreads();
+    if (grp == 1) return;
+    {
+        const float ma1 = part[(NO * 4 + 0) * GT + gtid], mb1 = part[(NO * 4 + 1) * GT + gtid];
+        const float Ma = fmaxf(ma, ma1), Mb = fmaxf(mb, mb1);
+        const float fa0 = exp2f(ma - Ma), fa1 = exp2f(ma1 - Ma), fb0 = exp2f(mb - Mb), fb1 = exp2f(mb1 - Mb);
+        la = __fadd_rn(__fmul_rn(la, fa0), __fmul_rn(part[(NO * 4 + 2) * GT + gtid], fa1));
+        lb = __fadd_rn(__fmul_rn(lb, fb0), __fmul_rn(part[(NO * 4 + 3) * GT + gtid], fb1));
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            o[n][0] = __fadd_rn(__fmul_rn(o[n][0], fa0), __fmul_rn(part[(n * 4 + 0) * GT + gtid], fa1));
+            o[n][1] = __fadd_rn(__fmul_rn(o[n][1], fa0), __fmul_rn(part[(n * 4 + 1) * GT + gtid], fa1));
+            o[n][2] = __fadd_rn(__fmul_rn(o[n][2], fb0), __fmul_rn(part[(n * 4 + 2) * GT + gtid], fb1));
+            o[n][3] = __fadd_rn(__fmul_rn(o[n][3], fb0), __fmul_rn(part[(n * 4 + 3) * GT + gtid], fb1));
+        }
     }
     /* The rows' sums over their quads, then out = O / l for the rows that are real. */
 #pragma unroll
