@@ -541,6 +541,21 @@ static int flash_min_tokens() {
     return n;
 }
 
+/* Rows a cuBLAS GEMM of an eager (non-graph) step runs for n rows: n rounded up to a multiple of
+ * LM_CUDA_GEMM_BUCKET (default 64; 0 or 1: n itself), at most cap (the buffers' rows). cuBLAS
+ * picks its kernel per shape and a shape it has not seen costs a heuristic query: serving's
+ * prefill steps have a new token count almost every step, and 112 such queries a step cost
+ * milliseconds (perf-notes v19). The extra rows read stale activations and write rows nothing
+ * reads (each output row depends on its input row only). */
+static int gemm_rows(int n, int cap) {
+    static const int b = [] {
+        const char *e = getenv("LM_CUDA_GEMM_BUCKET");
+        return e && *e ? atoi(e) : 64;
+    }();
+    if (b <= 1) return n;
+    return std::min(cap, (n + b - 1) / b * b);
+}
+
 /* True when a decode step of n tokens runs its attention from a work list: the batched kernel
  * (the decode kernel does not fit n), on unless LM_CUDA_SPLIT_BATCH=0. */
 static bool work_list(const lm_cuda_qwen3 *m, bool decode, int n) {
@@ -648,6 +663,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, lists);
+    /* The cuBLAS GEMMs' rows: a graph's are fixed by its bucket; an eager step's are bucketed. */
+    const int gm = decode ? nt : gemm_rows(nt, m->p.max_tokens);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -658,7 +675,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
                             mlp1 ? &fq : NULL));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, nt, H, QKV, false));
+            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, gm, H, QKV, false));
         }
         if (decode) {
             LM_TRY(lm_cuda_attention(c, &a, nt, true));
@@ -679,11 +696,11 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
                             mlp1_from > 1 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
         } else {
-            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, nt, Q, H, true));
+            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, gm, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, nt, H, 2 * I, false));
+            LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, gm, H, 2 * I, false));
             LM_TRY(lm_cuda_swiglu_bf16(c, m->hb, m->gu, nt, I));
-            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, nt, I, H, true));
+            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, gm, I, H, true));
         }
     }
     const float *src = m->x;
@@ -698,7 +715,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
                         pending ? &ff : NULL));
     } else {
         LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, src, m->norm, NULL, no, H, eps));
-        LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, no, H, V, false));
+        LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, decode ? no : gemm_rows(no, m->MO), H, V, false));
     }
     return lm_cuda_sample(c, m->ids_dev, m->logits, V, no, V, samp);
 }
