@@ -437,6 +437,33 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     return lm_cuda_ctx_sync(m->ctx);
 }
 
+static int gemm_bucket();
+static int gemm_rows(int n, int cap);
+
+/* cuBLAS chooses a kernel for each GEMM shape when it first sees it, and may load the kernel then
+ * (milliseconds a shape: serving's first prefill step of each row bucket took 13-21 ms instead of
+ * 5-10, perf-notes v19). Runs every shape an eager step can reach once now: the four layer GEMMs
+ * (layer 0's weights) and the lm_head at each bucketed row count above the GEMV's. The inputs
+ * are whatever the buffers hold and the outputs are scratch (the next step writes its rows). */
+static lm_status warm_gemms(lm_cuda_qwen3 *m) {
+    lm_cuda_ctx *c = m->ctx;
+    const int T = m->p.max_tokens, H = m->H, Q = m->Q, I = m->I;
+    const layer_dev &w = m->layers[0];
+    if (gemm_bucket() <= 1 || !w.wqkv.bf || !m->lm_head.bf || T <= m->p.gemv_max_rows) return LM_OK;
+    int head_rows = 0; /* the lm_head's last warmed row count (its rows stop at MO) */
+    for (int r = gemm_rows(m->p.gemv_max_rows + 1, T);; r = gemm_rows(r + 1, T)) {
+        LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, r, H, m->QKV, false));
+        LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, r, Q, H, true));
+        LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, r, H, 2 * I, false));
+        LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, r, I, H, true));
+        const int hr = gemm_rows(r, m->MO);
+        if (hr > head_rows) LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, hr, H, m->V, false));
+        head_rows = std::max(head_rows, hr);
+        if (r >= T) break;
+    }
+    return lm_cuda_ctx_sync(c);
+}
+
 extern "C" lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
                                           const struct lm_cuda_qwen3_params *params,
                                           struct lm_cuda_qwen3 **out) {
@@ -444,6 +471,7 @@ extern "C" lm_status lm_cuda_qwen3_create(const struct lm_cuda_qwen3_weights *w,
     lm_cuda_qwen3 *m = new lm_cuda_qwen3();
     m->p = params ? *params : lm_cuda_qwen3_default_params();
     lm_status rc = create(m, w);
+    if (!rc) rc = warm_gemms(m);
     if (rc) {
         lm_cuda_qwen3_destroy(m);
         return rc;
@@ -547,11 +575,16 @@ static int flash_min_tokens() {
  * prefill steps have a new token count almost every step, and 112 such queries a step cost
  * milliseconds (perf-notes v19). The extra rows read stale activations and write rows nothing
  * reads (each output row depends on its input row only). */
-static int gemm_rows(int n, int cap) {
+static int gemm_bucket() {
     static const int b = [] {
         const char *e = getenv("LM_CUDA_GEMM_BUCKET");
         return e && *e ? atoi(e) : 64;
     }();
+    return b;
+}
+
+static int gemm_rows(int n, int cap) {
+    const int b = gemm_bucket();
     if (b <= 1) return n;
     return std::min(cap, (n + b - 1) / b * b);
 }
