@@ -5,9 +5,10 @@ an LM_STEP_TRACE file (engine/sched.h: one line per engine step; `LM_STEP_TRACE=
 Prints the forward time of decode-only steps and of steps with prefill chunks, the admission and
 planning time, the gaps between one forward's end and the next step's start (sampling, streaming,
 bookkeeping), and the median decode-only step by its longest context (steps of at least
---min-seqs sequences, in buckets of --bucket positions). docs/perf-notes.md v18 reads it."""
+--min-seqs sequences, in buckets of --bucket positions). docs/perf-notes.md v18 and v19 read it."""
 import argparse
 import collections
+import signal
 import statistics
 import sys
 
@@ -28,7 +29,7 @@ def main():
             if len(c) != 10:
                 sys.exit(f"{a.file}: a step line has {len(c)} columns, not 10: {line.strip()}")
             steps.append(dict(start=float(c[1]), fwd=float(c[2]), plan=float(c[3]), seqs=int(c[4]),
-                              chunks=int(c[7]), longest=int(c[9])))
+                              tokens=int(c[5]), chunks=int(c[7]), longest=int(c[9])))
     if not steps:
         sys.exit(f"{a.file}: no steps")
     dec = [s for s in steps if s["chunks"] == 0]
@@ -38,7 +39,11 @@ def main():
     gaps = [g for g in gaps if g < 50]  # idle waits for requests are not step overhead
     print(f"steps {len(steps)}: forward {sum(s['fwd'] for s in steps) / 1e3:.2f} s")
     print(f"  decode-only {len(dec)}: {sum(s['fwd'] for s in dec) / 1e3:.2f} s")
-    print(f"  with prefill chunks {len(mix)}: {sum(s['fwd'] for s in mix) / 1e3:.2f} s")
+    mixed = f"{sum(s['fwd'] for s in mix) / 1e3:.2f} s"
+    if mix:
+        mixed += (f" (mean {statistics.mean(s['fwd'] for s in mix):.2f} ms, "
+                  f"{statistics.mean(s['tokens'] for s in mix):.0f} tokens)")
+    print(f"  with prefill chunks {len(mix)}: {mixed}")
     print(f"  admission + planning: {sum(s['plan'] for s in steps) / 1e3:.3f} s")
     if gaps:
         print(f"  between steps: median {statistics.median(gaps):.3f} ms, sum {sum(gaps) / 1e3:.2f} s")
@@ -54,4 +59,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     main()

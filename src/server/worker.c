@@ -186,21 +186,27 @@ static void job_on_finish(struct lm_sched_req *r) {
 }
 
 /* Wakes the waiters of the jobs given text since the last call (after a step, a cancel-all or the
- * scheduler's destruction: whatever ran the callbacks) and drops the list's refs. */
+ * scheduler's destruction: whatever ran the callbacks) and drops the list's refs. The broadcasts
+ * are made without the mutex, so that a woken waiter takes it at once instead of blocking on the
+ * engine (the list's refs keep the jobs alive until then). */
 static void wake_flush(struct lm_worker *w) {
+    pthread_mutex_lock(&w->mu);
+    struct lm_job *list = w->wake;
+    w->wake = NULL;
+    for (struct lm_job *j = list; j; j = j->wake_next) j->wake_queued = false;
+    pthread_mutex_unlock(&w->mu);
+    if (!list) return;
+    for (struct lm_job *j = list; j; j = j->wake_next) pthread_cond_broadcast(&j->cond);
     struct lm_job *to_free = NULL;
     pthread_mutex_lock(&w->mu);
-    for (struct lm_job *j = w->wake, *n; j; j = n) {
+    for (struct lm_job *j = list, *n; j; j = n) {
         n = j->wake_next;
-        j->wake_queued = false;
         j->wake_next = NULL;
-        pthread_cond_broadcast(&j->cond);
         if (unref_locked(j)) {
             j->next = to_free;
             to_free = j;
         }
     }
-    w->wake = NULL;
     pthread_mutex_unlock(&w->mu);
     while (to_free) {
         struct lm_job *n = to_free->next;
