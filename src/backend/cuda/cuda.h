@@ -57,7 +57,9 @@ lm_status lm_cuda_device_info(int dev, struct lm_cuda_device_info *out);
 /* cudaMalloc / cudaFree on the current device. LM_ERR_NOMEM with the size in the message. */
 lm_status lm_cuda_malloc(void **p, size_t bytes);
 void lm_cuda_free(void *p); /* accepts NULL */
-/* Synchronous copies (host <-> device) and fill; LM_ERR_IO on failure. */
+/* Synchronous copies (host <-> device) and fill: done when they return, so that a kernel queued
+ * after them on any stream sees the bytes (a download does not wait for kernels still running on
+ * a context's stream: lm_cuda_ctx_sync first); LM_ERR_IO on failure. */
 lm_status lm_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
 lm_status lm_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
 lm_status lm_cuda_memset(void *dst_dev, int byte, size_t bytes);

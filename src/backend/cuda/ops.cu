@@ -74,8 +74,13 @@ extern "C" void lm_cuda_free(void *p) {
     if (p) cudaFree(p);
 }
 
+/* cudaMemcpy from pageable memory may return before its DMA lands, and cudaMemset is asynchronous;
+ * both run on the legacy stream, which a context's non-blocking stream does not wait for. So a
+ * kernel queued right after could read the old bytes (test_cuda's attention test saw queries
+ * rotated twice). Waiting for the legacy stream makes them synchronous as cuda.h promises. */
 extern "C" lm_status lm_cuda_upload(void *dst, const void *src, size_t bytes) {
     LM_CU(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    LM_CU(cudaStreamSynchronize(cudaStreamLegacy));
     return LM_OK;
 }
 
@@ -86,6 +91,7 @@ extern "C" lm_status lm_cuda_download(void *dst, const void *src, size_t bytes) 
 
 extern "C" lm_status lm_cuda_memset(void *dst, int byte, size_t bytes) {
     LM_CU(cudaMemset(dst, byte, bytes));
+    LM_CU(cudaStreamSynchronize(cudaStreamLegacy));
     return LM_OK;
 }
 
