@@ -870,6 +870,7 @@ extern "C" lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity) {
     unsigned long long head[2] = {0, (unsigned long long)capacity};
     LM_CU(cudaMemset(c->trace, 0, words * 8));
     LM_CU(cudaMemcpy(c->trace, head, sizeof head, cudaMemcpyHostToDevice));
+    LM_CU(cudaStreamSynchronize(cudaStreamLegacy)); /* see lm_cuda_upload */
     return LM_OK;
 }
 

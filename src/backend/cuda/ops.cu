@@ -148,6 +148,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy); /* see lm_cuda_upload */
     if (e != cudaSuccess) {
         rc = lm_cuda_fail(e, "context setup");
         lm_cuda_ctx_destroy(c);
