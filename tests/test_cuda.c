@@ -872,7 +872,7 @@ static void test_attention_case(const struct attn_case *ac) {
             float *dpart = NULL;
             unsigned *dcnt = NULL;
             int32_t *dwork = NULL;
-            if (g_attn_dec >= 2 && phase == 1) {
+            if (g_attn_dec >= 2) { /* phase 0: the pieces of the tokens beside the tiles */
                 dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
                 poison(dpart, sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
@@ -893,12 +893,15 @@ static void test_attention_case(const struct attn_case *ac) {
             }
             /* Prefill with bf16 output: tiles for the tensor-core kernel where it serves the shape
              * (a float32-output launch with tiles is refused). */
+            /* Modes 2 and 4 also cut the other tokens' contexts (P = 2,000 blocks and pieces of at
+             * least 32 positions: the 300-position context in 9), merged through the scratch. */
             int32_t *dtiles = NULL;
             const int tt = phase == 0 ? lm_cuda_attn_tile_tokens(g_ctx, &a) : 0;
             int n_tiles = 0, n_rest = 0;
             if (tt > 0) {
-                int32_t *tl = malloc(sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)n));
-                n_tiles = lm_cuda_attn_plan_tiles(tl, seq, pos, n, tt, g_flash_min, &n_rest);
+                const struct lm_cuda_tile_plan tp = {tt, g_flash_min, 2000, 32, NZ, dcnt ? n : 0};
+                int32_t *tl = malloc(sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n + tp.P)));
+                n_tiles = lm_cuda_attn_plan_tiles(tl, seq, pos, n, &tp, &n_rest);
                 dtiles = dev_from(tl, sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n_tiles + n_rest)));
                 free(tl);
                 a.tiles = dtiles, a.n_tiles = n_tiles, a.n_rest = n_rest;
@@ -1083,8 +1086,9 @@ static void test_plan_work(void) {
         bool ok = items == w[0] && items <= n + P && items >= n;
         for (int i = 0; i < items && ok; i++) {
             const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
-            const int t = it[0], p0 = it[1], p1 = it[2], z = it[3] >> 8, k = it[3] & 255;
-            ok = t >= 0 && t < n && p1 > p0 && 2 * (p1 - p0) < 3 * sl + 64 && k >= 1 && k <= 16 && z < k &&
+            const int t = it[0], p0 = it[1], p1 = it[2], z = (it[3] >> 8) & 255, k = it[3] & 255;
+            ok = t >= 0 && t < n && (it[3] >> 16) == t /* a decode list's slot is its token */ && p1 > p0 &&
+                 2 * (p1 - p0) < 3 * sl + 64 && k >= 1 && k <= 16 && z < k &&
                  (k == 1 || 4 * (p1 - p0) >= 3 * sl || z + 1 == k);
             if (ok && i > 0) ok = p1 - p0 <= w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 2] -
                                             w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (i - 1) + 1];
@@ -1117,10 +1121,10 @@ static void test_plan_work(void) {
  * the rest's list as a whole-context item; a tile shorter than tile_tokens ends where its run
  * ends; tiles reading more positions first. */
 static void test_plan_tiles(void) {
-    enum { MAXN = 600 };
-    static int32_t w[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * MAXN];
+    enum { MAXN = 600, P = 64 };
+    static int32_t w[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (MAXN + P)];
     int32_t seq[MAXN], pos[MAXN];
-    int bad = 0, cases = 0, tiles_seen = 0, rest_seen = 0;
+    int bad = 0, cases = 0, tiles_seen = 0, rest_seen = 0, cut = 0;
     for (int c = 0; c < 300; c++) {
         int n = 0;
         while (n < MAXN) {
@@ -1129,9 +1133,12 @@ static void test_plan_tiles(void) {
             if (urand(4) == 0) break;
         }
         const int tt = (int[]){64, 32, 16, 8}[c % 4], mt = c % 2 ? 4 : 1;
+        /* the other tokens cut (pieces of at least 64 positions, at most 8 a context) unless there
+         * are more than 40 of them (every seventh step: more than none) */
+        const struct lm_cuda_tile_plan tp = {tt, mt, P, 64, 8, c % 7 ? 40 : 0};
         int rest = -1;
-        const int tiles = lm_cuda_attn_plan_tiles(w, seq, pos, n, tt, mt, &rest);
-        int seen[MAXN] = {0};
+        const int tiles = lm_cuda_attn_plan_tiles(w, seq, pos, n, &tp, &rest);
+        int seen[MAXN] = {0}, slot_of[MAXN], next[MAXN] = {0}, pieces[MAXN] = {0}, used[MAXN] = {0};
         bool ok = tiles >= 0 && rest >= 0 && w[0] == tiles && w[1] == rest;
         for (int i = 0; i < tiles && ok; i++) {
             const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
@@ -1145,24 +1152,40 @@ static void test_plan_tiles(void) {
             if (ok && k < tt && t0 + k < n) ok = seq[t0 + k] != seq[t0] || pos[t0 + k] != pos[t0] + k;
             for (int j = 0; j < k && ok; j++) seen[t0 + j]++;
         }
+        /* The others: pieces of each token's context [0, pos + 1), in split order, one scratch
+         * slot a token (distinct, below the count of such tokens), longest first; whole when
+         * there are more tokens than slots. */
         const int32_t *rh = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (ok ? tiles : 0);
-        ok = ok && rh[0] == rest;
+        ok = ok && rh[0] == rest && rest <= n + P;
+        int n_tok = 0;
+        for (int t = 0; t < n; t++) n_tok += seen[t] == 0;
         for (int i = 0; i < rest && ok; i++) {
             const int32_t *it = rh + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
-            ok = it[0] >= 0 && it[0] < n && it[1] == 0 && it[2] == -1 && it[3] == 1;
-            if (ok) seen[it[0]]++;
+            const int t = it[0], slot = it[3] >> 16, z = (it[3] >> 8) & 255, k = it[3] & 255;
+            ok = t >= 0 && t < n && seen[t] == 0 && slot < n_tok && k >= 1 && k <= 8 && z < k &&
+                 (n_tok <= tp.max_slots || k == 1) && it[1] == next[t] && it[2] > it[1] && it[2] <= pos[t] + 1;
+            if (ok && i > 0) ok = it[2] - it[1] <= it[-2] - it[-3]; /* the previous item's length */
+            if (ok && pieces[t] > 0) ok = slot_of[t] == slot && pieces[t] == z;
+            if (ok && pieces[t] == 0) ok = z == 0 && !used[slot];
+            if (!ok) break;
+            if (pieces[t] == 0) used[slot] = 1;
+            slot_of[t] = slot;
+            pieces[t]++;
+            next[t] = it[2];
+            if (z + 1 == k) ok = next[t] == pos[t] + 1;
         }
-        for (int t = 0; t < n && ok; t++) ok = seen[t] == 1;
+        for (int t = 0; t < n && ok; t++) ok = seen[t] == 1 || next[t] == pos[t] + 1;
         if (mt == 1) ok = ok && rest == 0;
         bad += !ok;
         cases++;
         tiles_seen += tiles, rest_seen += rest;
+        for (int t = 0; t < n; t++) cut += pieces[t] > 1;
     }
-    CHECK(bad == 0 && tiles_seen > 0 && rest_seen > 0,
-          "prefill tile planner: %d of %d random steps break an invariant (%d tiles, %d others)", bad, cases,
-          tiles_seen, rest_seen);
-    fprintf(stderr, "prefill tile planner: %d random steps, %d bad (%d tiles, %d tokens for k_attention)\n", cases,
-            bad, tiles_seen, rest_seen);
+    CHECK(bad == 0 && tiles_seen > 0 && rest_seen > 0 && cut > 0,
+          "prefill tile planner: %d of %d random steps break an invariant (%d tiles, %d other items, %d "
+          "contexts cut)", bad, cases, tiles_seen, rest_seen, cut);
+    fprintf(stderr, "prefill tile planner: %d random steps, %d bad (%d tiles, %d items for k_attention, %d "
+            "contexts cut)\n", cases, bad, tiles_seen, rest_seen, cut);
 }
 
 /* Runs (speculative verification): one fused launch holding runs of consecutive tokens of a

@@ -129,18 +129,18 @@ __device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const fl
     }
 }
 
-/* The end of a split-KV block (split z of nused > 1 in use of token t's KV head g; scratch room for
- * nz splits a (token, KV head)): this block's
+/* The end of a split-KV block (split z of nused > 1 in use of token t's KV head g; scratch row
+ * slot, with room for nz splits a (row, KV head)): this block's
  * (max, sum, weighted V sum) per head to the scratch; the last block of the token's KV head to
  * finish merges the splits in order 0 .. nused - 1 (Dao et al. 2023, flash-decoding), so the
  * result does not depend on which block finishes last. stride: the block's thread count. */
 template <int NW, int GM, int D>
 __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const float (&wm)[NW][GM],
                                                  const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
-                                                 int t, int g, int G, int Q, int z, int nz, int nused,
+                                                 int t, int slot, int g, int G, int Q, int z, int nz, int nused,
                                                  int nthreads) {
     const int stride = G * (D + 2);
-    float *part = a.split_part + (size_t)(t * a.n_kv_heads + g) * nz * stride;
+    float *part = a.split_part + (size_t)(slot * a.n_kv_heads + g) * nz * stride;
     for (int i = threadIdx.x; i < G * D; i += nthreads) {
         const int h = i / D, d = i % D;
         float M, num, den;
@@ -153,7 +153,7 @@ __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const fl
     __syncthreads();
     __shared__ int last;
     if (threadIdx.x == 0) {
-        unsigned *cnt = a.split_count + t * a.n_kv_heads + g;
+        unsigned *cnt = a.split_count + slot * a.n_kv_heads + g;
         last = atomicAdd(cnt, 1u) == (unsigned)nused - 1;
         if (last) *cnt = 0; /* every other split has arrived: ready for the next launch */
     }
@@ -187,11 +187,11 @@ struct AttSmem {
 };
 
 /* Positions [p0, p1) of token t's context for KV head g (p1 < 0: up to its own position; split z
- * of nused, merged through the scratch's a.n_splits splits a (token, KV head); nused 1: the whole
+ * of nused, merged through scratch row slot's a.n_splits splits a KV head; nused 1: the whole
  * context, written out directly), after the wait. */
 template <int D, int GM, bool VPRE>
 __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttSmem<D, GM> &sm, int g, int t,
-                                          int p0, int p1, int z, int nused) {
+                                          int p0, int p1, int z, int nused, int slot) {
     using S = AttShape<D>;
     constexpr int DPL = S::DPL, LPT = S::LPT;
     constexpr int TPW = S::TPW;
@@ -436,7 +436,7 @@ __device__ __forceinline__ void att_range(const lm_cuda_attn &a, int FUSED, AttS
     if (nused == 1)
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, (int)blockDim.x);
     else
-        attn_split_merge(a, wm, wl, wacc, t, g, G, Q, z, a.n_splits, nused, (int)blockDim.x);
+        attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, a.n_splits, nused, (int)blockDim.x);
 }
 
 /* One block per (KV head, token), or, with a work list (a.work: FUSED decode's, or the tokens a
@@ -454,17 +454,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
     const int g = blockIdx.x;
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     /* One place calls att_range (inlined: a second copy would cost registers in both). */
-    int t = blockIdx.y, p0 = 0, p1 = -1, z = 0, nused = 1; /* p1 -1: up to the token's own position */
+    int t = blockIdx.y, p0 = 0, p1 = -1, z = 0, nused = 1, slot = t; /* p1 -1: up to its own position */
     if (a.work) {
         /* Item blockIdx.y of the list, if there is one (the step's inputs, the list among them,
          * were copied before its first kernel, so it can be read before the wait). A non-fused
          * launch's list holds the tokens its tiles leave (lm_cuda_attn_plan_tiles). */
         if ((int)blockIdx.y >= a.work[0]) return;
         const int32_t *w = a.work + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
-        t = w[0], p0 = w[1], p1 = w[2], z = w[3] >> 8, nused = w[3] & 255;
+        t = w[0], p0 = w[1], p1 = w[2], z = (w[3] >> 8) & 255, nused = w[3] & 255, slot = w[3] >> 16;
     }
     pdl_wait();
-    att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nused);
+    att_range<D, GM, VPRE>(a, FUSED, sm, g, t, p0, p1, z, nused, slot);
 }
 
 /* ---- prefill attention on tensor cores (flash attention) ----
@@ -1042,7 +1042,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
         attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
         return;
     }
-    attn_split_merge(a, wm, wl, wacc, t, g, G, Q, (int)blockIdx.z, (int)gridDim.z, nused, DEC_THREADS);
+    attn_split_merge(a, wm, wl, wacc, t, t, g, G, Q, (int)blockIdx.z, (int)gridDim.z, nused, DEC_THREADS);
 }
 
 } // namespace
@@ -1195,7 +1195,11 @@ extern "C" int lm_cuda_attn_work_blocks(const struct lm_cuda_ctx *c, const struc
     });
 }
 
-extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int P, int min_len, int max_splits) {
+/* The pieces of n contexts (token i: pos[i] + 1 positions) for P resident blocks into items
+ * (lm_cuda_attn.work's form, after the header), longest first; token i's items name row rows[i]
+ * (i when rows is NULL) and scratch slot i. Returns the count (n to n + P). */
+static int plan_pieces(int32_t *items, const int32_t *pos, const int32_t *rows, int n, int P, int min_len,
+                       int max_splits) {
     long total = 0;
     int longest = 0;
     for (int i = 0; i < n; i++) {
@@ -1212,20 +1216,26 @@ extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int
         int32_t t, p0, p1, zn;
     };
     static_assert(sizeof(piece) == sizeof(int32_t) * LM_CUDA_WORK_ITEM, "an item is a piece");
-    piece *v = reinterpret_cast<piece *>(w + LM_CUDA_WORK_HEAD);
-    int items = 0;
+    piece *v = reinterpret_cast<piece *>(items);
+    int count = 0;
     for (int i = 0; i < n; i++) {
         const int L = pos[i] + 1;
         /* round(L / sl) pieces, of 0.75 sl to 1.5 sl: a context a little over sl stays whole */
         int k = std::max(1, (int)((L + sl / 2) / sl));
         const int len = ((L + k - 1) / k + 31) / 32 * 32;
         k = (L + len - 1) / len;
-        for (int z = 0; z < k; z++) v[items++] = {i, z * len, std::min(L, (z + 1) * len), z << 8 | k};
+        for (int z = 0; z < k; z++)
+            v[count++] = {rows ? rows[i] : i, z * len, std::min(L, (z + 1) * len), i << 16 | z << 8 | k};
     }
-    std::sort(v, v + items, [](const piece &x, const piece &y) {
+    std::sort(v, v + count, [](const piece &x, const piece &y) {
         const int lx = x.p1 - x.p0, ly = y.p1 - y.p0;
-        return lx != ly ? lx > ly : x.t != y.t ? x.t < y.t : x.zn < y.zn;
+        return lx != ly ? lx > ly : x.zn != y.zn ? x.zn < y.zn : x.t < y.t;
     });
+    return count;
+}
+
+extern "C" int lm_cuda_attn_plan_work(int32_t *w, const int32_t *pos, int n, int P, int min_len, int max_splits) {
+    const int items = plan_pieces(w + LM_CUDA_WORK_HEAD, pos, NULL, n, P, min_len, max_splits);
     w[0] = items;
     w[1] = w[2] = w[3] = 0;
     return items;
@@ -1240,9 +1250,8 @@ extern "C" int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struc
 }
 
 extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n,
-                                       int tile_tokens, int min_tokens, int *n_rest) {
-    tile_tokens = std::max(tile_tokens, 1);
-    min_tokens = std::max(min_tokens, 1);
+                                       const struct lm_cuda_tile_plan *p, int *n_rest) {
+    const int tile_tokens = std::max(p->tile_tokens, 1), min_tokens = std::max(p->min_tokens, 1);
     /* f(t, c) for each tile: c tokens from row t, one sequence at consecutive positions. */
     auto each_tile = [&](auto &&f) {
         for (int t = 0, c; t < n; t += c) {
@@ -1251,7 +1260,7 @@ extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int
             f(t, c);
         }
     };
-    int tiles = 0, rest = 0;
+    int tiles = 0;
     int32_t *it = w + LM_CUDA_WORK_HEAD;
     each_tile([&](int t, int c) {
         if (c < min_tokens) return;
@@ -1268,19 +1277,22 @@ extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int
     tile *tv = reinterpret_cast<tile *>(it);
     std::sort(tv, tv + tiles,
               [](const tile &x, const tile &y) { return x.end != y.end ? x.end > y.end : x.t < y.t; });
-    /* The tokens of smaller tiles: k_attention's work items (t, 0, -1, 1) (the whole context,
-     * one piece), after their own header. */
-    int32_t *rh = it + LM_CUDA_WORK_ITEM * tiles;
+    /* The tokens of smaller tiles (a step's decode tokens beside its chunks): k_attention's work
+     * items after their own header, each context cut into pieces as a batched decode step's
+     * (plan_pieces: a long one must not hold up the launch) when their scratch rows fit. */
+    thread_local std::vector<int32_t> rows, rpos;
+    rows.clear(), rpos.clear();
     each_tile([&](int t, int c) {
         if (c >= min_tokens) return;
-        for (int i = 0; i < c; i++) {
-            int32_t *x = rh + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * rest++;
-            x[0] = t + i, x[1] = 0, x[2] = -1, x[3] = 1;
-        }
+        for (int i = 0; i < c; i++) rows.push_back(t + i), rpos.push_back(pos[t + i]);
     });
-    rh[0] = rest, rh[1] = rh[2] = rh[3] = 0;
-    w[0] = tiles, w[1] = rest, w[2] = w[3] = 0;
-    *n_rest = rest;
+    const int R = (int)rows.size();
+    int32_t *rh = it + LM_CUDA_WORK_ITEM * tiles;
+    const int splits = R <= p->max_slots ? p->max_splits : 1;
+    const int items = plan_pieces(rh + LM_CUDA_WORK_HEAD, rpos.data(), rows.data(), R, p->P, p->min_len, splits);
+    rh[0] = items, rh[1] = rh[2] = rh[3] = 0;
+    w[0] = tiles, w[1] = items, w[2] = w[3] = 0;
+    *n_rest = items;
     return tiles;
 }
 

@@ -301,11 +301,12 @@ struct lm_cuda_attn {
     /* Batched decode's work list (a fused launch that lm_cuda_attn_dec_fits refuses; FlashInfer's
      * planned split-KV): NULL, or device int32 [LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * items]:
      * work[0] the item count, then per item the token t, its first position p0, the end p1, and
-     * z << 8 | nused (split z of the nused that token t's items make, in position order, covering
-     * [0, pos[t] + 1); nused 1..min(255, n_splits)). The launch then has n + work_blocks blocks
+     * slot << 16 | z << 8 | nused (split z of the nused that token t's items make, in position
+     * order, covering [0, pos[t] + 1); nused 1..min(255, n_splits); slot < 2^15 the scratch row
+     * its splits merge through, t for a decode list). The launch then has n + work_blocks blocks
      * a KV head (the planner's bound on the items: lm_cuda_attn_work_blocks), block y taking item
      * y if there is one; split items merge through the scratch as above, with room for n_splits
-     * splits a (token, KV head). */
+     * splits a (row, KV head). */
     const int32_t *work;
     int work_blocks;
     /* Runs (speculative decoding's verification): NULL, or [n] per token the number of tokens of
@@ -321,10 +322,12 @@ struct lm_cuda_attn {
      * k_attention block a token and KV head), or the device copy of lm_cuda_attn_plan_tiles's
      * list, n_tiles and n_rest its counts. The n_tiles tiles of consecutive tokens of one sequence
      * then run on tensor cores (a block a tile and KV head), the n_rest other tokens on
-     * k_attention. The output is the same attention to within bf16 rounding (q is split into
-     * bf16 hi + lo parts, the probabilities are rounded to bf16 for p.V), and a token's bits do
-     * not depend on the tile it is in. Only for shapes lm_cuda_attn_tile_tokens accepts; a
-     * float32-output launch with tiles fails (LM_ERR_IO). */
+     * k_attention from the list's items (n_rest of them, split as the planner chose: the
+     * launch then needs split_part / split_count with n_splits at least the planner's max_splits,
+     * rows for its max_slots). The output is the same attention to within bf16 rounding (q is
+     * split into bf16 hi + lo parts, the probabilities are rounded to bf16 for p.V), and a tiled
+     * token's bits do not depend on the tile it is in. Only for shapes lm_cuda_attn_tile_tokens
+     * accepts; a float32-output launch with tiles fails (LM_ERR_IO). */
     const int32_t *tiles;
     int n_tiles, n_rest;
 };
@@ -358,17 +361,27 @@ enum { LM_CUDA_WORK_HEAD = 4, LM_CUDA_WORK_ITEM = 4 }; /* lm_cuda_attn.work's in
  * serve the shape (head_dim 256, or too little shared memory): such launches take no tiles. */
 int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a);
 
+/* How lm_cuda_attn_plan_tiles cuts a launch. */
+struct lm_cuda_tile_plan {
+    int tile_tokens; /* the most tokens a tile holds (lm_cuda_attn_tile_tokens) */
+    int min_tokens;  /* the fewest a tile on the tensor-core kernel holds */
+    /* The other tokens' contexts are cut as lm_cuda_attn_plan_work's with these P, min_len and
+     * max_splits, when there are at most max_slots of them (the scratch rows); else whole. */
+    int P, min_len, max_splits, max_slots;
+};
+
 /* Plans a non-fused launch of n tokens (rows of seq/pos, host arrays) into w (host int32, room
- * for 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * n): runs of consecutive rows of one sequence at
- * consecutive positions, cut in order into tiles of at most tile_tokens. Tiles of at least
- * min_tokens are the tensor-core kernel's, the tokens of smaller ones k_attention's. Writes w[0]
- * the tiles F, w[1] the rest R, then F items (first row, tokens, positions read = the last
- * token's position + 1, 0), the most positions first (ties in row order), then a header (R, 0, 0,
- * 0) and R items (row, 0, -1, 1) (lm_cuda_attn.work's form: the whole context in one piece).
- * Returns F and sets *n_rest = R; copy 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (F + R)
- * int32 to the device for lm_cuda_attn.tiles. */
-int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n, int tile_tokens,
-                            int min_tokens, int *n_rest);
+ * for 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (n + p->P)): runs of consecutive rows of one
+ * sequence at consecutive positions, cut in order into tiles of at most tile_tokens. Tiles of
+ * at least min_tokens are the tensor-core kernel's, the tokens of smaller ones k_attention's.
+ * Writes w[0] the tiles F, w[1] the other items I, then F items (first row, tokens, positions
+ * read = the last token's position + 1, 0), the most positions first (ties in row order), then
+ * a header (I, 0, 0, 0) and I items in lm_cuda_attn.work's form, the other tokens' contexts in
+ * pieces (as lm_cuda_attn_plan_work; slot = the token's index among them), longest first.
+ * Returns F and sets *n_rest = I; copy 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (F + I) int32
+ * to the device for lm_cuda_attn.tiles. */
+int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n,
+                            const struct lm_cuda_tile_plan *p, int *n_rest);
 
 /* P for a work-list launch of n tokens (lm_cuda_attn.work_blocks, lm_cuda_attn_plan_work): the
  * blocks of its kernel that are resident at once on the device, over n_kv_heads (at least 1). */

@@ -39,8 +39,8 @@ struct layer_dev {
 /* Byte offsets of one call's inputs in the staging buffers: ids, pos, seq, out_tokens, block
  * tables (int32), the sampling rows (8-byte aligned), then a batched decode step's attention work
  * list (lm_cuda_attn.work: room for nt + wb items, wb >= 1 the most blocks a KV head it can have)
- * or a prefill step's tiles (lm_cuda_attn.tiles: two headers and at most nt items, which that
- * room holds). */
+ * or a prefill step's tiles (lm_cuda_attn.tiles: two headers and at most nt + wb items, in room
+ * for one item more). */
 struct layout {
     size_t ids, pos, seq, run, out, bt, samp, work, total;
 };
@@ -55,7 +55,7 @@ layout make_layout(int nt, int no, int ns, int W, int wb) {
     L.bt = L.out + 4 * (size_t)no;
     L.samp = (L.bt + 4 * (size_t)ns * W + 15) / 16 * 16;
     L.work = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
-    L.total = L.work + 4 * (LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * ((size_t)nt + wb));
+    L.total = L.work + 4 * (LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * ((size_t)nt + wb + 1));
     return L;
 }
 
@@ -648,6 +648,10 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
         a.tiles = (const int32_t *)(m->in_dev + L.work);
         a.n_tiles = lists.n_tiles;
         a.n_rest = lists.n_rest;
+        /* the other tokens' pieces merge through the scratch (rows: their index, < MO) */
+        a.n_splits = SPLIT_MAX;
+        a.split_part = m->split_part;
+        a.split_count = m->split_count;
     }
     return a;
 }
@@ -886,9 +890,12 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     if (!decode && nt > p.gemv_max_rows && flash_min_tokens() > 0) {
         const lm_cuda_attn shape = attn_shape(m);
         const int tt = lm_cuda_attn_tile_tokens(c, &shape);
-        if (tt > 0)
-            lists.n_tiles = lm_cuda_attn_plan_tiles((int32_t *)(h + L.work), seq, pos, nt, tt, flash_min_tokens(),
-                                                    &lists.n_rest);
+        /* The tokens beside the tiles (decodes riding with a chunk) cut as a decode step's, so
+         * that a long context among them does not hold the launch up; P for all nt tokens, which
+         * only sizes the pieces (the planner holds at most nt + P items: make_layout's room). */
+        const lm_cuda_tile_plan tp = {tt, flash_min_tokens(), std::min(m->work_max, lm_cuda_attn_work_blocks(c, &shape, nt)),
+                                      split_batch_len() > 0 ? split_batch_len() : 1 << 30, SPLIT_MAX, m->MO};
+        if (tt > 0) lists.n_tiles = lm_cuda_attn_plan_tiles((int32_t *)(h + L.work), seq, pos, nt, &tp, &lists.n_rest);
     }
 
     /* The inputs the step's first copy takes: the work area only when the step has a list. */
