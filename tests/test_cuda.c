@@ -1118,8 +1118,8 @@ static void test_plan_work(void) {
 /* The prefill tile planner (lm_cuda_attn_plan_tiles) on random steps of runs of sequences' tokens
  * (runs of one sequence split, repeated, or cut by a gap in positions): every token once, in a
  * tile (one sequence, consecutive rows and positions, min_tokens to tile_tokens of them) or in
- * the rest's list as a whole-context item; a tile shorter than tile_tokens ends where its run
- * ends; tiles reading more positions first. */
+ * the rest's list in pieces; a run of at least min_tokens on tiles alone, in as few as tile_tokens
+ * allows; tiles reading more positions first. */
 static void test_plan_tiles(void) {
     enum { MAXN = 600, P = 64 };
     static int32_t w[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (MAXN + P)];
@@ -1139,6 +1139,7 @@ static void test_plan_tiles(void) {
         int rest = -1;
         const int tiles = lm_cuda_attn_plan_tiles(w, seq, pos, n, &tp, &rest);
         int seen[MAXN] = {0}, slot_of[MAXN], next[MAXN] = {0}, pieces[MAXN] = {0}, used[MAXN] = {0};
+        int starts[MAXN] = {0};
         bool ok = tiles >= 0 && rest >= 0 && w[0] == tiles && w[1] == rest;
         for (int i = 0; i < tiles && ok; i++) {
             const int32_t *it = w + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * i;
@@ -1149,8 +1150,18 @@ static void test_plan_tiles(void) {
                 ok = pv[2] > it[2] || (pv[2] == it[2] && pv[0] < t0);
             }
             for (int j = 1; j < k && ok; j++) ok = seq[t0 + j] == seq[t0] && pos[t0 + j] == pos[t0] + j;
-            if (ok && k < tt && t0 + k < n) ok = seq[t0 + k] != seq[t0] || pos[t0 + k] != pos[t0] + k;
             for (int j = 0; j < k && ok; j++) seen[t0 + j]++;
+            if (ok) starts[t0]++;
+        }
+        /* Each maximal run of one sequence's consecutive tokens: all on tiles, ceil(run / tt) of
+         * them (so no tile but a run's last two is short), when it has min_tokens or more, else
+         * all left to k_attention. */
+        for (int a = 0, b; a < n && ok; a = b) {
+            b = a + 1;
+            while (b < n && seq[b] == seq[a] && pos[b] == pos[a] + (b - a)) b++;
+            int on = 0, st = 0;
+            for (int t = a; t < b; t++) on += seen[t], st += starts[t];
+            ok = b - a >= mt ? on == b - a && st == (b - a + tt - 1) / tt : on == 0;
         }
         /* The others: pieces of each token's context [0, pos + 1), in split order, one scratch
          * slot a token (distinct, below the count of such tokens), longest first; whole when

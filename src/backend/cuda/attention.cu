@@ -482,10 +482,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
  * mask (position > the row's token position), an online softmax in the log2 domain, then
  * O += P V with P rounded to bf16. q arrives float32 (normalised and rotated by
  * lm_cuda_qk_norm_rope_store) and is split into bf16 hi + lo parts, both multiplied by K, so the
- * scores lose no more than K's own bf16 rounding (one part alone gave 3.9e-3 relative error
- * against float32 on the test's inputs, hi + lo 2.7e-3, mostly P's and the output's rounding).
- * A row's result depends only on its own inputs and the position tiles (aligned to 0): tiles of
- * positions past a row's own add exact zeros, so a token gets the same bits in any tile. */
+ * scores lose no more than K's own bf16 rounding (in a C simulation of this arithmetic on the
+ * test's inputs, one part alone gave 3.9e-3 relative error against float64, hi + lo 2.5e-3,
+ * mostly P's and the output's rounding). A row's result depends only on its own inputs and the
+ * position tiles (aligned to 0): tiles of positions past a row's own add exact zeros, so a token
+ * gets the same bits in any tile of this kernel (tokens the planner leaves to k_attention, runs
+ * under its min_tokens, round differently). */
 
 /* Two groups of 4 warps: each group holds all 64 rows and takes every other position tile. */
 constexpr int FA_ROWS = 64, FA_COLS = 64, FA_GROUPS = 2, FA_WARPS = 4 * FA_GROUPS;
@@ -538,7 +540,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
     /* This group's stages; the group's own barrier (ids 1 and 2: 0 is __syncthreads). */
     uint16_t *qh = fa_sm, *ql = qh + FA_ROWS * SD;
     uint16_t *ks = ql + FA_ROWS * SD + grp * 4 * FA_COLS * SD, *vs = ks + 2 * FA_COLS * SD;
-    auto group_sync = [&] { asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(GT) : "memory"); };
+    auto group_sync = [&] { /* constant ids: a register id makes ptxas reserve all 16 barriers */
+        if (grp)
+            asm volatile("bar.sync 2, %0;" ::"n"(GT) : "memory");
+        else
+            asm volatile("bar.sync 1, %0;" ::"n"(GT) : "memory");
+    };
     pdl_trigger();
     /* The tile list, seq, pos and block tables are the step's inputs (copied before its first
      * kernel): read before the wait; q and the cache are written by the preceding kernel. */
@@ -721,8 +728,13 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
 #pragma unroll
     for (int n = 0; n < NO; n++) {
         const int d = n * 8 + tig * 2;
-        if (wa) *reinterpret_cast<unsigned *>(oa + d) = pack_bf2(o[n][0] * ia, o[n][1] * ia);
-        if (wb) *reinterpret_cast<unsigned *>(ob + d) = pack_bf2(o[n][2] * ib, o[n][3] * ib);
+        /* + 0: a -0 sum and the +0 a masked tile's zeros make of it store the same bits */
+        if (wa)
+            *reinterpret_cast<unsigned *>(oa + d) =
+                pack_bf2(__fadd_rn(o[n][0] * ia, 0.f), __fadd_rn(o[n][1] * ia, 0.f));
+        if (wb)
+            *reinterpret_cast<unsigned *>(ob + d) =
+                pack_bf2(__fadd_rn(o[n][2] * ib, 0.f), __fadd_rn(o[n][3] * ib, 0.f));
     }
     (void)TOK;
 }
@@ -1252,12 +1264,25 @@ extern "C" int lm_cuda_attn_tile_tokens(const struct lm_cuda_ctx *c, const struc
 extern "C" int lm_cuda_attn_plan_tiles(int32_t *w, const int32_t *seq, const int32_t *pos, int n,
                                        const struct lm_cuda_tile_plan *p, int *n_rest) {
     const int tile_tokens = std::max(p->tile_tokens, 1), min_tokens = std::max(p->min_tokens, 1);
-    /* f(t, c) for each tile: c tokens from row t, one sequence at consecutive positions. */
+    /* f(t, c) for each tile: c tokens from row t, one sequence at consecutive positions. A run is
+     * cut into tiles of tile_tokens; when that leaves a last tile under min_tokens, the last two
+     * share the rest evenly (33 tokens: 17 + 16, not 32 + 1), so that every token of a run of at
+     * least min_tokens stays on the tensor-core kernel. */
     auto each_tile = [&](auto &&f) {
-        for (int t = 0, c; t < n; t += c) {
-            c = 1;
-            while (c < tile_tokens && t + c < n && seq[t + c] == seq[t] && pos[t + c] == pos[t] + c) c++;
-            f(t, c);
+        for (int t = 0, run; t < n; t += run) {
+            run = 1;
+            while (t + run < n && seq[t + run] == seq[t] && pos[t + run] == pos[t] + run) run++;
+            const int full = run / tile_tokens, r = run % tile_tokens;
+            const bool share = full >= 1 && r > 0 && r < min_tokens && (tile_tokens + r) / 2 >= min_tokens;
+            int u = t;
+            for (int i = 0; i < full - (share ? 1 : 0); i++, u += tile_tokens) f(u, tile_tokens);
+            if (share) {
+                const int a = (tile_tokens + r + 1) / 2;
+                f(u, a);
+                f(u + a, tile_tokens + r - a);
+            } else if (r > 0) {
+                f(u, r);
+            }
         }
     };
     int tiles = 0;

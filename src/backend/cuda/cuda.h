@@ -327,7 +327,8 @@ struct lm_cuda_attn {
      * rows for its max_slots). The output is the same attention to within bf16 rounding (q is
      * split into bf16 hi + lo parts, the probabilities are rounded to bf16 for p.V), and a tiled
      * token's bits do not depend on the tile it is in. Only for shapes lm_cuda_attn_tile_tokens
-     * accepts; a float32-output launch with tiles fails (LM_ERR_IO). */
+     * accepts; a float32-output launch with tiles fails (LM_ERR_IO). The counts must be the
+     * list's own (its headers are read on the device only). */
     const int32_t *tiles;
     int n_tiles, n_rest;
 };
@@ -372,8 +373,10 @@ struct lm_cuda_tile_plan {
 
 /* Plans a non-fused launch of n tokens (rows of seq/pos, host arrays) into w (host int32, room
  * for 2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (n + p->P)): runs of consecutive rows of one
- * sequence at consecutive positions, cut in order into tiles of at most tile_tokens. Tiles of
- * at least min_tokens are the tensor-core kernel's, the tokens of smaller ones k_attention's.
+ * sequence at consecutive positions, cut in order into tiles of tile_tokens (the last two of a
+ * run sharing its rest evenly when the last alone would hold under min_tokens). Tiles of at
+ * least min_tokens are the tensor-core kernel's, the tokens of smaller ones (runs shorter than
+ * min_tokens) k_attention's.
  * Writes w[0] the tiles F, w[1] the other items I, then F items (first row, tokens, positions
  * read = the last token's position + 1, 0), the most positions first (ties in row order), then
  * a header (I, 0, 0, 0) and I items in lm_cuda_attn.work's form, the other tokens' contexts in

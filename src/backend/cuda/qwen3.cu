@@ -700,7 +700,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, lists);
-    /* The cuBLAS GEMMs' rows: a graph's are fixed by its bucket; an eager step's are bucketed. */
+    /* The cuBLAS GEMMs' rows: a decode step's are its own (a graph's bucket, or nt with graphs
+     * off); a step with prefill chunks rounds them up (gemm_rows). */
     const int gm = decode ? nt : gemm_rows(nt, m->p.max_tokens);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
