@@ -13,7 +13,8 @@
 # ARROW_ARGS=6: the kernel-chain table alone), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
-# with device-build.sh.
+# with device-build.sh. The device tool brings back at most 8 files from $OUT (more are left out
+# without an error): write step traces and the like to /tmp and copy the one you need.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-env.sh
