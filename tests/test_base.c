@@ -54,6 +54,28 @@ int main(void) {
           "an unknown value keeps the default (not 'on')");
     unsetenv("LM_TEST_SWITCH");
 
+    /* Integer settings (LM_CUDA_FLASH_MIN, ...): a typo keeps the default, never reads as 0. */
+    long x = -7;
+    CHECK(lm_env_int_parse("12", 0, 100, &x) && x == 12, "12 in [0, 100]: %ld", x);
+    CHECK(lm_env_int_parse("0", 0, 100, &x) && x == 0, "0 in [0, 100]");
+    CHECK(lm_env_int_parse("-3", -5, 5, &x) && x == -3, "-3 in [-5, 5]");
+    static const char *const bad_int[] = {"", "four", "4x", " 4", "4 ", "101", "-1", "0x10", "1e2", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_int / sizeof *bad_int; i++) {
+        x = -7;
+        CHECK(!lm_env_int_parse(bad_int[i], 0, 100, &x) && x == -7, "'%s' is not a whole number in [0, 100]",
+              bad_int[i]);
+    }
+    CHECK(!lm_env_int_parse(NULL, 0, 100, &x), "NULL");
+    unsetenv("LM_TEST_INT");
+    CHECK(lm_env_int("LM_TEST_INT", 4, 0, 64) == 4, "unset keeps the default");
+    setenv("LM_TEST_INT", "0", 1);
+    CHECK(lm_env_int("LM_TEST_INT", 4, 0, 64) == 0, "0 is a value (it turns a feature off)");
+    setenv("LM_TEST_INT", "four", 1); /* warns on stderr */
+    CHECK(lm_env_int("LM_TEST_INT", 4, 0, 64) == 4, "a typo keeps the default (atoi would read 0)");
+    setenv("LM_TEST_INT", "65", 1); /* warns on stderr */
+    CHECK(lm_env_int("LM_TEST_INT", 4, 0, 64) == 4, "out of range keeps the default");
+    unsetenv("LM_TEST_INT");
+
     lm_ids_free(&ids);
     lm_ids_free(&got);
     lm_buf_free(&b);

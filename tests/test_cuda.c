@@ -902,6 +902,11 @@ static void test_attention_case(const struct attn_case *ac) {
                 const struct lm_cuda_tile_plan tp = {tt, g_flash_min, 2000, 32, NZ, dcnt ? n : 0};
                 int32_t *tl = malloc(sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n + tp.P)));
                 n_tiles = lm_cuda_attn_plan_tiles(tl, seq, pos, n, &tp, &n_rest);
+                int cut = 0; /* the other tokens' items in more than one piece */
+                for (int i = 0; i < n_rest; i++)
+                    cut += (tl[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (n_tiles + i) + 3] & 255) > 1;
+                CHECK(g_attn_dec != 4 || cut > 0, "attention D=%d: mode 4's prefill cut no context (%d tiles, "
+                      "%d other items)", D, n_tiles, n_rest);
                 dtiles = dev_from(tl, sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n_tiles + n_rest)));
                 free(tl);
                 a.tiles = dtiles, a.n_tiles = n_tiles, a.n_rest = n_rest;

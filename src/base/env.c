@@ -1,6 +1,7 @@
-/* env.c: on/off switches read from the environment (env.h). */
+/* env.c: on/off switches and integer settings read from the environment (env.h). */
 #include "base/env.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -25,5 +26,24 @@ bool lm_env_flag(const char *name, bool dflt) {
             "lumen: %s=%s is not a switch value (accepted: " LM_ENV_FLAG_VALUES
             "); using the default (%s)\n",
             name, v, dflt ? "on" : "off");
+    return dflt;
+}
+
+bool lm_env_int_parse(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s || !((*s >= '0' && *s <= '9') || *s == '-' || *s == '+')) return false;
+    char *end = NULL;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+long lm_env_int(const char *name, long dflt, long lo, long hi) {
+    const char *v = getenv(name);
+    long x = dflt;
+    if (!v || !*v || lm_env_int_parse(v, lo, hi, &x)) return x;
+    fprintf(stderr, "lumen: %s=%s is not a whole number from %ld to %ld; using the default (%ld)\n", name, v, lo,
+            hi, dflt);
     return dflt;
 }

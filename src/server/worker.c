@@ -86,6 +86,15 @@ static void job_free(struct lm_job *j) {
     free(j);
 }
 
+/* Frees a list of jobs linked by next (each one's last ref dropped), without the mutex. */
+static void free_jobs(struct lm_job *j) {
+    while (j) {
+        struct lm_job *n = j->next;
+        job_free(j);
+        j = n;
+    }
+}
+
 /* Called with the mutex held; returns true when the caller must free the job after unlocking. */
 static bool unref_locked(struct lm_job *j) {
     assert(j->refs > 0);
@@ -193,26 +202,24 @@ static void wake_flush(struct lm_worker *w) {
     pthread_mutex_lock(&w->mu);
     struct lm_job *list = w->wake;
     w->wake = NULL;
-    for (struct lm_job *j = list; j; j = j->wake_next) j->wake_queued = false;
     pthread_mutex_unlock(&w->mu);
     if (!list) return;
+    /* Only the engine thread queues (job_on_text) and flushes, so the list is ours until the
+     * flags are cleared below. */
     for (struct lm_job *j = list; j; j = j->wake_next) pthread_cond_broadcast(&j->cond);
     struct lm_job *to_free = NULL;
     pthread_mutex_lock(&w->mu);
     for (struct lm_job *j = list, *n; j; j = n) {
         n = j->wake_next;
         j->wake_next = NULL;
+        j->wake_queued = false;
         if (unref_locked(j)) {
             j->next = to_free;
             to_free = j;
         }
     }
     pthread_mutex_unlock(&w->mu);
-    while (to_free) {
-        struct lm_job *n = to_free->next;
-        job_free(to_free);
-        to_free = n;
-    }
+    free_jobs(to_free);
 }
 
 /* ---- the canonical form of a finished chat turn ---- */
@@ -341,11 +348,7 @@ static void *engine_main(void *arg) {
         }
         if (to_free) {
             pthread_mutex_unlock(&w->mu);
-            while (to_free) {
-                struct lm_job *n = to_free->next;
-                job_free(to_free);
-                to_free = n;
-            }
+            free_jobs(to_free);
             pthread_mutex_lock(&w->mu);
             continue;
         }

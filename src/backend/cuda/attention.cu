@@ -482,9 +482,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const lm_cuda_attn
  * mask (position > the row's token position), an online softmax in the log2 domain, then
  * O += P V with P rounded to bf16. q arrives float32 (normalised and rotated by
  * lm_cuda_qk_norm_rope_store) and is split into bf16 hi + lo parts, both multiplied by K, so the
- * scores lose no more than K's own bf16 rounding (in a C simulation of this arithmetic on the
- * test's inputs, one part alone gave 3.9e-3 relative error against float64, hi + lo 2.5e-3,
- * mostly P's and the output's rounding). A row's result depends only on its own inputs and the
+ * scores lose no more than K's own bf16 rounding (scripts/flash-precision.c, this arithmetic on
+ * the test's inputs: one part alone gives 4.1e-3 relative error against float64, over the
+ * test's 4e-3 bound; hi + lo 2.7e-3, mostly P's and the output's rounding). A row's result depends only on its own inputs and the
  * position tiles (aligned to 0): tiles of positions past a row's own add exact zeros, so a token
  * gets the same bits in any tile of this kernel (tokens the planner leaves to k_attention, runs
  * under its min_tokens, round differently). */
@@ -505,8 +505,6 @@ template <int D>
 constexpr bool fa_shape_ok() {
     return D >= 16 && D <= 128;
 }
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -533,7 +531,7 @@ __device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
 
 template <int D, int GM>
 __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda_attn a) {
-    constexpr int SD = D + 8, KS = D / 16, NO = D / 8, TOK = FA_ROWS / GM, CH = D / 8, GT = 128;
+    constexpr int SD = D + 8, KS = D / 16, NO = D / 8, CH = D / 8, GT = 128; /* NO n-tiles, CH 16-byte chunks */
     extern __shared__ __align__(16) uint16_t fa_sm[];
     const int g = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, grp = tid >> 7;
     const int gid = lane >> 2, tig = lane & 3, gtid = tid & (GT - 1);
@@ -736,7 +734,6 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
             *reinterpret_cast<unsigned *>(ob + d) =
                 pack_bf2(__fadd_rn(o[n][2] * ib, 0.f), __fadd_rn(o[n][3] * ib, 0.f));
     }
-    (void)TOK;
 }
 
 /* ---- decode attention at small batch (v7) ----
@@ -1125,7 +1122,13 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
         }
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
     if (fused && a.run_prev) return cudaErrorInvalidValue;
-    constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
+    /* k_attention, y blocks a KV head, prefetching V when a launch of pre_n tokens is small. */
+    auto k_att = [&](int y, const lm_cuda_attn &as, int pre_n) {
+        constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
+        const dim3 g(a.n_kv_heads, y);
+        if (att_pre<D>(c, a, pre_n)) return lm_launch(c, g, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
+        return lm_launch(c, g, block, 0, k_attention<D, GM, false>, as, (int)fused);
+    };
     if (!fused && a.tiles) {
         /* Prefill tiles: the flash kernel, then k_attention over the tokens they leave. */
         if constexpr (fa_shape_ok<D>()) {
@@ -1141,10 +1144,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
             if (a.n_rest == 0) return cudaSuccess;
             lm_cuda_attn as = a;
             as.work = a.tiles + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * a.n_tiles;
-            const dim3 g3(a.n_kv_heads, a.n_rest);
-            if (att_pre<D>(c, a, a.n_rest))
-                return lm_launch(c, g3, block, 0, k_attention<D, GM, can_pre>, as, 0);
-            return lm_launch(c, g3, block, 0, k_attention<D, GM, false>, as, 0);
+            return k_att(a.n_rest, as, a.n_rest);
         } else {
             return cudaErrorInvalidValue;
         }
@@ -1155,10 +1155,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     if (!fused) as.work = NULL;
     if (as.work && (a.n_splits < 1 || !a.split_part || !a.split_count || a.work_blocks < 1))
         return cudaErrorInvalidValue;
-    const dim3 g2(a.n_kv_heads, as.work ? n + a.work_blocks : n);
-    if (att_pre<D>(c, a, n))
-        return lm_launch(c, g2, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
-    return lm_launch(c, g2, block, 0, k_attention<D, GM, false>, as, (int)fused);
+    return k_att(as.work ? n + a.work_blocks : n, as, n);
 }
 
 template <int V>

@@ -125,11 +125,15 @@ static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
 static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
 static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+/* A shared-memory pointer as the 32-bit address PTX's shared-space instructions take. */
+static __device__ __forceinline__ unsigned smem_u32(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
 /* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+); with zfill, the
  * 16 bytes are zeros and src is not read. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool zfill = false) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(zfill ? 0 : 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(zfill ? 0 : 16)
                  : "memory");
 }
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

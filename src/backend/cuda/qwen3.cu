@@ -551,10 +551,7 @@ static lm_cuda_attn attn_shape(const lm_cuda_qwen3 *m) {
  * LM_CUDA_SPLIT_BATCH=N sets it, 0 turning the work list off (one block a token and KV head),
  * for A/B measurements. */
 static int split_batch_len() {
-    static const int n = [] {
-        const char *e = getenv("LM_CUDA_SPLIT_BATCH");
-        return e && *e ? atoi(e) : 256;
-    }();
+    static const int n = (int)lm_env_int("LM_CUDA_SPLIT_BATCH", 256, 0, 1 << 20);
     return n;
 }
 
@@ -562,10 +559,7 @@ static int split_batch_len() {
  * fewer go to k_attention, a block a token: a tile's 64 query rows cost the same however few
  * are real). LM_CUDA_FLASH_MIN=N sets it, 0 turning the tiles off, for A/B measurements. */
 static int flash_min_tokens() {
-    static const int n = [] {
-        const char *e = getenv("LM_CUDA_FLASH_MIN");
-        return e && *e ? atoi(e) : 4;
-    }();
+    static const int n = (int)lm_env_int("LM_CUDA_FLASH_MIN", 4, 0, 64);
     return n;
 }
 
@@ -576,10 +570,7 @@ static int flash_min_tokens() {
  * milliseconds (perf-notes v19). The extra rows read stale activations and write rows nothing
  * reads (each output row depends on its input row only). */
 static int gemm_bucket() {
-    static const int b = [] {
-        const char *e = getenv("LM_CUDA_GEMM_BUCKET");
-        return e && *e ? atoi(e) : 64;
-    }();
+    static const int b = (int)lm_env_int("LM_CUDA_GEMM_BUCKET", 64, 0, 4096);
     return b;
 }
 
@@ -609,7 +600,6 @@ struct attn_lists {
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
                               bool decode, const attn_lists &lists) {
-    const bool work = lists.work;
     lm_cuda_attn a = attn_shape(m);
     a.qkv = m->qkv;
     a.ld_qkv = m->QKV;
@@ -631,11 +621,18 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     if (cls > 0 && dec && waves > 1) {
         a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
-    } else if (work) {
+    } else if (lists.work) {
         /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
         a.n_splits = SPLIT_MAX;
         a.work = (const int32_t *)(m->in_dev + L.work);
         a.work_blocks = lm_cuda_attn_work_blocks(m->ctx, &a, n);
+    } else if (lists.tiles()) {
+        /* Prefill: the tiles, and the other tokens' pieces merging through the scratch (rows:
+         * their index among them, < MO). */
+        a.n_splits = SPLIT_MAX;
+        a.tiles = (const int32_t *)(m->in_dev + L.work);
+        a.n_tiles = lists.n_tiles;
+        a.n_rest = lists.n_rest;
     }
     if (a.n_splits > 1) {
         a.split_part = m->split_part;
@@ -644,15 +641,6 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     /* A decode step on the decode kernel takes runs of a sequence's tokens (verification of
      * speculative drafts); the host fills L.run (zeros for a plain decode step). */
     if (dec) a.run_prev = (const int32_t *)(m->in_dev + L.run);
-    if (lists.tiles()) {
-        a.tiles = (const int32_t *)(m->in_dev + L.work);
-        a.n_tiles = lists.n_tiles;
-        a.n_rest = lists.n_rest;
-        /* the other tokens' pieces merge through the scratch (rows: their index, < MO) */
-        a.n_splits = SPLIT_MAX;
-        a.split_part = m->split_part;
-        a.split_count = m->split_count;
-    }
     return a;
 }
 
@@ -875,15 +863,14 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
      * whose contexts are even enough to stay whole keeps one block a token (a graph of its own). */
     const int n_att = use_graph ? rows : nt; /* the attention's tokens (make_attn's n) */
     attn_lists lists;
-    bool &work = lists.work;
     if (work_list(m, decode, n_att)) {
         const lm_cuda_attn shape = attn_shape(m);
         const int P = lm_cuda_attn_work_blocks(c, &shape, n_att);
         if (P > m->work_max) /* the layout holds n + work_max items */
             return lm_errorf(LM_ERR_RANGE, "CUDA forward: work list of %d blocks a KV head over the %d "
                              "the staging holds", P, m->work_max);
-        work = lm_cuda_attn_plan_work((int32_t *)(h + L.work), pos, n_att, P, split_batch_len(), SPLIT_MAX) >
-               n_att;
+        lists.work = lm_cuda_attn_plan_work((int32_t *)(h + L.work), pos, n_att, P, split_batch_len(), SPLIT_MAX) >
+                     n_att;
     }
 
     /* A prefill step on the cuBLAS path (bf16 attention output): tiles of its runs of one
@@ -899,16 +886,18 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         if (tt > 0) lists.n_tiles = lm_cuda_attn_plan_tiles((int32_t *)(h + L.work), seq, pos, nt, &tp, &lists.n_rest);
     }
 
-    /* The inputs the step's first copy takes: the work area only when the step has a list. */
+    /* The inputs the step's first copy takes: the work area only when the step has a list (a
+     * decode list's whole room: a graph replays the copy it captured, whatever the item count of
+     * the step that replays it; a prefill step's list is copied exactly, never captured). */
     const size_t in_bytes =
-        work ? L.total
+        lists.work ? L.total
              : lists.tiles() ? L.work + sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD +
                                                             LM_CUDA_WORK_ITEM * (size_t)(lists.n_tiles + lists.n_rest))
                              : L.work;
 
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g = m->graphs[(((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + work];
+        graph_slot &g = m->graphs[(((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
