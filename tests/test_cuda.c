@@ -693,6 +693,76 @@ static void test_gemm(void) {
     lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy);
 }
 
+/* lm_cuda_gemm_tc against the CPU's matmul for every split a shape allows, 1 to 64 rows, plain
+ * and accumulating; a row's bits the same whatever n is (batch invariance); rows past n left
+ * alone; lm_cuda_gemm's plans for Qwen3-0.6B's four layer matrices and its lm_head. */
+static void test_gemm_tc(void) {
+    static const int shapes[][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {200, 320}, {198, 512}};
+    static const int ns[] = {64, 9, 16, 33, 48, 1};
+    const int NMAX = 64;
+    int runs = 0, differ = 0, stray = 0;
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int m = shapes[si][0], k = shapes[si][1];
+        float *x = malloc(sizeof(float) * NMAX * k), *wf = malloc(sizeof(float) * (size_t)m * k);
+        float *ref = malloc(sizeof(float) * NMAX * m), *base = malloc(sizeof(float) * NMAX * m);
+        float *y = malloc(sizeof(float) * NMAX * m), *y64 = malloc(sizeof(float) * NMAX * m);
+        uint16_t *xb = malloc(2 * (size_t)NMAX * k), *w = malloc(2 * (size_t)m * k);
+        fill(x, (long)NMAX * k, 1.0f);
+        fill(wf, (long)m * k, 0.05f);
+        fill(base, (long)NMAX * m, 1.0f);
+        for (long i = 0; i < (long)NMAX * k; i++) xb[i] = lm_f32_to_bf16(x[i]), x[i] = lm_bf16_to_f32(xb[i]);
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
+        uint16_t *dx = dev_from(xb, 2 * (size_t)NMAX * k), *dw = dev_from(w, 2 * (size_t)m * k);
+        float *dy = dev(sizeof(float) * NMAX * m);
+        g_ref->matmul(NULL, ref, x, w, LM_DTYPE_BF16, NMAX, k, m);
+        for (int s = 1; s <= 8 && k % (64 * s) == 0; s *= 2) {
+            if (k / s > 512) continue;
+            for (int accum = 0; accum < 2; accum++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                    const int n = ns[ni];
+                    poison(dy, sizeof(float) * NMAX * m);
+                    if (accum) lm_cuda_upload(dy, base, sizeof(float) * n * m);
+                    lm_status rc = lm_cuda_gemm_tc(g_ctx, dy, dx, dw, n, k, m, accum, s);
+                    CHECK(rc == LM_OK, "gemm_tc m %d k %d splits %d: %s", m, k, s, lm_error_message());
+                    sync_ok("gemm_tc");
+                    lm_cuda_download(y, dy, sizeof(float) * NMAX * m);
+                    float *want = malloc(sizeof(float) * n * m);
+                    for (long i = 0; i < (long)n * m; i++) want[i] = ref[i] + (accum ? base[i] : 0.0f);
+                    const double e = rel_l2(y, want, (long)n * m);
+                    free(want);
+                    worst = e > worst ? e : worst;
+                    CHECK(e <= 1e-5, "gemm_tc m %d k %d splits %d n %d accumulate %d: rel err %.3g", m, k, s, n,
+                          accum, e);
+                    for (long i = (long)n * m; i < (long)NMAX * m; i++) stray += !isnan(y[i]);
+                    if (n == NMAX)
+                        memcpy(y64, y, sizeof(float) * NMAX * m);
+                    else
+                        differ += memcmp(y, y64, sizeof(float) * n * m) != 0;
+                    runs++;
+                }
+        }
+        free(x), free(wf), free(ref), free(base), free(y), free(y64), free(xb), free(w);
+        lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy);
+    }
+    CHECK(differ == 0, "gemm_tc: %d runs of fewer rows differ in bits from the same rows of 64", differ);
+    CHECK(stray == 0, "gemm_tc: %d floats written past the n rows", stray);
+    fprintf(stderr, "gemm_tc: %d runs, worst rel err %.3g, %d differ from 64 rows' bits\n", runs, worst, differ);
+    /* Plans: Qwen3-0.6B's layer matrices on the kernel, its lm_head on cuBLAS (many waves). */
+    const int plan[][2] = {{1024, 4096}, {2048, 1024}, {1024, 6144}, {3072, 1024}};
+    for (int i = 0; i < 4; i++) {
+        const int s = lm_cuda_gemm_tc_splits(g_ctx, plan[i][0], plan[i][1]);
+        CHECK(s >= 1 && s <= 8, "gemm_tc plan k %d m %d: %d splits", plan[i][0], plan[i][1], s);
+        fprintf(stderr, "gemm_tc plan: k %d m %d: %d splits\n", plan[i][0], plan[i][1], s);
+    }
+    CHECK(lm_cuda_gemm_tc_splits(g_ctx, 1024, 151936) == 0, "gemm_tc: the lm_head must stay on cuBLAS");
+    CHECK(lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 65, 1024, 64, false, 1) == LM_ERR_SHAPE &&
+              lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 8, 1024, 64, false, 3) == LM_ERR_SHAPE &&
+              lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 8, 1000, 64, false, 1) == LM_ERR_SHAPE &&
+              lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 8, 1024, 64, false, 1) == LM_ERR_SHAPE,
+          "gemm_tc: 65 rows, 3 splits, k 1000 and k / splits over 512 must be refused");
+}
+
 /* rmsnorm_bf16, swiglu_bf16, embed, gather_rows. */
 static void test_rows(void) {
     const int n = 7, d = 1000, vocab = 301;
@@ -1794,7 +1864,8 @@ static void test_model(void) {
         }
     }
 
-    /* 3. The cuBLAS path (bf16 activations): whole prompts in one call, all cases decoded together. */
+    /* 3. The batched path (bf16 activations): whole prompts in one call (cuBLAS: 64-row buckets),
+     * all cases decoded together (10 sequences: a 16-row graph on k_gemm_tc, lm_cuda_gemm). */
     {
         struct dseq *sp = calloc((size_t)nc, sizeof *sp), **pp = calloc((size_t)nc, sizeof *pp);
         int32_t *next = calloc((size_t)nc, sizeof *next), *ids = calloc((size_t)nc, sizeof *ids);
@@ -1823,9 +1894,9 @@ static void test_model(void) {
                 diff_ids += next[i] != cs[i].greedy.v[t + 1] &&
                             !(t + 1 < (int)cs[i].n_margin && cs[i].margin[t + 1] < 2 * g_max_abs_err);
         }
-        fprintf(stderr, "model: cuBLAS path (bf16 activations): prefill logits vs HF worst %.3g, "
+        fprintf(stderr, "model: batched path (bf16 activations): prefill logits vs HF worst %.3g, "
                 "%d greedy ids of %d x %d differ (near ties excused)\n", worst_gemm, diff_ids, B, G);
-        CHECK(diff_ids == 0, "cuBLAS path: %d greedy ids differ from HF", diff_ids);
+        CHECK(diff_ids == 0, "batched path: %d greedy ids differ from HF", diff_ids);
         for (int i = 0; i < nc; i++) free(sp[i].bt);
         free(sp), free(pp), free(next), free(ids);
     }
@@ -1911,6 +1982,7 @@ int main(void) {
     test_mlp1();
     test_mlp1_q8();
     test_gemm();
+    test_gemm_tc();
     test_rows();
     test_attention();
     test_attention_runs();

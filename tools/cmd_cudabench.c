@@ -13,7 +13,9 @@
  *   instead of lm_cuda_mlp1, and batch 2, 4, 8 on the GEMV vs the
  *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
  *   were removed after measurement.)
- * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace).
+ * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace);
+ * - --gemm: the batched path's four layer GEMMs at 16 to 64 rows, lm_cuda_gemm_tc in each split
+ *   count the shape allows against cuBLAS.
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
  * timings include the host side of each step (input copy, launch, waiting for the ids). */
 #include <getopt.h>
@@ -28,7 +30,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
             "                       [--in 128] [--out 128] [--micro] [--variants] [--trace]\n"
-            "                       [--q8] [--device N]\n\n"
+            "                       [--gemm] [--q8] [--device N]\n\n"
             "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
             "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
             "repetitions, next to the bandwidth floor.\n\n"
@@ -43,6 +45,9 @@ static void usage(FILE *f) {
             "  --micro         time each linear layer's kernel (1 and 8 rows)\n"
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp / two-launch MLP\n"
             "                  variants (with --q8 also the GEMV over the bf16 copy)\n"
+            "  --gemm          time the batched path's four layer GEMMs at 16, 32, 48 and\n"
+            "                  64 rows: the tensor-core kernel in each split count, and cuBLAS\n"
+            "  --gemm-rows L   the row counts of --gemm, comma-separated (9 to 64)\n"
             "  --trace         timeline of the GEMV and MLP blocks in a batch-1 decode step\n"
             "                  (per matrix, averaged over layers: when blocks start, pass\n"
             "                  their wait on the preceding kernel, have x staged, finish)\n"
@@ -323,13 +328,16 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {"micro", no_argument, 0, 'M'},
                                          {"variants", no_argument, 0, 'V'},
                                          {"trace", no_argument, 0, 'T'},
+                                         {"gemm", no_argument, 0, 'G'},
+                                         {"gemm-rows", required_argument, 0, 'g'},
                                          {"q8", no_argument, 0, 'Q'},
                                          {"device", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batches = "1,8,32,64,128,256";
+    int gn[16] = {16, 32, 48, 64}, ngn = 4; /* --gemm's row counts */
     int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
-    bool micro = false, variants = false, trace = false, q8 = false;
+    bool micro = false, variants = false, trace = false, q8 = false, gemm = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hr:p:n:", opts, NULL)) != -1) {
         switch (c) {
@@ -343,6 +351,21 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'M': micro = true; break;
         case 'V': variants = true; break;
         case 'T': trace = true; break;
+        case 'G': gemm = true; break;
+        case 'g':
+            gemm = true, ngn = 0;
+            for (const char *p = optarg; *p;) {
+                char *end = NULL;
+                const long v = strtol(p, &end, 10);
+                if (end == p || v < 9 || v > 64 || ngn == 16 || (*end && *end != ',')) {
+                    fprintf(stderr, "lumen cudabench: --gemm-rows takes up to 16 row counts from 9 to 64, not '%s'\n",
+                            optarg);
+                    return 2;
+                }
+                gn[ngn++] = (int)v;
+                p = *end ? end + 1 : end;
+            }
+            break;
         case 'Q': q8 = true; break;
         case 'd': { /* N, cuda:N, or cuda (device 0) as run, serve and perf take it */
             const char *dv = !strcmp(optarg, "cuda")            ? "0"
@@ -531,6 +554,31 @@ int lm_cmd_cudabench(int argc, char **argv) {
                     printf("| %-26s | %4d | %9s | %9.2f | %9s | %9s |\n", nm, ns[k], "", us, "", "");
                 fflush(stdout);
             }
+    }
+    if (gemm && !st) {
+        static const char *gnames[] = {"q/k/v", "o_proj + residual", "gate/up", "down + residual"};
+        static const int gks[] = {1024, 2048, 1024, 3072}; /* Qwen3-0.6B's k; the splits must divide it */
+        struct lm_cuda_ctx *cx = lm_cuda_qwen3_ctx(b.m);
+        printf("\nbatched-path GEMMs (one launch per layer in a graph; median of %d replays; splits 0: the plan)\n",
+               reps * 4);
+        printf("| %-18s | %4s | %-8s | %9s | %9s | %9s |\n", "matrix", "rows", "kernel", "us", "TB/s", "of copy");
+        printf("| ------------------ | ---: | -------- | --------: | --------: | --------: |\n");
+        for (int w = 0; w < 4 && !st; w++)
+            for (int i = 0; i < ngn && !st; i++)
+                for (int s = -1; s <= 8 && !st; s = s < 1 ? s + 1 : s * 2) {
+                    if (s > 0 && (gks[w] % (64 * s) || gks[w] / s > 512)) continue;
+                    double us, bytes;
+                    lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
+                    st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);
+                    if (st) break;
+                    char kn[16];
+                    if (s < 0) snprintf(kn, sizeof kn, "cuBLAS");
+                    else snprintf(kn, sizeof kn, "tc s=%d", s);
+                    printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% |\n", gnames[w], gn[i], kn, us,
+                           bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
+                    fflush(stdout);
+                }
+        lm_cuda_ctx_set_gemm_tc(cx, lm_cuda_gemm_tc_default_rows(), 0);
     }
     if (trace && !st && tg) st = trace_step(&b, tg < 16 ? tg : 16, "default");
     if (variants && !st && tg) {

@@ -36,6 +36,8 @@ struct lm_cuda_ctx {
     int smem_optin;      /* bytes of shared memory a block may opt in to (the device's limit) */
     unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
+    int gemm_tc_rows;    /* lm_cuda_gemm: k_gemm_tc up to this many rows (gemm.cu; 0: cuBLAS) */
+    int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
@@ -45,20 +47,37 @@ enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128 };
 
 /* Launches kernel k on the context's stream, with the programmatic-stream-serialization
  * attribute when c->pdl (kernels then call pdl_wait() before touching a predecessor's output). */
+/* lm_launch with thread-block clusters of `cluster` blocks along x (gridDim.x a multiple of it;
+ * 1: no cluster attribute). Clusters: CUDA C++ Programming Guide, "Thread Block Clusters". */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t lm_launch(const lm_cuda_ctx *c, dim3 grid, dim3 block, size_t smem,
-                                    void (*k)(KArgs...), Args &&...args) {
+static inline cudaError_t lm_launch_cluster(const lm_cuda_ctx *c, dim3 grid, dim3 block, size_t smem,
+                                            int cluster, void (*k)(KArgs...), Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (c->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = (unsigned)cluster;
+        at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = 1;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = na;
     return cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t lm_launch(const lm_cuda_ctx *c, dim3 grid, dim3 block, size_t smem,
+                                    void (*k)(KArgs...), Args &&...args) {
+    return lm_launch_cluster(c, grid, block, smem, 1, k, std::forward<Args>(args)...);
 }
 
 /* Blocks of `fn` resident per multiprocessor with `smem` dynamic bytes of shared memory (cached;
@@ -138,6 +157,26 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bo
 }
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+/* ldmatrix .x4: four 8 x 8 b16 matrices from shared memory; lane l gives the address of row l % 8
+ * of matrix l / 8 (PTX ISA, ldmatrix); .trans transposes each. */
+static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+/* c += a b (mma.sync m16n8k16, PTX ISA "Warp-level matrix fragment" layouts): a 16 x 16 bf16 (row), b 16 x 8 bf16 (col), c 16 x 8 float32. Not volatile: registers
+ * only, so the compiler may interleave independent products. */
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 static __device__ __forceinline__ uint16_t f2bf(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }

@@ -14,7 +14,8 @@
  *   loads, 8 warps a block, each warp 1-4 weight rows, warp-shuffle reductions), an optional
  *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
  *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
- * - lm_cuda_gemm: cuBLAS bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows.
+ * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows: a weight-streaming
+ *   tensor-core kernel up to 32 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
  * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
  *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
  *   decode and prefill (each token attends to positions 0..pos of its sequence, causal). Small
@@ -97,6 +98,12 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
+/* lm_cuda_gemm runs lm_cuda_gemm_tc up to `rows` rows (0: cuBLAS always; at most 64) in `splits`
+ * splits where the shape allows them (0: lm_cuda_gemm_tc_splits' plan; others for benchmarks).
+ * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, read once per process)
+ * and LM_CUDA_GEMM_TC_SPLITS (default 0), for A/B measurements. */
+void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
+int lm_cuda_gemm_tc_default_rows(void);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
  * lm_cuda_gemv and lm_cuda_mlp1 block launched afterwards (graphs captured afterwards too) appends
  * one entry (lm_cuda_mlp1's under its gate/up matrix), the buffer wrapping around. Times are the
@@ -226,10 +233,27 @@ bool lm_cuda_mlp1_q8_fits(const struct lm_cuda_ctx *c, int k, int inter);
  * measurements). Read once per process. */
 bool lm_cuda_q8_enabled(void);
 
-/* y[n, m] (+)= x[n, k] . w[m, k]^T through cuBLAS: x and w bf16, y float32, float32
- * accumulation; accumulate adds into y (the residual). k a multiple of 8. */
+/* y[n, m] (+)= x[n, k] . w[m, k]^T: x and w bf16 (device, row-major, x's rows k apart), y float32
+ * [n, m], float32 accumulation; accumulate adds into y (the residual). k a multiple of 8. Up to
+ * the context's gemm_tc rows (lm_cuda_ctx_set_gemm_tc) where lm_cuda_gemm_tc_splits plans one wave,
+ * lm_cuda_gemm_tc with that plan; otherwise cuBLAS (cublasGemmEx). LM_ERR_SHAPE on bad sizes,
+ * LM_ERR_IO when the launch fails. */
 lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
                        int n, int k, int m, bool accumulate);
+
+/* The same product on tensor cores (mma.sync m16n8k16 bf16, float32 accumulators) for 1 to 64
+ * rows: blocks of 4 warps over 64 weight rows x k / splits columns, each block's weight slice
+ * copied to shared memory before it waits for the previous kernel (programmatic dependent
+ * launch), the splits of a row tile one thread-block cluster summing their partials in rank order
+ * through distributed shared memory. An output's bits depend on (m, k, splits) only, never on n or the other rows.
+ * splits: a power of 2 up to 8, k a multiple of 64 x splits, k / splits <= 512; LM_ERR_SHAPE
+ * otherwise. */
+lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
+                          int n, int k, int m, bool accumulate, int splits);
+
+/* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
+ * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
+int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);
 
 /* y[i, :] = bf16(w * (x[r, :] / sqrt(mean(x[r, :]^2) + eps))) for i < n, r = rows ? rows[i] : i.
  * x: [*, d] float32; w: [d]; y: [n, d] bf16. rows: device int32 [n] or NULL. */

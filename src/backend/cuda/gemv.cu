@@ -1,5 +1,5 @@
 /* gemv.cu: lm_cuda_gemv (batch 1..8 linear layers, float32 activations, bf16 weights streamed
- * once) and lm_cuda_gemm (cuBLAS). See cuda.h for the contracts, docs/perf-notes.md for why. */
+ * once). See cuda.h for the contracts, docs/perf-notes.md for why. */
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -897,19 +897,4 @@ extern "C" lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cud
     return LM_OK;
 }
 
-extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,
-                                  const uint16_t *w, int n, int k, int m, bool accumulate) {
-    if (n < 1 || k < 1 || m < 1 || k % 8)
-        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm: [%d, %d] x [%d, %d]^T: k must be a multiple of 8",
-                         n, k, m, k);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    /* Column-major view: Y^T[m, n] = W[m, k] . X^T[k, n]; W is stored as W^T in column major. */
-    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF,
-                                    k, x_bf16, CUDA_R_16BF, k, &beta, y, CUDA_R_32F, m,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        return lm_errorf(LM_ERR_IO, "cuBLAS: gemm [%d, %d] x [%d, %d]^T: %s", n, k, m, k,
-                         cublasGetStatusString(s));
-    return LM_OK;
-}
 

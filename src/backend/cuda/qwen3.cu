@@ -962,22 +962,34 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }
-    default: return lm_cuda_sample(c, m->ids_dev, m->logits, m->V, n, m->V, NULL);
+    case 6: return lm_cuda_sample(c, m->ids_dev, m->logits, m->V, n, m->V, NULL);
+    case 7: return lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, n, m->H, m->QKV, false);
+    case 8: return lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, n, m->Q, m->H, true);
+    case 9: return lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, n, m->H, 2 * m->I, false);
+    default: return lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, n, m->I, m->H, true);
     }
 }
 
 extern "C" lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps,
                                                 double *us, double *bytes) {
     lm_cuda_ctx *c = m->ctx;
-    if (n < 1 || n > 8 || n > m->p.max_tokens) return lm_errorf(LM_ERR_RANGE, "bench_linear: n = %d", n);
+    const int gemm = what >= 7 && what <= 10;
+    if (what < 0 || what > 10 || n < 1 || n > (gemm ? 64 : 8) || n > m->p.max_tokens ||
+        (gemm && !m->layers[0].wqkv.bf))
+        return lm_errorf(LM_ERR_RANGE, "bench_linear: what = %d, n = %d", what, n);
     const size_t rows[5] = {(size_t)m->QKV, (size_t)m->H, 2 * (size_t)m->I, (size_t)m->H, (size_t)m->V};
     const size_t cols[5] = {(size_t)m->H, (size_t)m->Q, (size_t)m->H, (size_t)m->I, (size_t)m->H};
     const dmat *wm[5] = {&m->layers[0].wqkv, &m->layers[0].wo, &m->layers[0].wgu, &m->layers[0].wd, &m->lm_head};
-    const int wi = what < 0 ? 0 : what;
-    *bytes = what <= 4 ? (double)gemv_bytes(*wm[wi], rows[wi], cols[wi]) : 0;
-    const int launches = what >= 4 ? 8 : m->NL;
+    const int wi = gemm ? what - 7 : what;
+    *bytes = gemm ? 2.0 * rows[wi] * cols[wi] : what <= 4 ? (double)gemv_bytes(*wm[wi], rows[wi], cols[wi]) : 0;
+    const int launches = what >= 4 && what <= 6 ? 8 : m->NL;
     /* Inputs must be finite: fill the activations the kernels read with small values. */
-    if (what <= 4) {
+    if (what <= 4 || gemm) {
+        if (gemm) {
+            LM_CU(cudaMemsetAsync(m->xb, 0, sizeof(uint16_t) * (size_t)n * m->H, c->stream));
+            LM_CU(cudaMemsetAsync(m->attb, 0, sizeof(uint16_t) * (size_t)n * m->Q, c->stream));
+            LM_CU(cudaMemsetAsync(m->hb, 0, sizeof(uint16_t) * (size_t)n * m->I, c->stream));
+        }
         LM_CU(cudaMemsetAsync(m->x, 0, sizeof(float) * (size_t)n * m->H, c->stream));
         LM_CU(cudaMemsetAsync(m->att, 0, sizeof(float) * (size_t)n * m->Q, c->stream));
         LM_CU(cudaMemsetAsync(m->h, 0, sizeof(float) * (size_t)n * m->I, c->stream));

@@ -161,10 +161,11 @@ struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m);
 /* Kernel timing on this model's weights, for benchmarks: `what` is a linear layer (0 q/k/v with
  * its RMSNorm, 1 o_proj + residual, 2 gate/up + SwiGLU with its RMSNorm, 3 down_proj + residual,
  * 4 lm_head with the final RMSNorm) for `n` activation rows, or 5 the fused decode attention of
- * the last decode step of n sequences (run one first), or 6 the argmax of n logits rows; one
- * launch per layer (lm_head, argmax: 8 launches) captured as a graph and replayed `reps` times
- * after a warm-up. *us: median microseconds per launch; *bytes: weight bytes one launch reads
- * (0 for 5 and 6). */
+ * the last decode step of n sequences (run one first), or 6 the argmax of n logits rows, or 7-10
+ * the batched path's lm_cuda_gemm of q/k/v, o_proj (+ residual), gate/up, down_proj (+ residual)
+ * over bf16 activations (n up to 64; bf16 weights); one launch per layer (lm_head, attention,
+ * argmax: 8 launches) captured as a graph and replayed `reps` times after a warm-up. *us: median
+ * microseconds per launch; *bytes: weight bytes one launch reads (0 for 5 and 6). */
 lm_status lm_cuda_qwen3_bench_linear(struct lm_cuda_qwen3 *m, int what, int n, int reps, double *us,
                                      double *bytes);
 
