@@ -15,7 +15,7 @@
  *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
  *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
  * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows: a weight-streaming
- *   tensor-core kernel up to 32 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
+ *   tensor-core kernel up to 16 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
  * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
  *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
  *   decode and prefill (each token attends to positions 0..pos of its sequence, causal). Small
@@ -100,8 +100,8 @@ void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* lm_cuda_gemm runs lm_cuda_gemm_tc up to `rows` rows (0: cuBLAS always; at most 64) in `splits`
  * splits where the shape allows them (0: lm_cuda_gemm_tc_splits' plan; others for benchmarks).
- * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, read once per process)
- * and LM_CUDA_GEMM_TC_SPLITS (default 0), for A/B measurements. */
+ * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, default 16, read once
+ * per process) and LM_CUDA_GEMM_TC_SPLITS (default 0), for A/B measurements. */
 void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
 int lm_cuda_gemm_tc_default_rows(void);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every

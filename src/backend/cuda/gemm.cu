@@ -18,8 +18,8 @@ namespace {
  * writes them. So an output's arithmetic is fixed by (m, k, S): the same bits for a token whatever
  * else the step carries (batch invariance), and no atomics. (Measured in perf-notes v20: 8 warps
  * splitting the columns were slower at every row count.) */
-constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 32, TC_MAX_S = 8, TC_MAX_KS = 512,
-              TC_CH = 64; /* columns a pipeline chunk: eight 16-byte chunks of a row */
+constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 16, TC_MAX_S = 8,
+              TC_MAX_KS = 512, TC_CH = 64; /* columns a pipeline chunk: eight 16-byte chunks of a row */
 constexpr int TC_PS = TC_BM + 4; /* partial row stride (floats): a warp's stores hit 32 banks */
 
 /* Bytes of shared memory of k_gemm_tc<TT> over ks columns: the weight and token slices, bf16
@@ -163,10 +163,12 @@ tc_kernel tc_kernel_for(int tt) {
 
 } // namespace
 
-/* LM_CUDA_GEMM_TC: default 32, at most 64 (k_gemm_tc's TT); 0 for cuBLAS at every row count (A/B).
- * Decode steps of 16 and 32 sequences ran 28% and 7% faster on the kernel than on cuBLAS, 48 the
- * same, 64 11% slower (perf-notes v20: at 64 rows each block re-reads as many token bytes from
- * L2, after its wait, as it streams weight bytes). */
+/* LM_CUDA_GEMM_TC: default 16, at most 64 (k_gemm_tc's TT); 0 for cuBLAS at every row count (A/B).
+ * perf-notes v20: at 16 rows each of the four layer GEMMs runs faster than cuBLAS alone (19.7
+ * against 24.7 us a layer) and beside its neighbours (decode at 8 and 16 sequences +30% and +27%,
+ * serving at 16 concurrent +8%); at 32 rows alone it ties cuBLAS, and serving at 32 concurrent
+ * lost 5% (lumen perf's 32 sequences gained 6%); at 64 rows it is slower (each block re-reads from
+ * L2, after its wait, about as many token bytes as the weight bytes it streams). */
 extern "C" int lm_cuda_gemm_tc_default_rows(void) {
     static const int r = (int)lm_env_int("LM_CUDA_GEMM_TC", TC_DEFAULT_ROWS, 0, TC_MAX_T);
     return r;
