@@ -695,12 +695,13 @@ static void test_gemm(void) {
 
 /* lm_cuda_gemm_tc against the CPU's matmul for every split a shape allows, 1 to 64 rows, plain
  * and accumulating; a row's bits the same whatever n is (batch invariance); rows past n left
- * alone; lm_cuda_gemm's plans for Qwen3-0.6B's four layer matrices and its lm_head. */
+ * alone; the SwiGLU epilogue; lm_cuda_gemm's plans for Qwen3-0.6B's four layer matrices and its
+ * lm_head. */
 static void test_gemm_tc(void) {
     static const int shapes[][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {200, 320}, {198, 512}};
     static const int ns[] = {64, 9, 16, 33, 48, 1};
     const int NMAX = 64;
-    int runs = 0, differ = 0, stray = 0;
+    int runs = 0, differ = 0, stray = 0, swiglu_runs = 0, swiglu_differ = 0;
     double worst = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int m = shapes[si][0], k = shapes[si][1];
@@ -742,9 +743,46 @@ static void test_gemm_tc(void) {
                     runs++;
                 }
         }
+        /* The SwiGLU epilogue (w's rows as interleaved gate/up pairs): the bits of the plain
+         * kernel's sums through lm_cuda_swiglu_bf16, and the CPU's silu(g) * u within bf16. */
+        const int ss = lm_cuda_gemm_tc_splits(g_ctx, k, m) ? lm_cuda_gemm_tc_splits(g_ctx, k, m) : 1;
+        uint16_t *dh = dev(2 * (size_t)NMAX * (m / 2)), *h1 = malloc(2 * (size_t)NMAX * (m / 2));
+        uint16_t *h2 = malloc(2 * (size_t)NMAX * (m / 2));
+        for (int ni = 0; ni < 3 && m % 4 == 0; ni++) {
+            const int n = (const int[]){9, 16, 64}[ni];
+            poison(dh, 2 * (size_t)NMAX * (m / 2));
+            CHECK(lm_cuda_gemm_tc_swiglu(g_ctx, dh, dx, dw, n, k, m, ss) == LM_OK, "gemm_tc_swiglu: %s",
+                  lm_error_message());
+            sync_ok("gemm_tc_swiglu");
+            lm_cuda_download(h1, dh, 2 * (size_t)n * (m / 2));
+            poison(dh, 2 * (size_t)NMAX * (m / 2));
+            lm_cuda_gemm_tc(g_ctx, dy, dx, dw, n, k, m, false, ss);
+            lm_cuda_swiglu_bf16(g_ctx, dh, dy, n, m / 2);
+            sync_ok("gemm_tc + swiglu");
+            lm_cuda_download(h2, dh, 2 * (size_t)n * (m / 2));
+            swiglu_differ += memcmp(h1, h2, 2 * (size_t)n * (m / 2)) != 0;
+            float *got = malloc(sizeof(float) * n * (m / 2)), *want = malloc(sizeof(float) * n * (m / 2));
+            for (long i = 0; i < (long)n * (m / 2); i++) {
+                const float g = ref[2 * i], u = ref[2 * i + 1]; /* ref is [NMAX, m]: 2i, 2i + 1 share a row */
+                want[i] = g / (1.0f + expf(-g)) * u;
+                got[i] = lm_bf16_to_f32(h1[i]);
+            }
+            const double e = rel_l2(got, want, (long)n * (m / 2));
+            CHECK(e <= 4e-3, "gemm_tc_swiglu m %d k %d n %d: rel err %.3g against the CPU", m, k, n, e);
+            free(got), free(want);
+            swiglu_runs++;
+        }
+        if (m % 4)
+            CHECK(lm_cuda_gemm_tc_swiglu(g_ctx, dh, dx, dw, 9, k, m, ss) == LM_ERR_SHAPE,
+                  "gemm_tc_swiglu: m %d (not a multiple of 4) must be refused", m);
+        lm_cuda_free(dh), free(h1), free(h2);
         free(x), free(wf), free(ref), free(base), free(y), free(y64), free(xb), free(w);
         lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy);
     }
+    CHECK(swiglu_differ == 0, "gemm_tc_swiglu: %d of %d runs differ in bits from gemm_tc + swiglu_bf16",
+          swiglu_differ, swiglu_runs);
+    fprintf(stderr, "gemm_tc_swiglu: %d runs, %d differ from gemm_tc + swiglu_bf16's bits\n", swiglu_runs,
+            swiglu_differ);
     CHECK(differ == 0, "gemm_tc: %d runs of fewer rows differ in bits from the same rows of 64", differ);
     CHECK(stray == 0, "gemm_tc: %d floats written past the n rows", stray);
     fprintf(stderr, "gemm_tc: %d runs, worst rel err %.3g, %d differ from 64 rows' bits\n", runs, worst, differ);

@@ -251,6 +251,19 @@ lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, 
 lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
                           int n, int k, int m, bool accumulate, int splits);
 
+/* h[n, m / 2] = bf16(silu(g) * u) for the products g, u of x[n, k] with w's interleaved gate/up
+ * rows (w [m, k]: row 2i gate i, row 2i + 1 up i), on lm_cuda_gemm_tc's kernel: the SwiGLU of
+ * lm_cuda_swiglu_bf16 applied to the same float32 sums, so the same bits as lm_cuda_gemm_tc then
+ * lm_cuda_swiglu_bf16, in one launch. m a multiple of 4; the rest as lm_cuda_gemm_tc. */
+lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16, const uint16_t *w,
+                                 int n, int k, int m, int splits);
+
+/* h[n, inter] = SwiGLU of x[n, k] . w[2 inter, k]^T (interleaved gate/up rows): where
+ * lm_cuda_gemm would run lm_cuda_gemm_tc, lm_cuda_gemm_tc_swiglu in one launch; otherwise
+ * lm_cuda_gemm into gu (float32 [n, 2 inter], scratch) then lm_cuda_swiglu_bf16. */
+lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, const uint16_t *x_bf16,
+                              const uint16_t *w, int n, int k, int inter);
+
 /* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
 int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);

@@ -47,10 +47,15 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+/* What k_gemm_tc writes: y = the sums, y += the sums (float32 [n, m]), or, w's rows being
+ * interleaved gate/up pairs, h = bf16(silu(gate) * up) ([n, m / 2], lm_cuda_swiglu_bf16's
+ * arithmetic on the same float32 sums). */
+enum { TC_STORE, TC_ADD, TC_SWIGLU };
+
 template <int TT>
-__global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(float *__restrict__ y, const uint16_t *__restrict__ x,
+__global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
-                                                        int ks, int accumulate) {
+                                                        int ks, int mode) {
     extern __shared__ __align__(128) uint16_t tc_sm[];
     cg::cluster_group cl = cg::this_cluster();
     const int S = gridDim.x, rank = blockIdx.x; /* clusters of (S, 1, 1): the rank is blockIdx.x */
@@ -135,7 +140,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(float *__restrict__ y, c
             const float4 v = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * TC_PS + c);
             s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
         }
-        float *dst = y + (size_t)t * m + col;
+        if (mode == TC_SWIGLU) { /* m a multiple of 4: columns col..col+3 are two gate/up pairs */
+            const unsigned h2 = (unsigned)f2bf(silu_mul(s.x, s.y)) | (unsigned)f2bf(silu_mul(s.z, s.w)) << 16;
+            *reinterpret_cast<unsigned *>(static_cast<uint16_t *>(y) + (size_t)t * (m / 2) + col / 2) = h2;
+            continue;
+        }
+        const bool accumulate = mode == TC_ADD;
+        float *dst = static_cast<float *>(y) + (size_t)t * m + col;
         if ((m & 3) == 0) { /* col + 3 < m: m and col are multiples of 4 */
             if (accumulate) {
                 const float4 b = *reinterpret_cast<const float4 *>(dst);
@@ -150,7 +161,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(float *__restrict__ y, c
     cl.sync(); /* the other blocks have read this block's partials */
 }
 
-using tc_kernel = void (*)(float *, const uint16_t *, const uint16_t *, int, int, int, int, int);
+using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int);
 
 tc_kernel tc_kernel_for(int tt) {
     switch (tt) {
@@ -194,22 +205,40 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     return best;
 }
 
-extern "C" lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
-                                     int n, int k, int m, bool accumulate, int splits) {
+static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf16, const uint16_t *w, int n, int k,
+                           int m, int mode, int splits) {
     if (n < 1 || n > TC_MAX_T || m < 1 || splits < 1 || splits > TC_MAX_S || (splits & (splits - 1)) ||
-        k % (64 * splits) || k / splits > TC_MAX_KS)
+        k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemm_tc: [%d, %d] x [%d, %d]^T in %d splits: rows 1 to %d, splits a power of 2 "
-                         "to %d, k a multiple of 64 x splits with k / splits at most %d",
+                         "to %d, k a multiple of 64 x splits with k / splits at most %d (SwiGLU: m a multiple "
+                         "of 4)",
                          n, k, m, k, splits, TC_MAX_T, TC_MAX_S, TC_MAX_KS);
     const int tt = (n + 15) / 16 * 16, ks = k / splits;
     const tc_kernel fn = tc_kernel_for(tt);
     const size_t smem = tc_smem(tt, ks);
     lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
     const dim3 grid((unsigned)splits, (unsigned)((m + TC_BM - 1) / TC_BM));
-    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks,
-                            accumulate ? 1 : 0));
+    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode));
     return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
+                                     int n, int k, int m, bool accumulate, int splits) {
+    return launch_tc(c, y, x_bf16, w, n, k, m, accumulate ? TC_ADD : TC_STORE, splits);
+}
+
+extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16,
+                                            const uint16_t *w, int n, int k, int m, int splits) {
+    return launch_tc(c, h, x_bf16, w, n, k, m, TC_SWIGLU, splits);
+}
+
+/* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */
+static int tc_route(struct lm_cuda_ctx *c, int n, int k, int m) {
+    if (n > std::min(c->gemm_tc_rows, TC_MAX_T)) return 0;
+    const int s = lm_cuda_gemm_tc_splits(c, k, m), f = c->gemm_tc_splits;
+    if (s && f > 0 && f <= TC_MAX_S && !(f & (f - 1)) && k % (64 * f) == 0 && k / f <= TC_MAX_KS) return f;
+    return s;
 }
 
 extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,
@@ -217,12 +246,8 @@ extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_
     if (n < 1 || k < 1 || m < 1 || k % 8)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm: [%d, %d] x [%d, %d]^T: k must be a multiple of 8",
                          n, k, m, k);
-    if (n <= std::min(c->gemm_tc_rows, TC_MAX_T)) {
-        int s = lm_cuda_gemm_tc_splits(c, k, m);
-        const int f = c->gemm_tc_splits;
-        if (s && f > 0 && f <= TC_MAX_S && !(f & (f - 1)) && k % (64 * f) == 0 && k / f <= TC_MAX_KS) s = f;
-        if (s) return lm_cuda_gemm_tc(c, y, x_bf16, w, n, k, m, accumulate, s);
-    }
+    if (const int s = tc_route(c, n, k, m))
+        return launch_tc(c, y, x_bf16, w, n, k, m, accumulate ? TC_ADD : TC_STORE, s);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     /* Column-major view: Y^T[m, n] = W[m, k] . X^T[k, n]; W is stored as W^T in column major. */
     cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF,
@@ -232,4 +257,15 @@ extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_
         return lm_errorf(LM_ERR_IO, "cuBLAS: gemm [%d, %d] x [%d, %d]^T: %s", n, k, m, k,
                          cublasGetStatusString(s));
     return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, const uint16_t *x_bf16,
+                                         const uint16_t *w, int n, int k, int inter) {
+    if (n < 1 || k < 1 || inter < 1 || k % 8)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_swiglu: [%d, %d] x [%d, %d]^T: k must be a multiple of 8", n,
+                         k, 2 * inter, k);
+    const int s = inter % 2 ? 0 : tc_route(c, n, k, 2 * inter);
+    if (s) return launch_tc(c, h, x_bf16, w, n, k, 2 * inter, TC_SWIGLU, s);
+    const lm_status rc = lm_cuda_gemm(c, gu, x_bf16, w, n, k, 2 * inter, false);
+    return rc ? rc : lm_cuda_swiglu_bf16(c, h, gu, n, inter);
 }
