@@ -801,6 +801,90 @@ static void test_gemm_tc(void) {
           "gemm_tc: 65 rows, 3 splits, k 1000 and k / splits over 512 must be refused");
 }
 
+/* lm_cuda_gemm's routing and lm_cuda_gemm_swiglu on both of their branches, against the launches
+ * they stand for, bit for bit; k_gemm_tc in a cluster of 4 captured in a CUDA graph under
+ * programmatic dependent launch, against the same launches run eagerly; refusals. */
+static void test_gemm_route(void) {
+    const int k = 1024, m = 4096, N = 16, inter = 3072;
+    float *x = malloc(sizeof(float) * N * 3 * k), *wf = malloc(sizeof(float) * (size_t)2 * inter * k);
+    uint16_t *xb = malloc(2 * (size_t)N * 3 * k), *w = malloc(2 * (size_t)2 * inter * k);
+    fill(x, (long)N * 3 * k, 1.0f);
+    fill(wf, (long)2 * inter * k, 0.05f);
+    for (long i = 0; i < (long)N * 3 * k; i++) xb[i] = lm_f32_to_bf16(x[i]);
+    for (long i = 0; i < (long)2 * inter * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
+    uint16_t *dx = dev_from(xb, 2 * (size_t)N * 3 * k), *dw = dev_from(w, 2 * (size_t)2 * inter * k);
+    const size_t yb = sizeof(float) * N * 2 * inter, hb = 2 * (size_t)N * inter;
+    float *dy = dev(yb), *dy2 = dev(yb);
+    uint16_t *dh = dev(hb), *dh2 = dev(hb);
+    float *y1 = malloc(yb), *y2 = malloc(yb);
+    uint16_t *h1 = malloc(hb), *h2 = malloc(hb);
+    int tile_splits = lm_cuda_gemm_tc_splits(g_ctx, k, m);
+    CHECK(tile_splits == 4, "gemm_tc plan for k %d m %d: %d splits, the test expects a cluster of 4", k, m,
+          tile_splits);
+    if (tile_splits < 2) tile_splits = 2;
+
+    /* lm_cuda_gemm at 9 rows takes the kernel with the plan's splits (unless LM_CUDA_GEMM_TC moved
+     * the bound below 9). */
+    if (lm_cuda_gemm_tc_default_rows() >= 9) {
+        poison(dy, yb), poison(dy2, yb);
+        lm_cuda_gemm(g_ctx, dy, dx, dw, 9, k, m, false);
+        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, 9, k, m, false, tile_splits);
+        sync_ok("gemm route");
+        lm_cuda_download(y1, dy, sizeof(float) * 9 * m), lm_cuda_download(y2, dy2, sizeof(float) * 9 * m);
+        CHECK(memcmp(y1, y2, sizeof(float) * 9 * m) == 0, "lm_cuda_gemm at 9 rows: not k_gemm_tc's bits");
+    }
+
+    /* Two dependent launches captured as a graph (PDL edges between them and the clusters of 4),
+     * replayed twice: the bits of the eager launches. */
+    poison(dy, yb), poison(dy2, yb);
+    lm_cuda_gemm_tc(g_ctx, dy, dx, dw, N, k, m, false, tile_splits);
+    lm_cuda_gemm_tc(g_ctx, dy, dx + (size_t)N * k, dw, N, k, m, true, tile_splits);
+    sync_ok("gemm_tc eager");
+    lm_cuda_download(y1, dy, sizeof(float) * N * m);
+    lm_status rc = lm_cuda_ctx_capture_begin(g_ctx);
+    CHECK(rc == LM_OK, "capture: %s", lm_error_message());
+    if (!rc) {
+        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, N, k, m, false, tile_splits);
+        lm_cuda_gemm_tc(g_ctx, dy2, dx + (size_t)N * k, dw, N, k, m, true, tile_splits);
+        rc = lm_cuda_ctx_capture_replay(g_ctx, 2);
+        CHECK(rc == LM_OK, "graph replay: %s", lm_error_message());
+        lm_cuda_download(y2, dy2, sizeof(float) * N * m);
+        CHECK(memcmp(y1, y2, sizeof(float) * N * m) == 0,
+              "gemm_tc in a captured graph under PDL: not the eager launches' bits");
+    }
+
+    /* lm_cuda_gemm_swiglu: on the kernel (16 GEMM rows, 9 kept) the bits of the kernel's sums through
+     * lm_cuda_swiglu_bf16 and rows 9.. untouched; odd inter and k = 32 take lm_cuda_gemm then
+     * lm_cuda_swiglu_bf16. */
+    const int cases[][3] = {{k, inter, 1}, {k, 3, 0}, {32, 8, 0}}; /* k, inter, on the kernel */
+    for (int ci = 0; ci < 3; ci++) {
+        const int kk = cases[ci][0], ii = cases[ci][1], n = 9;
+        if (cases[ci][2] && lm_cuda_gemm_tc_default_rows() < N) continue;
+        poison(dh, hb), poison(dh2, hb);
+        rc = lm_cuda_gemm_swiglu(g_ctx, dh, dy, dx, dw, n, N, kk, ii);
+        CHECK(rc == LM_OK, "gemm_swiglu k %d inter %d: %s", kk, ii, lm_error_message());
+        if (cases[ci][2])
+            lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, N, kk, 2 * ii, false, lm_cuda_gemm_tc_splits(g_ctx, kk, 2 * ii));
+        else
+            lm_cuda_gemm(g_ctx, dy2, dx, dw, N, kk, 2 * ii, false);
+        lm_cuda_swiglu_bf16(g_ctx, dh2, dy2, n, ii);
+        sync_ok("gemm_swiglu");
+        lm_cuda_download(h1, dh, hb), lm_cuda_download(h2, dh2, hb);
+        CHECK(memcmp(h1, h2, 2 * (size_t)n * ii) == 0, "gemm_swiglu k %d inter %d: not the two launches' bits",
+              kk, ii);
+        int stray = 0;
+        for (long i = (long)n * ii; i < (long)N * inter; i++) stray += h1[i] != 0xffff;
+        CHECK(stray == 0, "gemm_swiglu k %d inter %d: %d values written past row %d", kk, ii, stray, n);
+    }
+    CHECK(lm_cuda_gemm_swiglu(g_ctx, dh, dy, dx, dw, 17, 16, k, inter) == LM_ERR_SHAPE,
+          "gemm_swiglu: more kept rows than GEMM rows must be refused");
+    CHECK(lm_cuda_gemm_tc(g_ctx, dy, (const uint16_t *)((const char *)dx + 2), dw, 9, k, m, false, 4) ==
+              LM_ERR_SHAPE,
+          "gemm_tc: x 2 bytes off a 16-byte boundary must be refused");
+    free(x), free(wf), free(xb), free(w), free(y1), free(y2), free(h1), free(h2);
+    lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy), lm_cuda_free(dy2), lm_cuda_free(dh), lm_cuda_free(dh2);
+}
+
 /* rmsnorm_bf16, swiglu_bf16, embed, gather_rows. */
 static void test_rows(void) {
     const int n = 7, d = 1000, vocab = 301;
@@ -1903,7 +1987,8 @@ static void test_model(void) {
     }
 
     /* 3. The batched path (bf16 activations): whole prompts in one call (cuBLAS: 64-row buckets),
-     * all cases decoded together (10 sequences: a 16-row graph on k_gemm_tc, lm_cuda_gemm). */
+     * all cases decoded together (10 sequences: a 16-row graph, whose o_proj, k = 64, runs on
+     * k_gemm_tc in one split; the tiny model's other matrices have k = 32 or 96: cuBLAS). */
     {
         struct dseq *sp = calloc((size_t)nc, sizeof *sp), **pp = calloc((size_t)nc, sizeof *pp);
         int32_t *next = calloc((size_t)nc, sizeof *next), *ids = calloc((size_t)nc, sizeof *ids);
@@ -2021,6 +2106,7 @@ int main(void) {
     test_mlp1_q8();
     test_gemm();
     test_gemm_tc();
+    test_gemm_route();
     test_rows();
     test_attention();
     test_attention_runs();

@@ -14,7 +14,7 @@
  *   loads, 8 warps a block, each warp 1-4 weight rows, warp-shuffle reductions), an optional
  *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
  *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
- * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for 9+ rows: a weight-streaming
+ * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for the batched path (5+ rows): a weight-streaming
  *   tensor-core kernel up to 16 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
  * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
  *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
@@ -103,6 +103,11 @@ void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
  * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, default 16, read once
  * per process) and LM_CUDA_GEMM_TC_SPLITS (default 0), for A/B measurements. */
 void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
+/* Graph capture of the context's stream, for tests: capture_begin starts it (later launches on the
+ * context are recorded, not run); capture_replay ends it, instantiates the graph, launches it
+ * `replays` times, waits, and destroys it. LM_ERR_IO with CUDA's message on failure. */
+lm_status lm_cuda_ctx_capture_begin(struct lm_cuda_ctx *c);
+lm_status lm_cuda_ctx_capture_replay(struct lm_cuda_ctx *c, int replays);
 int lm_cuda_gemm_tc_default_rows(void);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
  * lm_cuda_gemv and lm_cuda_mlp1 block launched afterwards (graphs captured afterwards too) appends
@@ -258,11 +263,13 @@ lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf1
 lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16, const uint16_t *w,
                                  int n, int k, int m, int splits);
 
-/* h[n, inter] = SwiGLU of x[n, k] . w[2 inter, k]^T (interleaved gate/up rows): where
- * lm_cuda_gemm would run lm_cuda_gemm_tc, lm_cuda_gemm_tc_swiglu in one launch; otherwise
- * lm_cuda_gemm into gu (float32 [n, 2 inter], scratch) then lm_cuda_swiglu_bf16. */
+/* h[n, inter] = SwiGLU of x[n_gemm, k] . w[2 inter, k]^T (interleaved gate/up rows) for its first
+ * n rows (n <= n_gemm; the rest are computed and not kept: eager steps round their GEMMs' rows up,
+ * gemm_rows in qwen3.cu): where lm_cuda_gemm would run lm_cuda_gemm_tc for n_gemm rows,
+ * lm_cuda_gemm_tc_swiglu in one launch over n rows; otherwise lm_cuda_gemm over n_gemm rows into gu (float32 [n_gemm,
+ * 2 inter], scratch) then lm_cuda_swiglu_bf16 over n. */
 lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, const uint16_t *x_bf16,
-                              const uint16_t *w, int n, int k, int inter);
+                              const uint16_t *w, int n, int n_gemm, int k, int inter);
 
 /* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */

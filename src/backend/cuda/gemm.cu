@@ -1,4 +1,4 @@
-/* gemm.cu: lm_cuda_gemm, y[n, m] (+)= x[n, k] . w[m, k]^T for 9+ rows: a weight-streaming
+/* gemm.cu: lm_cuda_gemm, y[n, m] (+)= x[n, k] . w[m, k]^T for the batched path: a weight-streaming
  * tensor-core kernel (k_gemm_tc) for up to LM_CUDA_GEMM_TC rows, cuBLAS above that or where the
  * kernel's one-wave plan does not fit. See cuda.h for the contract, docs/perf-notes.md (v20) for
  * why. */
@@ -195,7 +195,7 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
         if (k % (64 * s)) break;
         const int ks = k / s;
-        if (ks > TC_MAX_KS) continue;
+        if (ks > TC_MAX_KS || tc_smem(TC_MAX_T, ks) > (size_t)c->smem_optin) continue;
         const long blocks = (long)tiles * s;
         const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T>, TC_THREADS, tc_smem(TC_MAX_T, ks));
         if (blocks > (long)occ * c->sm_count) continue;
@@ -208,13 +208,19 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
 static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf16, const uint16_t *w, int n, int k,
                            int m, int mode, int splits) {
     if (n < 1 || n > TC_MAX_T || m < 1 || splits < 1 || splits > TC_MAX_S || (splits & (splits - 1)) ||
-        k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4))
+        k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4) ||
+        (m + TC_BM - 1) / TC_BM > 65535)
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemm_tc: [%d, %d] x [%d, %d]^T in %d splits: rows 1 to %d, splits a power of 2 "
                          "to %d, k a multiple of 64 x splits with k / splits at most %d (SwiGLU: m a multiple "
-                         "of 4)",
-                         n, k, m, k, splits, TC_MAX_T, TC_MAX_S, TC_MAX_KS);
+                         "of 4), m at most 65535 x %d",
+                         n, k, m, k, splits, TC_MAX_T, TC_MAX_S, TC_MAX_KS, TC_BM);
+    if (((uintptr_t)y | (uintptr_t)x_bf16 | (uintptr_t)w) & 15)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: x, w and y must be 16-byte aligned");
     const int tt = (n + 15) / 16 * 16, ks = k / splits;
+    if (tc_smem(tt, ks) > (size_t)c->smem_optin)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: %d splits of k %d need %zu bytes of shared memory a block; "
+                         "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
     const tc_kernel fn = tc_kernel_for(tt);
     const size_t smem = tc_smem(tt, ks);
     lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
@@ -260,12 +266,14 @@ extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_
 }
 
 extern "C" lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, const uint16_t *x_bf16,
-                                         const uint16_t *w, int n, int k, int inter) {
-    if (n < 1 || k < 1 || inter < 1 || k % 8)
-        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_swiglu: [%d, %d] x [%d, %d]^T: k must be a multiple of 8", n,
-                         k, 2 * inter, k);
-    const int s = inter % 2 ? 0 : tc_route(c, n, k, 2 * inter);
+                                         const uint16_t *w, int n, int n_gemm, int k, int inter) {
+    if (n < 1 || n > n_gemm || k < 1 || inter < 1 || k % 8)
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA gemm_swiglu: %d of [%d, %d] x [%d, %d]^T: 1 to %d rows, k a multiple of 8", n,
+                         n_gemm, k, 2 * inter, k, n_gemm);
+    /* Routed on n_gemm, as the step's other GEMMs are; the kernel then needs only the n rows. */
+    const int s = inter % 2 ? 0 : tc_route(c, n_gemm, k, 2 * inter);
     if (s) return launch_tc(c, h, x_bf16, w, n, k, 2 * inter, TC_SWIGLU, s);
-    const lm_status rc = lm_cuda_gemm(c, gu, x_bf16, w, n, k, 2 * inter, false);
+    const lm_status rc = lm_cuda_gemm(c, gu, x_bf16, w, n_gemm, k, 2 * inter, false);
     return rc ? rc : lm_cuda_swiglu_bf16(c, h, gu, n, inter);
 }

@@ -182,6 +182,21 @@ extern "C" void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int spl
     c->gemm_tc_rows = rows;
     c->gemm_tc_splits = splits;
 }
+extern "C" lm_status lm_cuda_ctx_capture_begin(struct lm_cuda_ctx *c) {
+    LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    return LM_OK;
+}
+extern "C" lm_status lm_cuda_ctx_capture_replay(struct lm_cuda_ctx *c, int replays) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+    for (int i = 0; i < replays && e == cudaSuccess; i++) e = cudaGraphLaunch(ge, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "graph capture and replay");
+}
 extern "C" void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows) {
     c->gemv_rows = (rows == 1 || rows == 2 || rows == 4) ? rows : 0;
 }

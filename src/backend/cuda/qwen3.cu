@@ -724,7 +724,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         } else {
             LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, gm, Q, H, true));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm_swiglu(c, m->hb, m->gu, m->xb, w.wgu.bf, gm, H, I));
+            LM_TRY(lm_cuda_gemm_swiglu(c, m->hb, m->gu, m->xb, w.wgu.bf, nt, gm, H, I));
             LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, gm, I, H, true));
         }
     }
