@@ -557,7 +557,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
     }
     if (gemm && !st) {
         static const char *gnames[] = {"q/k/v", "o_proj + residual", "gate/up", "down + residual"};
-        static const int gks[] = {1024, 2048, 1024, 3072}; /* Qwen3-0.6B's k; the splits must divide it */
+        const int gks[] = {cf->hidden, cf->n_heads * cf->head_dim, cf->hidden, cf->intermediate}; /* each k */
         struct lm_cuda_ctx *cx = lm_cuda_qwen3_ctx(b.m);
         printf("\nbatched-path GEMMs (one launch per layer in a graph; median of %d replays; splits 0: the plan)\n",
                reps * 4);
