@@ -250,7 +250,12 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.kv_mib = 4096;
     p.graphs = true;
     p.pdl = true;
-    p.gemv_max_rows = 4; /* v3: cuBLAS wins at 8 rows, the GEMV at 1, 2 and (barely) 4 */
+    /* v3: cuBLAS won at 8 rows, the GEMV at 1, 2 and (barely) 4. Since v20 the tensor-core GEMM beats
+     * the GEMV at 3 and 4 rows too (perf-notes v20), but a speculative verification run of 3-4 tokens
+     * must keep the GEMV's bits, those of one token a step (test_cuda_engine's verify check).
+     * LM_CUDA_GEMV_MAX_ROWS (0-8) sets it for A/B measurements. */
+    static const int gemv_rows = (int)lm_env_int("LM_CUDA_GEMV_MAX_ROWS", 4, 0, 8);
+    p.gemv_max_rows = gemv_rows;
     static const bool mlp1 = lm_env_flag("LM_CUDA_MLP1", true); /* read (and warned about) once */
     p.mlp1 = mlp1;
     return p;
