@@ -103,7 +103,8 @@ struct lm_cuda_qwen3 {
     char *in_dev, *in_host;
     int32_t *ids_host;
     size_t in_cap;
-    std::vector<graph_slot> graphs; /* [((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list] */
+    int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (gemv_path) */
+    std::vector<graph_slot> graphs; /* [(((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV] */
     cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
     int last_rows;             /* its bucket */
     char device_name[128];
@@ -251,9 +252,10 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.graphs = true;
     p.pdl = true;
     /* v3: cuBLAS won at 8 rows, the GEMV at 1, 2 and (barely) 4. Since v20 the tensor-core GEMM beats
-     * the GEMV at 3 and 4 rows too (perf-notes v20), but a speculative verification run of 3-4 tokens
-     * must keep the GEMV's bits, those of one token a step (test_cuda_engine's verify check).
-     * LM_CUDA_GEMV_MAX_ROWS (0-8) sets it for A/B measurements. */
+     * the GEMV at 3 and 4 rows, so plain decode steps leave the GEMV above 2 tokens (gemv_plain,
+     * LM_CUDA_GEMV_PLAIN_ROWS); steps carrying speculative runs keep it up to 4, as a verified row
+     * must get the bits of one token a step (test_cuda_engine's verify check). LM_CUDA_GEMV_MAX_ROWS
+     * (0-8) sets the 4, for A/B measurements. */
     static const int gemv_rows = (int)lm_env_int("LM_CUDA_GEMV_MAX_ROWS", 4, 0, 8);
     p.gemv_max_rows = gemv_rows;
     static const bool mlp1 = lm_env_flag("LM_CUDA_MLP1", true); /* read (and warned about) once */
@@ -314,6 +316,10 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
                                          "must be positive");
     if (p.gemv_max_rows > 8) p.gemv_max_rows = 8;
     if (p.gemv_max_rows < 0) p.gemv_max_rows = 0;
+    {
+        static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", 2, 0, 8);
+        m->gemv_plain = std::min(plain, p.gemv_max_rows);
+    }
     m->W = (p.max_context + p.block_size - 1) / p.block_size;
     m->MO = p.max_seqs;
 
@@ -438,7 +444,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 4 * m->n_classes, graph_slot{NULL});
+    m->graphs.assign((size_t)(m->MO + 16) * 8 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -517,6 +523,7 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->p.pdl = pdl;
     m->ctx->pdl = pdl;
     m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
+    m->gemv_plain = m->p.gemv_max_rows; /* an explicit setting holds for every step */
 }
 
 extern "C" void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on) {
@@ -665,14 +672,13 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
-                             bool out_identity, bool sampling, int cls, const attn_lists &lists) {
+                             bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
     const int32_t *ids = (const int32_t *)(m->in_dev + L.ids);
     const int32_t *out_rows = (const int32_t *)(m->in_dev + L.out);
     const lm_cuda_sampling *samp = sampling ? (const lm_cuda_sampling *)(m->in_dev + L.samp) : NULL;
-    const bool gemv = nt <= m->p.gemv_max_rows;
 
     /* The first kernel follows a copy, not a kernel: launch it plainly. */
     const bool pdl = c->pdl;
@@ -828,6 +834,11 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const int cls = decode ? ctx_class(m, max_len) : 0;
     const bool use_graph = decode && p.graphs && nt <= m->MO;
     const int rows = use_graph ? bucket_of(m, nt) : nt;
+    /* The step's linear layers: the GEMV path up to gemv_max_rows tokens when the step carries runs
+     * of one sequence's tokens (speculative verification: each row must get the bits of one token
+     * a step, which only the GEMV's rows give) or is not a decode step; a plain decode step only up
+     * to gemv_plain tokens (2), the tensor-core GEMM being faster at 3 and 4 (perf-notes v20). */
+    const bool gemv = rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
     char *h = m->in_host;
@@ -901,17 +912,18 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
 
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g = m->graphs[(((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work];
+        graph_slot &g =
+            m->graphs[((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) * 2 + gemv];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -935,7 +947,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
