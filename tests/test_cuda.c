@@ -818,17 +818,17 @@ static void test_gemm_route(void) {
     uint16_t *dh = dev(hb), *dh2 = dev(hb);
     float *y1 = malloc(yb), *y2 = malloc(yb);
     uint16_t *h1 = malloc(hb), *h2 = malloc(hb);
-    int tile_splits = lm_cuda_gemm_tc_splits(g_ctx, k, m);
-    CHECK(tile_splits == 4, "gemm_tc plan for k %d m %d: %d splits, the test expects a cluster of 4", k, m,
-          tile_splits);
-    if (tile_splits < 2) tile_splits = 2;
+    int splits4 = lm_cuda_gemm_tc_splits(g_ctx, k, m);
+    CHECK(splits4 == 4, "gemm_tc plan for k %d m %d: %d splits, the test expects a cluster of 4", k, m,
+          splits4);
+    if (splits4 < 2) splits4 = 2;
 
     /* lm_cuda_gemm at 9 rows takes the kernel with the plan's splits (unless LM_CUDA_GEMM_TC moved
      * the bound below 9). */
     if (lm_cuda_gemm_tc_default_rows() >= 9) {
         poison(dy, yb), poison(dy2, yb);
         lm_cuda_gemm(g_ctx, dy, dx, dw, 9, k, m, false);
-        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, 9, k, m, false, tile_splits);
+        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, 9, k, m, false, splits4);
         sync_ok("gemm route");
         lm_cuda_download(y1, dy, sizeof(float) * 9 * m), lm_cuda_download(y2, dy2, sizeof(float) * 9 * m);
         CHECK(memcmp(y1, y2, sizeof(float) * 9 * m) == 0, "lm_cuda_gemm at 9 rows: not k_gemm_tc's bits");
@@ -837,15 +837,15 @@ static void test_gemm_route(void) {
     /* Two dependent launches captured as a graph (PDL edges between them and the clusters of 4),
      * replayed twice: the bits of the eager launches. */
     poison(dy, yb), poison(dy2, yb);
-    lm_cuda_gemm_tc(g_ctx, dy, dx, dw, N, k, m, false, tile_splits);
-    lm_cuda_gemm_tc(g_ctx, dy, dx + (size_t)N * k, dw, N, k, m, true, tile_splits);
+    lm_cuda_gemm_tc(g_ctx, dy, dx, dw, N, k, m, false, splits4);
+    lm_cuda_gemm_tc(g_ctx, dy, dx + (size_t)N * k, dw, N, k, m, true, splits4);
     sync_ok("gemm_tc eager");
     lm_cuda_download(y1, dy, sizeof(float) * N * m);
     lm_status rc = lm_cuda_ctx_capture_begin(g_ctx);
     CHECK(rc == LM_OK, "capture: %s", lm_error_message());
     if (!rc) {
-        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, N, k, m, false, tile_splits);
-        lm_cuda_gemm_tc(g_ctx, dy2, dx + (size_t)N * k, dw, N, k, m, true, tile_splits);
+        lm_cuda_gemm_tc(g_ctx, dy2, dx, dw, N, k, m, false, splits4);
+        lm_cuda_gemm_tc(g_ctx, dy2, dx + (size_t)N * k, dw, N, k, m, true, splits4);
         rc = lm_cuda_ctx_capture_replay(g_ctx, 2);
         CHECK(rc == LM_OK, "graph replay: %s", lm_error_message());
         lm_cuda_download(y2, dy2, sizeof(float) * N * m);

@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
             cp_async16(kd + r * SD + c * 8, a.k_cache + off, !in);
             cp_async16(vd + r * SD + c * 8, a.v_cache + off, !in);
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_async_commit();
     };
     pdl_wait();
     const int nkb = (kv_end + FA_COLS - 1) / FA_COLS, my_n = (nkb - grp + 1) / 2; /* tiles grp, grp + 2, .. */
@@ -590,9 +590,9 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
         const int kb = grp + 2 * i;
         if (i + 1 < my_n) {
             load_kv(kb + 2, (i + 1) & 1);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            cp_async_wait_pending(1);
         } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            cp_async_wait_pending(0);
         }
         group_sync();
         const uint16_t *kt = ks + (i & 1) * FA_COLS * SD, *vt = vs + (i & 1) * FA_COLS * SD;

@@ -156,6 +156,22 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bo
                  : "memory");
 }
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* Closes this thread's current group of cp.async copies. */
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* Waits until at most n of this thread's copy groups are pending (cp.async.wait_group takes an
+ * immediate: n from 0 to 7, larger n waiting as 7; a constant n compiles to the one instruction). */
+static __device__ __forceinline__ void cp_async_wait_pending(int n) {
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+    }
+}
 
 /* ldmatrix .x4: four 8 x 8 b16 matrices from shared memory; lane l gives the address of row l % 8
  * of matrix l / 8 (PTX ISA, ldmatrix); .trans transposes each. */

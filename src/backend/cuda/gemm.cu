@@ -32,21 +32,6 @@ size_t tc_smem(int tt, int ks) {
  * reads at one chunk fall on 8 distinct bank groups (rows are ks * 2 bytes, a multiple of 128). */
 __device__ __forceinline__ int tc_chunk(int r, int c) { return (c ^ (r & 7)) << 3; }
 
-/* cp.async.wait_group with a run-time count (the instruction takes an immediate): 0 to 7. */
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-    switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
 /* What k_gemm_tc writes: y = the sums, y += the sums (float32 [n, m]), or, w's rows being
  * interleaved gate/up pairs, h = bf16(silu(gate) * up) ([n, m / 2], lm_cuda_swiglu_bf16's
  * arithmetic on the same float32 sums). */
@@ -185,6 +170,14 @@ extern "C" int lm_cuda_gemm_tc_default_rows(void) {
     return r;
 }
 
+/* True when k_gemm_tc can take k in `s` splits on this device at any row count: s a power of 2 up
+ * to TC_MAX_S, k a multiple of 64 s, k / s at most TC_MAX_KS and within the shared memory a block
+ * may have at TT = 64. */
+static bool tc_splits_fit(const struct lm_cuda_ctx *c, int k, int s) {
+    return s >= 1 && s <= TC_MAX_S && !(s & (s - 1)) && k % (64 * s) == 0 && k / s <= TC_MAX_KS &&
+           tc_smem(TC_MAX_T, k / s) <= (size_t)c->smem_optin;
+}
+
 extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     if (k < 64 || m < 1) return 0;
     const int tiles = (m + TC_BM - 1) / TC_BM;
@@ -193,11 +186,9 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
      * with the most blocks; 0 when none fits one wave (the lm_head: cuBLAS streams it better). */
     int best = 0;
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
-        if (k % (64 * s)) break;
-        const int ks = k / s;
-        if (ks > TC_MAX_KS || tc_smem(TC_MAX_T, ks) > (size_t)c->smem_optin) continue;
+        if (!tc_splits_fit(c, k, s)) continue;
         const long blocks = (long)tiles * s;
-        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T>, TC_THREADS, tc_smem(TC_MAX_T, ks));
+        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
         if (blocks > (long)occ * c->sm_count) continue;
         best = s;
         if (blocks * 10 >= (long)c->sm_count * 18) break;
@@ -243,8 +234,7 @@ extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, 
 static int tc_route(struct lm_cuda_ctx *c, int n, int k, int m) {
     if (n > std::min(c->gemm_tc_rows, TC_MAX_T)) return 0;
     const int s = lm_cuda_gemm_tc_splits(c, k, m), f = c->gemm_tc_splits;
-    if (s && f > 0 && f <= TC_MAX_S && !(f & (f - 1)) && k % (64 * f) == 0 && k / f <= TC_MAX_KS) return f;
-    return s;
+    return s && f && tc_splits_fit(c, k, f) ? f : s; /* a forced split count where it fits */
 }
 
 extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,

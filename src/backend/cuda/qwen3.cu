@@ -103,7 +103,7 @@ struct lm_cuda_qwen3 {
     char *in_dev, *in_host;
     int32_t *ids_host;
     size_t in_cap;
-    int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (gemv_path) */
+    int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
     std::vector<graph_slot> graphs; /* [(((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV] */
     cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
     int last_rows;             /* its bucket */
@@ -699,8 +699,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const bool mlp1 = gemv && mlp1_from && nt >= mlp1_from;
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, lists);
-    /* The cuBLAS GEMMs' rows: a decode step's are its own (a graph's bucket, or nt with graphs
-     * off); a step with prefill chunks rounds them up (gemm_rows). */
+    /* The batched path's GEMM rows: a decode step's are its own (a graph's bucket, or nt with
+     * graphs off); a step with prefill chunks rounds them up for cuBLAS (gemm_rows). */
     const int gm = decode ? nt : gemm_rows(nt, m->p.max_tokens);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
@@ -888,9 +888,9 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                      n_att;
     }
 
-    /* A prefill step on the cuBLAS path (bf16 attention output): tiles of its runs of one
+    /* A prefill step on the batched path (bf16 attention output): tiles of its runs of one
      * sequence's tokens for the tensor-core attention (LM_CUDA_FLASH_MIN, flash_min_tokens). */
-    if (!decode && nt > p.gemv_max_rows && flash_min_tokens() > 0) {
+    if (!decode && !gemv && flash_min_tokens() > 0) {
         const lm_cuda_attn shape = attn_shape(m);
         const int tt = lm_cuda_attn_tile_tokens(c, &shape);
         /* The tokens beside the tiles (decodes riding with a chunk) cut as a decode step's, so
@@ -973,7 +973,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 4: return gemv_any(m, c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
-        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max), rows <= m->p.gemv_max_rows, 0,
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max), rows <= m->gemv_plain, 0,
                                    rows, true, attn_lists());
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
