@@ -8,7 +8,8 @@
 # a larger shape), longctx (perf decode at depths 0/1000/4000, split-KV on and off), serve (lumen serve --device cuda on the synthetic 0.6B plus lumen profile on
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
-# kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on), arrow
+# kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on),
+# ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
 # ARROW_ARGS=6: the kernel-chain table alone), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
@@ -72,6 +73,18 @@ for step in "$@"; do
     timeout 240 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count ${NCU_COUNT:-1200} \
       $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "${NCU_BATCHES:-}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     python3 scripts/ncu-summary.py "$OUT/ncu.csv" | tee "$OUT/ncu.txt" | head -30 ;;
+  ncubatch)
+    # Per-kernel GPU times of batched decode under Nsight Compute (serialised), one table per batch
+    # in $NCU_BATCHES (default 16,32,64): cudabench's throughput test with 64-token prompts and 6
+    # decode steps (the prompts' prefill kernels show with their own grids). Tables: ncu-b<B>.txt.
+    need_q06
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for b in $(echo ${NCU_BATCHES:-16,32,64} | tr , ' '); do
+      echo "== batch $b"
+      timeout 200 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count 6000 \
+        $LUMEN cudabench --model /tmp/q06 -n 0 -r 1 -p 0 --batches $b --in 64 --out 6 >/tmp/ncu-b$b.csv 2>"$OUT/ncu-b$b.err"
+      python3 scripts/ncu-summary.py /tmp/ncu-b$b.csv >"$OUT/ncu-b$b.txt"; head -24 "$OUT/ncu-b$b.txt"
+    done ;;
   ncuattn)
     # One decode attention launch and one q/k/v GEMV under Nsight Compute's full section set.
     need_q06

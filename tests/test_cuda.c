@@ -1060,18 +1060,19 @@ static void test_attention_case(const struct attn_case *ac) {
             /* Mode 4: the v6 kernel from a work list (batched decode's), planned for P = 8 with
              * pieces of at least 32 positions (the 301-position context in 5 pieces: 4 of 64 and
              * 45): 7 items, and 3 + 8 blocks a KV head, 4 of them with no item. */
-            const int G = NH / NKV, NZ = g_attn_dec == 4 ? 16 : 4;
+            const bool list = g_attn_dec == 4 || g_attn_dec == 6; /* decode from a work list */
+            const int G = NH / NKV, NZ = list ? 16 : 4;
             float *dpart = NULL;
             unsigned *dcnt = NULL;
             int32_t *dwork = NULL;
-            if (g_attn_dec >= 2) { /* phase 0: the pieces of the tokens beside the tiles */
+            if (g_attn_dec == 2 || list) { /* phase 0: the pieces of the tokens beside the tiles */
                 dpart = dev(sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 dcnt = dev(sizeof(unsigned) * (size_t)n * NKV);
                 poison(dpart, sizeof(float) * (size_t)n * NKV * NZ * G * (D + 2));
                 lm_cuda_memset(dcnt, 0, sizeof(unsigned) * (size_t)n * NKV);
                 a.n_splits = NZ, a.split_len = 1, a.split_part = dpart, a.split_count = dcnt;
             }
-            if (g_attn_dec == 4 && phase == 1) {
+            if (list && phase == 1) {
                 int32_t w[LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (NS + 8)];
                 const int items = lm_cuda_attn_plan_work(w, pos, n, 8, 32, NZ);
                 int most = 0; /* the most pieces a token got */
@@ -1097,8 +1098,8 @@ static void test_attention_case(const struct attn_case *ac) {
                 int cut = 0; /* the other tokens' items in more than one piece */
                 for (int i = 0; i < n_rest; i++)
                     cut += (tl[2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (n_tiles + i) + 3] & 255) > 1;
-                CHECK(g_attn_dec != 4 || cut > 0, "attention D=%d: mode 4's prefill cut no context (%d tiles, "
-                      "%d other items)", D, n_tiles, n_rest);
+                CHECK(!list || cut > 0, "attention D=%d: mode %d's prefill cut no context (%d tiles, "
+                      "%d other items)", D, g_attn_dec, n_tiles, n_rest);
                 dtiles = dev_from(tl, sizeof(int32_t) * (2 * LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * (size_t)(n_tiles + n_rest)));
                 free(tl);
                 a.tiles = dtiles, a.n_tiles = n_tiles, a.n_rest = n_rest;
@@ -1227,21 +1228,24 @@ static void test_attention(void) {
         {16, 4, 2, 16}, {128, 16, 8, 16}, {64, 8, 1, 5}, {32, 3, 3, 7}, {256, 4, 1, 16}, {128, 10, 2, 3},
     };
     /* Decode (phase 1) with the 8-warp kernel (v7, default: 1), the v6 kernel (0) and the 8-warp
-     * kernel split over positions (2) and the v6 kernel from a work list (4: batched decode's
-     * split); later passes replay the first one's random inputs (and the generator is left where
-     * the first left it). */
+     * kernel split over positions (2), the v6 kernel from a work list (4: batched decode's
+     * split), and the decode kernel's batched shape (lm_cuda_ctx_set_attn_batch) one block a token
+     * (5) and from a work list (6); later passes replay the first one's random inputs (and the
+     * generator is left where the first left it). */
     const uint64_t rng0 = g_rng;
     uint64_t rng1 = 0;
-    static const int modes[] = {1, 0, 2, 4};
-    for (int mi = 0; mi < 4; mi++) {
+    const bool batch0 = lm_cuda_ctx_attn_batch(g_ctx);
+    static const int modes[] = {1, 0, 2, 4, 5, 6};
+    for (int mi = 0; mi < 6; mi++) {
         const int dec = modes[mi];
         if (mi == 1) rng1 = g_rng;
         if (mi > 0) g_rng = rng0;
         lm_cuda_ctx_set_attn_dec(g_ctx, dec == 1 || dec == 2);
+        lm_cuda_ctx_set_attn_batch(g_ctx, dec >= 5);
         g_attn_dec = dec;
-        /* Prefill: tiles of one token and up in sequence order (1), of one token (0, shuffled),
-         * in sequence order with smaller tiles on k_attention (2), all on k_attention (4). */
-        g_shuffle = dec == 0 || dec == 4;
+        /* Prefill: tiles of one token and up in sequence order (1), of one token (0, 5: shuffled),
+         * in sequence order with smaller tiles on k_attention (2), all on k_attention (4, 6). */
+        g_shuffle = dec == 0 || dec >= 4;
         g_flash_min = dec <= 1 ? 1 : 4;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             g_case = (int)i;
@@ -1250,6 +1254,7 @@ static void test_attention(void) {
     }
     g_rng = rng1;
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
+    lm_cuda_ctx_set_attn_batch(g_ctx, batch0);
     for (int i = 0; i < 8; i++) free(g_flash_bits[i]), g_flash_bits[i] = NULL;
 }
 

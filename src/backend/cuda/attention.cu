@@ -718,10 +718,13 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
     }
 }
 
-/* ---- decode attention at small batch (v7) ----
+/* ---- decode attention (v7; batched shape v21) ----
  *
  * For launches too small to fill the GPU (decode at batch 1..~60: one block per (KV head, token),
  * 8 to 500 blocks), where k_attention's time is one warp's chain of ~800 dependent instructions.
+ * Batched decode past one wave of this shape runs a lighter one (batch_dec: 4 warps, 2 passes a
+ * round, 4 blocks a multiprocessor), also from the host's work list. k_attention's lane-a-position
+ * K loads touch 32 rows an instruction; here LP lanes share a row, so an instruction touches 4.
  * Here a block has 8 warps; each position is shared by LP = D / 16 lanes (16 dims a lane: two
  * 16-byte K loads and two V loads), so a q.k chain is 16 FMAs long plus log2(LP) shuffles; the K
  * and V rows of a round of positions sit in registers. Everything that does not depend on the
@@ -733,12 +736,15 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
 static_assert(LM_CUDA_DEC_RUN <= 8, "k_attn_dec keeps a run's K/V in 8 shared-memory rows");
 
-template <int D, int GM>
+/* W warps a block; NPX passes a round (0: by the group size, as v7). The one-wave launch is
+ * <DEC_WARPS, 0>; batched decode uses a lighter shape (batch_dec: 4 warps, 2 passes) with several
+ * blocks a multiprocessor. */
+template <int D, int GM, int W = DEC_WARPS, int NPX = 0>
 struct DecShape {
     static constexpr int LP = D / 16;                          /* lanes per position */
     static constexpr int PW = 32 / LP;                         /* positions per warp per pass */
-    static constexpr int PP = DEC_WARPS * PW;                  /* positions per pass */
-    static constexpr int NP = GM <= 2 ? 4 : GM == 4 ? 2 : 1; /* passes a round */
+    static constexpr int PP = W * PW;                          /* positions per pass */
+    static constexpr int NP = NPX ? NPX : GM <= 2 ? 4 : GM == 4 ? 2 : 1; /* passes a round */
     static constexpr int RP = NP * PP;                         /* positions per round */
 };
 
@@ -807,33 +813,49 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
     }
 }
 
-template <int D, int GM>
-__global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn a) {
-    using S = DecShape<D, GM>;
+template <int D, int GM, int W, int NPX>
+__global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 : 2) k_attn_dec(const lm_cuda_attn a) {
+    using S = DecShape<D, GM, W, NPX>;
     constexpr int LP = S::LP, PW = S::PW, PP = S::PP, NP = S::NP, RP = S::RP;
-    constexpr int PER = (D / 2 + 31) / 32;
+    constexpr int PER = (D / 2 + 31) / 32, NT = W * 32;
     __shared__ __align__(16) float qs[GM][D];
     __shared__ __align__(16) uint16_t kn[LM_CUDA_DEC_RUN][D], vn[LM_CUDA_DEC_RUN][D];
-    __shared__ float wm[DEC_WARPS][GM], wl[DEC_WARPS][GM];
-    __shared__ __align__(16) float wacc[DEC_WARPS][GM][D];
-    const int g = blockIdx.x, t = blockIdx.y;
+    __shared__ float wm[W][GM], wl[W][GM];
+    __shared__ __align__(16) float wacc[W][GM][D];
+    const int g = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane / LP, j = lane % LP;
     const int G = a.n_heads / a.n_kv_heads, BS = a.block_size;
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
 
-    /* Before the wait: the step's inputs (copied before its first kernel), the cache rows of
-     * positions < pos0 (written by earlier steps; no kernel of this step writes them), weights.
-     * Positions pos0..pos are this step's: the run's earlier tokens are rows t - np .. t - 1,
-     * whose K/V this block computes itself from q/k/v (their own blocks write the cache). */
+    /* Before the wait: the step's inputs (copied before its first kernel, the work list among
+     * them), the cache rows of positions < pos0 (written by earlier steps; no kernel of this step
+     * writes them), weights. Positions pos0..pos are this step's: the run's earlier tokens are rows
+     * t - np .. t - 1, whose K/V this block computes itself from q/k/v (their own blocks write the
+     * cache). The block takes positions [p0, p1) of token t: with a work list (batched decode),
+     * item blockIdx.y's piece z of nused, merged through scratch row slot (nz = a.n_splits splits
+     * a row); else split z of gridDim.z (flash-decoding), of a.split_len positions, the last one
+     * up to L, merged through row t. */
+    int t = blockIdx.y, z = blockIdx.z, nz = gridDim.z, slot = t, p0 = 0, p1 = -1, nused = 1;
+    constexpr bool LIST = NPX != 0; /* the batched shapes take work lists (batch_dec) */
+    if (LIST && a.work) {
+        if ((int)blockIdx.y >= a.work[0]) return;
+        const int32_t *w = a.work + LM_CUDA_WORK_HEAD + LM_CUDA_WORK_ITEM * blockIdx.y;
+        t = w[0], p0 = w[1], p1 = w[2], z = (w[3] >> 8) & 255, nused = w[3] & 255, slot = w[3] >> 16;
+        nz = a.n_splits;
+    }
     const int seq = a.seq[t], pos = a.pos[t], L = pos + 1;
     const int np = a.run_prev ? a.run_prev[t] : 0, pos0 = pos - np;
-    /* Split-KV (flash-decoding): block z of nz takes positions [p0, p1), the last one up to L. */
-    const int nz = gridDim.z, z = blockIdx.z, SL = a.split_len;
-    const int p0 = nz > 1 ? z * SL : 0, p1 = nz > 1 && z < nz - 1 ? min(L, p0 + SL) : L;
-    if (p0 >= L) return; /* no position of this token here */
-    const int nused = nz > 1 ? min(nz, (L + SL - 1) / SL) : 1;
-    const bool own = pos >= p0; /* this block holds the new token: it writes its K/V */
+    if (!(LIST && a.work) && nz > 1) {
+        const int SL = a.split_len;
+        p0 = z * SL;
+        if (p0 >= L) return; /* no position of this token here */
+        p1 = z < nz - 1 ? min(L, p0 + SL) : L;
+        nused = min(nz, (L + SL - 1) / SL);
+    }
+    if (p1 < 0) p1 = L;
+    const bool own = p1 == L; /* this block holds the new token: it writes its K/V */
+    const int lim = min(pos0, p1); /* positions below it come from the cache */
     const int32_t *bt = a.block_tables + (size_t)seq * a.bt_width;
     const size_t off_new = kv_offset(a, bt[pos / BS], g, pos % BS, D);
     uint4 kr[NP][2], vr[NP][2];
@@ -842,12 +864,12 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int tok = r0 + p * PP + warp * PW + grp;
-            blk[p] = tok < pos0 ? bt[tok / BS] : 0;
+            blk[p] = tok < lim ? bt[tok / BS] : 0;
         }
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int tok = r0 + p * PP + warp * PW + grp;
-            if (tok < pos0) {
+            if (tok < lim) {
                 const size_t off = kv_offset(a, blk[p], g, tok % BS, D);
                 kr[p][0] = *reinterpret_cast<const uint4 *>(a.k_cache + off + j * 8);
                 kr[p][1] = *reinterpret_cast<const uint4 *>(a.k_cache + off + (j + LP) * 8);
@@ -868,7 +890,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     /* Warps: the G query heads, then the keys of positions pos0 .. pos (the last one is this
      * token's, written to the cache by this block when it holds it); each key row exactly as the
      * block of its own token computes it, so the bits equal a decode of one token at a time. */
-    for (int vi = warp; vi <= G + np; vi += DEC_WARPS) {
+    for (int vi = warp; vi <= G + np; vi += W) {
         if (vi < G) {
             dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, &qs[vi][0], nullptr, nullptr);
         } else if (vi == G + np) {
@@ -884,7 +906,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     }
     /* Values: from the highest thread down, so that without a run the last warps (not the ones
      * normalising) do it, as before. */
-    for (int idx = DEC_THREADS - 1 - (int)threadIdx.x; idx < (np + 1) * D; idx += DEC_THREADS) {
+    for (int idx = NT - 1 - (int)threadIdx.x; idx < (np + 1) * D; idx += NT) {
         const int i = idx / D, d = idx % D;
         if (i == np && !own) continue;
         const uint16_t v = f2bf(a.qkv[(size_t)(t - np + i) * a.ld_qkv + Q + KV + g * D + d]);
@@ -901,13 +923,13 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
 #pragma unroll
         for (int e = 0; e < 16; e++) acc[h][e] = 0.f;
     }
-    for (int r0 = p0; r0 < p1; r0 += RP) { /* SL is a multiple of RP: rounds end at p1 */
+    for (int r0 = p0; r0 < p1; r0 += RP) { /* positions at p1 and past it are masked */
         if (r0 != p0) load_round(r0);
         /* This step's positions (this token's and its run's): their K/V from shared memory. */
 #pragma unroll
         for (int p = 0; p < NP; p++) {
-            const int i = r0 + p * PP + warp * PW + grp - pos0;
-            if (i >= 0 && i <= np) {
+            const int tok = r0 + p * PP + warp * PW + grp, i = tok - pos0;
+            if (i >= 0 && i <= np && tok < p1) {
                 kr[p][0] = *reinterpret_cast<const uint4 *>(&kn[i][j * 8]);
                 kr[p][1] = *reinterpret_cast<const uint4 *>(&kn[i][(j + LP) * 8]);
                 vr[p][0] = *reinterpret_cast<const uint4 *>(&vn[i][j * 8]);
@@ -916,7 +938,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
         }
         /* Passes of this round that hold any position < L (the same for the whole block: the
          * loops below stop there, so short contexts skip the empty passes). */
-        const int npv = min(NP, (L - r0 + PP - 1) / PP);
+        const int npv = min(NP, (p1 - r0 + PP - 1) / PP);
         /* q.k: each lane's 16 dims, then a sum over the LP lanes of the position. */
         float s[NP][GM];
 #pragma unroll
@@ -967,7 +989,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
             for (int p = 0; p < NP; p++) {
                 if (p >= npv) break;
                 const int tok = r0 + p * PP + warp * PW + grp;
-                s[p][h] = tok < L ? s[p][h] * a.scale : -INFINITY;
+                s[p][h] = tok < p1 ? s[p][h] * a.scale : -INFINITY;
                 mx = fmaxf(mx, s[p][h]);
             }
 #pragma unroll
@@ -1030,10 +1052,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) k_attn_dec(const lm_cuda_attn 
     }
     __syncthreads();
     if (nused == 1) {
-        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, DEC_THREADS);
+        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
         return;
     }
-    attn_split_merge(a, wm, wl, wacc, t, t, g, G, Q, (int)blockIdx.z, (int)gridDim.z, nused, DEC_THREADS);
+    attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
 }
 
 } // namespace
@@ -1071,11 +1093,29 @@ template <int D, int GM>
 static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     if constexpr (GM * D <= 1024) {
         if (!c->attn_dec) return false;
-        auto fn = k_attn_dec<D, GM>;
+        auto fn = k_attn_dec<D, GM, DEC_WARPS, 0>;
         return (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count;
     } else {
         return false;
     }
+}
+
+/* Batched decode on the decode kernel (v21): a fused launch of n tokens past one wave of the
+ * 8-warp kernel (with or without a work list) runs k_attn_dec<D, GM, DEC_BATCH_W, DEC_BATCH_NP>,
+ * which holds several blocks a multiprocessor, while its blocks for the n tokens fit the GPU in one
+ * wave (ctx attn_batch on, groups of up to 4 query heads); larger launches keep k_attention,
+ * whose lighter blocks fit more at once. Returns the kernel, or NULL for k_attention. */
+constexpr int DEC_BATCH_W = 4, DEC_BATCH_NP = 2;
+using dec_kernel = void (*)(const lm_cuda_attn);
+template <int D, int GM>
+static dec_kernel batch_dec(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
+    if constexpr (GM <= 4 && GM * D <= 1024) { /* acc: 16 GM registers a lane */
+        const dec_kernel fn = k_attn_dec<D, GM, DEC_BATCH_W, DEC_BATCH_NP>;
+        if (c->attn_batch &&
+            (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_BATCH_W * 32, 0) * c->sm_count)
+            return fn;
+    }
+    return nullptr;
 }
 
 /* k_attention prefetches V with K when the launch is too small to fill the GPU (latency-bound:
@@ -1092,7 +1132,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* Decode launches that fit the GPU in one wave: the 8-warp kernel (v7). */
     if constexpr (GM * D <= 1024)
         if (fused) {
-            auto fn = k_attn_dec<D, GM>;
+            auto fn = k_attn_dec<D, GM, DEC_WARPS, 0>;
             if (dec_fits_g<D, GM>(c, a, n)) {
                 if (a.n_splits <= 1 || !a.split_part || !a.split_count)
                     return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);
@@ -1104,6 +1144,13 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
         }
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */
     if (fused && a.run_prev) return cudaErrorInvalidValue;
+    if (fused && a.work && (a.n_splits < 1 || !a.split_part || !a.split_count || a.work_blocks < 1))
+        return cudaErrorInvalidValue;
+    /* Batched decode on the decode kernel's lighter shape: block (g, y) takes token y, or item y
+     * of the work list (n + work_blocks blocks a KV head). */
+    if (fused)
+        if (const dec_kernel fn = batch_dec<D, GM>(c, a, n))
+            return lm_launch(c, dim3(a.n_kv_heads, a.work ? n + a.work_blocks : n), dim3(DEC_BATCH_W * 32), 0, fn, a);
     /* k_attention, y blocks a KV head, prefetching V when a launch of pre_n tokens is small. */
     auto k_att = [&](int y, const lm_cuda_attn &as, int pre_n) {
         constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
@@ -1135,8 +1182,6 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
      * merged through the scratch. Without one, one block a (KV head, token). */
     lm_cuda_attn as = a;
     if (!fused) as.work = NULL;
-    if (as.work && (a.n_splits < 1 || !a.split_part || !a.split_count || a.work_blocks < 1))
-        return cudaErrorInvalidValue;
     return k_att(as.work ? n + a.work_blocks : n, as, n);
 }
 
@@ -1145,9 +1190,12 @@ using int_c = std::integral_constant<int, V>;
 
 template <int D, int GM>
 static int work_blocks_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
-    const void *fn = att_pre<D>(c, a, n) ? (const void *)k_attention<D, GM, AttShape<D>::DPL <= 4>
-                                          : (const void *)k_attention<D, GM, false>;
-    const int per_sm = std::max(1, lm_cuda_occupancy(fn, ATT_WARPS * 32, 0));
+    const void *fn = (const void *)batch_dec<D, GM>(c, a, n);
+    const int threads = fn ? DEC_BATCH_W * 32 : ATT_WARPS * 32;
+    if (!fn)
+        fn = att_pre<D>(c, a, n) ? (const void *)k_attention<D, GM, AttShape<D>::DPL <= 4>
+                                 : (const void *)k_attention<D, GM, false>;
+    const int per_sm = std::max(1, lm_cuda_occupancy(fn, threads, 0));
     return std::max(1, per_sm * c->sm_count / std::max(1, a.n_kv_heads));
 }
 

@@ -36,6 +36,7 @@ struct lm_cuda_ctx {
     int smem_optin;      /* bytes of shared memory a block may opt in to (the device's limit) */
     unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
+    bool attn_batch;     /* batched decode launches of one wave use the decode kernel (attention.cu batch_dec) */
     int gemm_tc_rows;    /* lm_cuda_gemm: k_gemm_tc up to this many rows (gemm.cu; 0: cuBLAS) */
     int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
     int max_rows;        /* sampler scratch capacity */

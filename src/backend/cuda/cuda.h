@@ -98,6 +98,12 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
+/* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
+ * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,
+ * perf-notes v21); off, or for larger launches, k_attention (v6). Default on; LM_CUDA_ATTN_BATCH=0
+ * turns it off for A/B runs. */
+void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on);
+bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c);
 /* lm_cuda_gemm runs lm_cuda_gemm_tc up to `rows` rows (0: cuBLAS always; at most 64) in `splits`
  * splits where the shape allows them (0: lm_cuda_gemm_tc_splits' plan; others for benchmarks).
  * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, default 16, read once

@@ -142,6 +142,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemv_rows = p.gemv_rows;
     c->smem_optin = info.smem_optin;
     c->attn_dec = p.attn_dec;
+    c->attn_batch = lm_env_flag("LM_CUDA_ATTN_BATCH", true);
     c->gemm_tc_rows = lm_cuda_gemm_tc_default_rows();
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
@@ -178,6 +179,8 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
+extern "C" void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on) { c->attn_batch = on; }
+extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->attn_batch; }
 extern "C" void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits) {
     c->gemm_tc_rows = rows;
     c->gemm_tc_splits = splits;
