@@ -888,28 +888,33 @@ static void test_gemm_route(void) {
 /* rmsnorm_bf16, swiglu_bf16, embed, gather_rows. */
 static void test_rows(void) {
     const int n = 7, d = 1000, vocab = 301;
-    float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d);
+    float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * 3 * d); /* w: up to 3 d */
     float *ref = malloc(sizeof(float) * n * d), *got = malloc(sizeof(float) * n * 2 * d);
     uint16_t *yb = malloc(2 * (size_t)n * d);
     fill(x, n * d, 2.0f);
     for (int i = 0; i < d; i++) w[i] = 1.0f + 0.3f * frand();
-    float *dx = dev_from(x, sizeof(float) * n * d), *dw = dev_from(w, sizeof(float) * d);
+    for (int i = d; i < 3 * d; i++) w[i] = 0.9f * w[i - d]; /* no draws: later tests' inputs stay */
+    float *dx = dev_from(x, sizeof(float) * n * d), *dw = dev_from(w, sizeof(float) * 3 * d);
     uint16_t *dyb = dev(2 * (size_t)n * d);
     int32_t rows[3] = {5, 0, 5}, *drows = dev_from(rows, sizeof rows);
 
-    /* RMSNorm, all rows and a gather of rows. */
-    for (int g = 0; g < 2; g++) {
-        const int nn = g ? 3 : n;
-        for (int i = 0; i < nn; i++)
-            g_ref->rmsnorm(NULL, ref + (size_t)i * d, x + (size_t)(g ? rows[i] : i) * d, w, 1, d, 1e-6f);
-        poison(dyb, 2 * (size_t)nn * d);
-        lm_cuda_rmsnorm_bf16(g_ctx, dyb, dx, dw, g ? drows : NULL, nn, d, 1e-6f);
-        sync_ok("rmsnorm");
-        lm_cuda_download(yb, dyb, 2 * (size_t)nn * d);
-        for (int i = 0; i < nn * d; i++) got[i] = lm_bf16_to_f32(yb[i]);
-        double e = rel_l2(got, ref, (long)nn * d);
-        CHECK(e <= 4e-3, "rmsnorm_bf16 gather=%d: rel err %.3g", g, e);
-    }
+    /* RMSNorm, all rows and a gather of rows, for rows of 1000 and 3000 (the float4 kernel: one
+     * and three float4s a thread) and 998 elements (the scalar one); x and w reread as rows of dn. */
+    static const int dns[3] = {1000, 998, 3000};
+    for (int c = 0; c < 3; c++)
+        for (int g = 0; g < 2; g++) {
+            const int dn = dns[c], nn = g ? 3 : n * d / dn;
+            if (g && dn > d) continue; /* the gather reads row 5 */
+            for (int i = 0; i < nn; i++)
+                g_ref->rmsnorm(NULL, ref + (size_t)i * dn, x + (size_t)(g ? rows[i] : i) * dn, w, 1, dn, 1e-6f);
+            poison(dyb, 2 * (size_t)nn * dn);
+            lm_cuda_rmsnorm_bf16(g_ctx, dyb, dx, dw, g ? drows : NULL, nn, dn, 1e-6f);
+            sync_ok("rmsnorm");
+            lm_cuda_download(yb, dyb, 2 * (size_t)nn * dn);
+            for (int i = 0; i < nn * dn; i++) got[i] = lm_bf16_to_f32(yb[i]);
+            double e = rel_l2(got, ref, (long)nn * dn);
+            CHECK(e <= 4e-3, "rmsnorm_bf16 d=%d gather=%d: rel err %.3g", dn, g, e);
+        }
     /* SwiGLU from interleaved gate/up. */
     {
         float *gu = malloc(sizeof(float) * n * 2 * d), *gate = malloc(sizeof(float) * n * d);

@@ -255,6 +255,58 @@ __global__ void k_rmsnorm_bf16(uint16_t *y, const float *x, const float *__restr
     for (int i = threadIdx.x; i < d; i += blockDim.x) yi[i] = f2bf(w[i] * (xi[i] * inv));
 }
 
+/* k_rmsnorm_bf16 for rows of d = 4 v floats, v <= RN_THREADS * RN_MAXV (16-byte aligned x and w,
+ * 8-byte aligned y): the weights are loaded before the wait (they do not depend on the preceding
+ * kernel) and the row stays in registers, so after the wait a block makes one pass over global
+ * memory (v21). */
+constexpr int RN_THREADS = 256, RN_MAXV = 8;
+__global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_bf16_v4(uint16_t *y, const float *x, const float *__restrict__ w,
+                                                                const int32_t *rows, int d, float eps) {
+    __shared__ float red[RN_THREADS / 32];
+    pdl_trigger(); /* the next kernel may launch now; it waits for this one */
+    const int nv = d >> 2;
+    float4 wv[RN_MAXV], xv[RN_MAXV];
+#pragma unroll
+    for (int v = 0; v < RN_MAXV; v++) {
+        const int i = threadIdx.x + v * RN_THREADS;
+        if (i < nv) wv[v] = __ldg(reinterpret_cast<const float4 *>(w) + i);
+    }
+    pdl_wait();
+    const int r = rows ? rows[blockIdx.x] : blockIdx.x;
+    const float4 *xi = reinterpret_cast<const float4 *>(x + (size_t)r * d);
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < RN_MAXV; v++) {
+        const int i = threadIdx.x + v * RN_THREADS;
+        if (i < nv) xv[v] = xi[i];
+    }
+#pragma unroll
+    for (int v = 0; v < RN_MAXV; v++) {
+        const int i = threadIdx.x + v * RN_THREADS;
+        if (i >= nv) break;
+        s = fmaf(xv[v].x, xv[v].x, s);
+        s = fmaf(xv[v].y, xv[v].y, s);
+        s = fmaf(xv[v].z, xv[v].z, s);
+        s = fmaf(xv[v].w, xv[v].w, s);
+    }
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < RN_THREADS / 32; i++) tot += red[i];
+    const float inv = 1.0f / sqrtf(tot / (float)d + eps);
+    uint2 *yi = reinterpret_cast<uint2 *>(y + (size_t)blockIdx.x * d);
+#pragma unroll
+    for (int v = 0; v < RN_MAXV; v++) {
+        const int i = threadIdx.x + v * RN_THREADS;
+        if (i >= nv) break;
+        const float4 a = xv[v], b = wv[v];
+        yi[i] = make_uint2(f2bf(b.x * (a.x * inv)) | (unsigned)f2bf(b.y * (a.y * inv)) << 16,
+                           f2bf(b.z * (a.z * inv)) | (unsigned)f2bf(b.w * (a.w * inv)) << 16);
+    }
+}
+
 __global__ void k_swiglu_bf16(uint16_t *y, const float *gu, long n) {
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
@@ -308,6 +360,11 @@ extern "C" lm_status lm_cuda_rmsnorm_bf16(struct lm_cuda_ctx *c, uint16_t *y, co
                                           const float *w, const int32_t *rows, int n, int d,
                                           float eps) {
     if (n < 1) return LM_OK;
+    if (d % 4 == 0 && d / 4 <= RN_THREADS * RN_MAXV && ((uintptr_t)x | (uintptr_t)w) % 16 == 0 &&
+        (uintptr_t)y % 8 == 0) {
+        LM_CU(lm_launch(c, dim3(n), dim3(RN_THREADS), 0, k_rmsnorm_bf16_v4, y, x, w, rows, d, eps));
+        return LM_OK;
+    }
     LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_rmsnorm_bf16, y, x, w, rows, d, eps));
     return LM_OK;
 }
