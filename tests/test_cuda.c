@@ -899,7 +899,8 @@ static void test_rows(void) {
     int32_t rows[3] = {5, 0, 5}, *drows = dev_from(rows, sizeof rows);
 
     /* RMSNorm, all rows and a gather of rows, for rows of 1000 and 3000 (the float4 kernel: one
-     * and three float4s a thread) and 998 elements (the scalar one); x and w reread as rows of dn. */
+     * and three float4s a thread, the last partly) and 998 elements (the scalar one); x and w reread
+     * as rows of dn. */
     static const int dns[3] = {1000, 998, 3000};
     for (int c = 0; c < 3; c++)
         for (int g = 0; g < 2; g++) {
@@ -915,6 +916,29 @@ static void test_rows(void) {
             double e = rel_l2(got, ref, (long)nn * dn);
             CHECK(e <= 4e-3, "rmsnorm_bf16 d=%d gather=%d: rel err %.3g", dn, g, e);
         }
+    /* A row at the float4 kernel's limit (8,192 floats: 8 float4s a thread) and one past it (8,196:
+     * the scalar kernel), from inputs that take no draws. */
+    {
+        enum { DB = 8196 };
+        float *bx = malloc(sizeof(float) * DB), *bw = malloc(sizeof(float) * DB);
+        float *bref = malloc(sizeof(float) * DB), *bgot = malloc(sizeof(float) * DB);
+        uint16_t *by = malloc(2 * DB);
+        for (int i = 0; i < DB; i++) bx[i] = 2.0f * sinf(0.37f * (float)i), bw[i] = 1.0f + 0.3f * cosf(0.11f * (float)i);
+        float *dbx = dev_from(bx, sizeof(float) * DB), *dbw = dev_from(bw, sizeof(float) * DB);
+        uint16_t *dby = dev(2 * DB);
+        for (int dn = 8192; dn <= DB; dn += DB - 8192) {
+            g_ref->rmsnorm(NULL, bref, bx, bw, 1, dn, 1e-6f);
+            poison(dby, 2 * DB);
+            lm_cuda_rmsnorm_bf16(g_ctx, dby, dbx, dbw, NULL, 1, dn, 1e-6f);
+            sync_ok("rmsnorm");
+            lm_cuda_download(by, dby, 2 * (size_t)dn);
+            for (int i = 0; i < dn; i++) bgot[i] = lm_bf16_to_f32(by[i]);
+            const double e = rel_l2(bgot, bref, dn);
+            CHECK(e <= 4e-3, "rmsnorm_bf16 d=%d: rel err %.3g", dn, e);
+        }
+        free(bx), free(bw), free(bref), free(bgot), free(by);
+        lm_cuda_free(dbx), lm_cuda_free(dbw), lm_cuda_free(dby);
+    }
     /* SwiGLU from interleaved gate/up. */
     {
         float *gu = malloc(sizeof(float) * n * 2 * d), *gate = malloc(sizeof(float) * n * d);
@@ -1118,6 +1142,11 @@ static void test_attention_case(const struct attn_case *ac) {
             poison(dout, sizeof(float) * n * Q);
             lm_status rc = LM_OK;
             if (phase == 0) rc = lm_cuda_qk_norm_rope_store(g_ctx, &a, n);
+            /* Modes 5 and 6 decode on the batched shape, which serves groups of up to 4 heads. */
+            if (phase == 1 && g_attn_dec >= 5)
+                CHECK(lm_cuda_attn_batch_fits(g_ctx, &a, n) == (G <= 4),
+                      "attention D=%d heads %d/%d mode %d: the batched shape %s", D, NH, NKV, g_attn_dec,
+                      G <= 4 ? "must take the decode" : "serves groups of up to 4 heads only");
             if (!rc) rc = lm_cuda_attention(g_ctx, &a, n, phase == 1);
             CHECK(rc == LM_OK, "attention D=%d: %s", D, lm_error_message());
             sync_ok("attention");
@@ -1998,8 +2027,22 @@ static void test_model(void) {
 
     /* 3. The batched path (bf16 activations): whole prompts in one call (cuBLAS: 64-row buckets),
      * all cases decoded together (10 sequences: a 16-row graph, whose o_proj, k = 64, runs on
-     * k_gemm_tc in one split; the tiny model's other matrices have k = 32 or 96: cuBLAS). */
-    {
+     * k_gemm_tc in one split; the tiny model's other matrices have k = 32 or 96: cuBLAS). Pass 1
+     * decodes with the 8-warp attention kernel off, so that the decode steps' attention runs the
+     * decode kernel's batched shape (lm_cuda_attn_batch_fits), as batches past one wave of the
+     * 8-warp kernel do, from the step's work list. */
+    for (int pass = 0; pass < 2; pass++) {
+        struct lm_cuda_ctx *mc = lm_cuda_qwen3_ctx(g_m);
+        lm_cuda_ctx_set_attn_dec(mc, pass == 0);
+        lm_cuda_qwen3_set_options(g_m, true, true, 8); /* drops the graphs captured with the other kernel */
+        if (pass == 1) {
+            const struct lm_cuda_qwen3_info *in = &g_info;
+            struct lm_cuda_attn sh = {0};
+            sh.n_heads = in->cfg.n_heads, sh.n_kv_heads = in->cfg.n_kv_heads, sh.head_dim = in->cfg.head_dim;
+            sh.block_size = g_info.block_size;
+            CHECK(lm_cuda_attn_batch_fits(mc, &sh, 10) && !lm_cuda_attn_dec_fits(mc, &sh, 10),
+                  "pass 1: 10 decode tokens must run the decode kernel's batched shape");
+        }
         struct dseq *sp = calloc((size_t)nc, sizeof *sp), **pp = calloc((size_t)nc, sizeof *pp);
         int32_t *next = calloc((size_t)nc, sizeof *next), *ids = calloc((size_t)nc, sizeof *ids);
         int G = 1 << 30, diff_ids = 0;
@@ -2027,12 +2070,15 @@ static void test_model(void) {
                 diff_ids += next[i] != cs[i].greedy.v[t + 1] &&
                             !(t + 1 < (int)cs[i].n_margin && cs[i].margin[t + 1] < 2 * g_max_abs_err);
         }
-        fprintf(stderr, "model: batched path (bf16 activations): prefill logits vs HF worst %.3g, "
-                "%d greedy ids of %d x %d differ (near ties excused)\n", worst_gemm, diff_ids, B, G);
-        CHECK(diff_ids == 0, "batched path: %d greedy ids differ from HF", diff_ids);
+        fprintf(stderr, "model: batched path (bf16 activations, attention %s): prefill logits vs HF worst "
+                "%.3g, %d greedy ids of %d x %d differ (near ties excused)\n",
+                pass ? "batched shape" : "8-warp kernel", worst_gemm, diff_ids, B, G);
+        CHECK(diff_ids == 0, "batched path (pass %d): %d greedy ids differ from HF", pass, diff_ids);
         for (int i = 0; i < nc; i++) free(sp[i].bt);
         free(sp), free(pp), free(next), free(ids);
     }
+    lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(g_m), true);
+    lm_cuda_qwen3_set_options(g_m, true, true, 8);
 
     /* 4. Seeded sampling: the same draws alone and in a batch of 4. */
     {

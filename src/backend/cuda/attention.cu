@@ -1227,6 +1227,14 @@ extern "C" bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct 
     });
 }
 
+extern "C" bool lm_cuda_attn_batch_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n) {
+    if (check_attn(a) || n < 1) return false;
+    return by_shape(*a, [&](auto d, auto gm) {
+        constexpr int D = decltype(d)::value, GM = decltype(gm)::value;
+        return !dec_fits_g<D, GM>(c, *a, n) && batch_dec<D, GM>(c, *a, n) != nullptr;
+    });
+}
+
 extern "C" int lm_cuda_attn_work_blocks(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n) {
     if (check_attn(a) || n < 1) return 1;
     return by_shape(*a, [&](auto d, auto gm) {

@@ -81,8 +81,9 @@ struct lm_cuda_ctx_params {
                          experiments; SwiGLU epilogues always use 2) */
     bool attn_dec;    /* fused decode launches of lm_cuda_attention that fit the GPU in one wave
                          (head_dim x group <= 1024) use the 8-warp kernel that loads earlier
-                         positions' K/V before waiting on the preceding kernel (default true; false: the v6 kernel,
-                         for A/B; docs/perf-notes.md v7) */
+                         positions' K/V before waiting on the preceding kernel (default true; false:
+                         those launches take the batched path: the decode kernel's 4-warp shape
+                         where it fits, else the v6 kernel; docs/perf-notes.md v7, v21) */
 };
 struct lm_cuda_ctx_params lm_cuda_ctx_default_params(void);
 
@@ -101,7 +102,9 @@ void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,
  * perf-notes v21); off, or for larger launches, k_attention (v6). Default on; LM_CUDA_ATTN_BATCH=0
- * turns it off for A/B runs. */
+ * turns it off for A/B runs. Set it (and attn_dec) before a model captures its step graphs, or
+ * drop them after (lm_cuda_qwen3_set_options): a graph keeps the kernel and work-list size it was
+ * captured with. */
 void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on);
 bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c);
 /* lm_cuda_gemm runs lm_cuda_gemm_tc up to `rows` rows (0: cuBLAS always; at most 64) in `splits`
@@ -404,6 +407,10 @@ lm_status lm_cuda_attention(struct lm_cuda_ctx *c, const struct lm_cuda_attn *a,
 /* True when a fused lm_cuda_attention launch of n tokens with these arguments runs the 8-warp
  * decode kernel (ctx option attn_dec, one wave of blocks), the one that takes run_prev. */
 bool lm_cuda_attn_dec_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
+/* True when a fused launch of n tokens for a's shape runs the decode kernel's batched 4-warp shape
+ * (not the 8-warp one: lm_cuda_attn_dec_fits false; ctx attn_batch on, groups of up to 4 query
+ * heads, and n x n_kv_heads blocks within one wave of it); else such a launch runs k_attention. */
+bool lm_cuda_attn_batch_fits(const struct lm_cuda_ctx *c, const struct lm_cuda_attn *a, int n);
 
 enum { LM_CUDA_WORK_HEAD = 4, LM_CUDA_WORK_ITEM = 4 }; /* lm_cuda_attn.work's int32 header, item */
 

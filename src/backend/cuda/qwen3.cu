@@ -424,9 +424,12 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
 
     /* Staging: sized for the largest eager call and the largest graph bucket. */
     {
+        /* P depends on which kernel a launch of n tokens runs (lm_cuda_attn_work_blocks): the most
+         * over n = 1, 2, 4, ..., MO covers each kernel's range. */
         const lm_cuda_attn shape = attn_shape(m);
-        m->work_max = std::max(lm_cuda_attn_work_blocks(m->ctx, &shape, 1),
-                               lm_cuda_attn_work_blocks(m->ctx, &shape, m->MO));
+        m->work_max = lm_cuda_attn_work_blocks(m->ctx, &shape, m->MO);
+        for (int n = 1; n < m->MO; n *= 2)
+            m->work_max = std::max(m->work_max, lm_cuda_attn_work_blocks(m->ctx, &shape, n));
     }
     const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W, m->work_max);
     const layout b = make_layout(m->MO, m->MO, m->MO, m->W, m->work_max);
