@@ -722,16 +722,17 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
  *
  * For launches too small to fill the GPU (decode at batch 1..~60: one block per (KV head, token),
  * 8 to 500 blocks), where k_attention's time is one warp's chain of ~800 dependent instructions.
- * Batched decode past one wave of this shape runs a lighter one (batch_dec: 4 warps, 2 passes a
- * round, 4 blocks a multiprocessor), also from the host's work list. k_attention's lane-a-position
- * K loads touch 32 rows an instruction; here LP lanes share a row, so an instruction touches 4.
  * Here a block has 8 warps; each position is shared by LP = D / 16 lanes (16 dims a lane: two
  * 16-byte K loads and two V loads), so a q.k chain is 16 FMAs long plus log2(LP) shuffles; the K
  * and V rows of a round of positions sit in registers. Everything that does not depend on the
  * preceding kernel is done before waiting on it (programmatic dependent launch): the block-table
  * lookups, the K/V loads of the earlier positions (written by earlier steps), and RoPE's sines and
  * cosines. After the wait: this token's q/k norm + RoPE (q to shared memory, k and v to the cache
- * and to shared memory), one barrier, the rounds, one barrier, the merge of the warps. */
+ * and to shared memory), one barrier, the rounds, one barrier, the merge of the warps.
+ * Batched decode past one wave of this shape runs a lighter one (batch_dec: 4 warps, 2 passes a
+ * round, 4 blocks a multiprocessor), also from the host's work list. k_attention's lane-a-position
+ * K loads touch 32 rows an instruction; here LP lanes share a row, so an instruction touches 4.
+ */
 
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
 static_assert(LM_CUDA_DEC_RUN <= 8, "k_attn_dec keeps a run's K/V in 8 shared-memory rows");
