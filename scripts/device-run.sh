@@ -49,6 +49,8 @@ need_q8() {
   [ -f /tmp/q06-q8.gguf ] || $LUMEN build --model /tmp/q06 --out /tmp/q06-q8.gguf --dtype q8_0 \
     >"$OUT/build-q8.log" 2>&1 || tail -5 "$OUT/build-q8.log"
 }
+# Nsight Compute's command line tool (on PATH, or where the CUDA toolkit installs it).
+ncu_bin() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1; }
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
@@ -69,7 +71,7 @@ for step in "$@"; do
   ncu)
     # Per-kernel GPU times of batch-1 decode steps (kernels serialised: no PDL overlap).
     need_q06
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_bin)
     timeout 240 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count ${NCU_COUNT:-1200} \
       $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "${NCU_BATCHES:-}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     python3 scripts/ncu-summary.py "$OUT/ncu.csv" | tee "$OUT/ncu.txt" | head -30 ;;
@@ -78,7 +80,7 @@ for step in "$@"; do
     # in $NCU_BATCHES (default 16,32,64): cudabench's throughput test with 64-token prompts and 6
     # decode steps (the prompts' prefill kernels show with their own grids). Tables: ncu-b<B>.txt.
     need_q06
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_bin)
     for b in $(echo ${NCU_BATCHES:-16,32,64} | tr , ' '); do
       echo "== batch $b"
       timeout 200 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count 6000 \
@@ -88,7 +90,7 @@ for step in "$@"; do
   ncuattn)
     # One decode attention launch and one q/k/v GEMV under Nsight Compute's full section set.
     need_q06
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_bin)
     for k in ${NCU_KERNELS:-k_attn_dec k_gemv}; do  # v7: batch-1 decode attention is k_attn_dec
       timeout 120 $NCU --clock-control none --set full -k regex:$k --launch-skip 60 --launch-count 1 \
         $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "" >"$OUT/ncu_$k.txt" 2>&1

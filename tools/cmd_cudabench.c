@@ -26,6 +26,20 @@
 
 #include "commands.h"
 
+/* Parses a comma-separated list of up to cap integers from lo to hi into out; the count, or -1
+ * when s is not such a list (an empty item, a non-number, out of range, too many). */
+static int parse_list(const char *s, long lo, long hi, int *out, int cap) {
+    int n = 0;
+    for (const char *p = s;;) {
+        char *end = NULL;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < lo || v > hi || n == cap || (*end && *end != ',')) return -1;
+        out[n++] = (int)v;
+        if (!*end) return n;
+        p = end + 1;
+    }
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
@@ -353,17 +367,11 @@ int lm_cmd_cudabench(int argc, char **argv) {
         case 'T': trace = true; break;
         case 'G': gemm = true; break;
         case 'g':
-            gemm = true, ngn = 0;
-            for (const char *p = optarg; *p;) {
-                char *end = NULL;
-                const long v = strtol(p, &end, 10);
-                if (end == p || v < 9 || v > 64 || ngn == 16 || (*end && *end != ',')) {
-                    fprintf(stderr, "lumen cudabench: --gemm-rows takes up to 16 row counts from 9 to 64, not '%s'\n",
-                            optarg);
-                    return 2;
-                }
-                gn[ngn++] = (int)v;
-                p = *end ? end + 1 : end;
+            gemm = true;
+            if ((ngn = parse_list(optarg, 9, 64, gn, 16)) < 0) {
+                fprintf(stderr, "lumen cudabench: --gemm-rows takes up to 16 row counts from 9 to 64, not '%s'\n",
+                        optarg);
+                return 2;
             }
             break;
         case 'Q': q8 = true; break;
@@ -395,19 +403,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                    : "--in and --out must be >= 1");
         return lm_cmd_usage_error("cudabench");
     }
-    int blist[32], nb = 0, maxb = 1;
-    for (const char *s = batches; *s && nb < 32;) {
-        int v = atoi(s);
-        if (v < 1) {
-            fprintf(stderr, "lumen cudabench: --batches: '%s' is not a list of positive integers\n", batches);
-            return 2;
-        }
-        blist[nb++] = v;
-        if (v > maxb) maxb = v;
-        const char *comma = strchr(s, ',');
-        if (!comma) break;
-        s = comma + 1;
+    int blist[32], nb = *batches ? parse_list(batches, 1, 1 << 20, blist, 32) : 0, maxb = 1;
+    if (nb < 0) {
+        fprintf(stderr, "lumen cudabench: --batches takes up to 32 positive integers, comma-separated, not '%s'\n",
+                batches);
+        return 2;
     }
+    for (int i = 0; i < nb; i++) maxb = blist[i] > maxb ? blist[i] : maxb;
 
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
@@ -566,7 +568,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         for (int w = 0; w < 4 && !st; w++)
             for (int i = 0; i < ngn && !st; i++)
                 for (int s = -1; s <= 8 && !st; s = s < 1 ? s + 1 : s * 2) {
-                    if (s > 0 && (gks[w] % (64 * s) || gks[w] / s > 512)) continue;
+                    if (s > 0 && !lm_cuda_gemm_tc_fits(cx, gks[w], s)) continue;
                     double us, bytes;
                     lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
                     st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);

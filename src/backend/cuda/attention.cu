@@ -1089,16 +1089,19 @@ extern "C" lm_status lm_cuda_qk_norm_rope_store(struct lm_cuda_ctx *c, const str
     return LM_OK;
 }
 
+/* True when a launch of n tokens of fn (threads a block, one block a KV head and token) fits the
+ * GPU in one wave. */
+static bool one_wave(const lm_cuda_ctx *c, const void *fn, int threads, const lm_cuda_attn &a, int n) {
+    return (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy(fn, threads, 0) * c->sm_count;
+}
+
 /* True when a fused launch of n tokens runs k_attn_dec (the 8-warp decode kernel). */
 template <int D, int GM>
 static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
-    if constexpr (GM * D <= 1024) {
-        if (!c->attn_dec) return false;
-        auto fn = k_attn_dec<D, GM, DEC_WARPS, 0>;
-        return (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_THREADS, 0) * c->sm_count;
-    } else {
+    if constexpr (GM * D <= 1024)
+        return c->attn_dec && one_wave(c, (const void *)k_attn_dec<D, GM, DEC_WARPS, 0>, DEC_THREADS, a, n);
+    else
         return false;
-    }
 }
 
 /* Batched decode on the decode kernel (v21): a fused launch of n tokens past one wave of the
@@ -1112,9 +1115,7 @@ template <int D, int GM>
 static dec_kernel batch_dec(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     if constexpr (GM <= 4 && GM * D <= 1024) { /* acc: 16 GM registers a lane */
         const dec_kernel fn = k_attn_dec<D, GM, DEC_BATCH_W, DEC_BATCH_NP>;
-        if (c->attn_batch &&
-            (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy((const void *)fn, DEC_BATCH_W * 32, 0) * c->sm_count)
-            return fn;
+        if (c->attn_batch && one_wave(c, (const void *)fn, DEC_BATCH_W * 32, a, n)) return fn;
     }
     return nullptr;
 }
@@ -1125,6 +1126,13 @@ static dec_kernel batch_dec(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) 
 template <int D>
 static bool att_pre(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     return AttShape<D>::DPL <= 4 && (long)a.n_kv_heads * n <= 4L * c->sm_count;
+}
+
+/* The k_attention instantiation a launch of pre_n tokens runs (att_pre). */
+template <int D, int GM>
+static void (*att_kernel(const lm_cuda_ctx *c, const lm_cuda_attn &a, int pre_n))(const lm_cuda_attn, int) {
+    if (att_pre<D>(c, a, pre_n)) return k_attention<D, GM, (AttShape<D>::DPL <= 4)>;
+    return k_attention<D, GM, false>;
 }
 
 template <int D, int GM>
@@ -1154,10 +1162,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
             return lm_launch(c, dim3(a.n_kv_heads, a.work ? n + a.work_blocks : n), dim3(DEC_BATCH_W * 32), 0, fn, a);
     /* k_attention, y blocks a KV head, prefetching V when a launch of pre_n tokens is small. */
     auto k_att = [&](int y, const lm_cuda_attn &as, int pre_n) {
-        constexpr bool can_pre = AttShape<D>::DPL <= 4; /* att_pre */
-        const dim3 g(a.n_kv_heads, y);
-        if (att_pre<D>(c, a, pre_n)) return lm_launch(c, g, block, 0, k_attention<D, GM, can_pre>, as, (int)fused);
-        return lm_launch(c, g, block, 0, k_attention<D, GM, false>, as, (int)fused);
+        return lm_launch(c, dim3(a.n_kv_heads, y), block, 0, att_kernel<D, GM>(c, a, pre_n), as, (int)fused);
     };
     if (!fused && a.tiles) {
         /* Prefill tiles: the flash kernel, then k_attention over the tokens they leave. */
@@ -1193,9 +1198,7 @@ template <int D, int GM>
 static int work_blocks_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     const void *fn = (const void *)batch_dec<D, GM>(c, a, n);
     const int threads = fn ? DEC_BATCH_W * 32 : ATT_WARPS * 32;
-    if (!fn)
-        fn = att_pre<D>(c, a, n) ? (const void *)k_attention<D, GM, AttShape<D>::DPL <= 4>
-                                 : (const void *)k_attention<D, GM, false>;
+    if (!fn) fn = (const void *)att_kernel<D, GM>(c, a, n);
     const int per_sm = std::max(1, lm_cuda_occupancy(fn, threads, 0));
     return std::max(1, per_sm * c->sm_count / std::max(1, a.n_kv_heads));
 }

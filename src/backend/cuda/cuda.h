@@ -284,6 +284,12 @@ lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, con
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
 int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);
 
+/* True when lm_cuda_gemm_tc can take k in `splits` splits on this context's device at any row
+ * count (a power of 2 up to 8, k a multiple of 64 x splits, k / splits at most 512, the block's
+ * shared memory within the device's limit). A forced split count (lm_cuda_ctx_set_gemm_tc) that
+ * does not fit is replaced by the plan. */
+bool lm_cuda_gemm_tc_fits(const struct lm_cuda_ctx *c, int k, int splits);
+
 /* y[i, :] = bf16(w * (x[r, :] / sqrt(mean(x[r, :]^2) + eps))) for i < n, r = rows ? rows[i] : i.
  * x: [*, d] float32; w: [d]; y: [n, d] bf16. rows: device int32 [n] or NULL. */
 lm_status lm_cuda_rmsnorm_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *x, const float *w,

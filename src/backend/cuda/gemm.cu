@@ -173,7 +173,7 @@ extern "C" int lm_cuda_gemm_tc_default_rows(void) {
 /* True when k_gemm_tc can take k in `s` splits on this device at any row count: s a power of 2 up
  * to TC_MAX_S, k a multiple of 64 s, k / s at most TC_MAX_KS and within the shared memory a block
  * may have at TT = 64. */
-static bool tc_splits_fit(const struct lm_cuda_ctx *c, int k, int s) {
+extern "C" bool lm_cuda_gemm_tc_fits(const struct lm_cuda_ctx *c, int k, int s) {
     return s >= 1 && s <= TC_MAX_S && !(s & (s - 1)) && k % (64 * s) == 0 && k / s <= TC_MAX_KS &&
            tc_smem(TC_MAX_T, k / s) <= (size_t)c->smem_optin;
 }
@@ -186,7 +186,7 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
      * with the most blocks; 0 when none fits one wave (the lm_head: cuBLAS streams it better). */
     int best = 0;
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
-        if (!tc_splits_fit(c, k, s)) continue;
+        if (!lm_cuda_gemm_tc_fits(c, k, s)) continue;
         const long blocks = (long)tiles * s;
         const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
         if (blocks > (long)occ * c->sm_count) continue;
@@ -234,7 +234,7 @@ extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, 
 static int tc_route(struct lm_cuda_ctx *c, int n, int k, int m) {
     if (n > std::min(c->gemm_tc_rows, TC_MAX_T)) return 0;
     const int s = lm_cuda_gemm_tc_splits(c, k, m), f = c->gemm_tc_splits;
-    return s && f && tc_splits_fit(c, k, f) ? f : s; /* a forced split count where it fits */
+    return s && f && lm_cuda_gemm_tc_fits(c, k, f) ? f : s; /* a forced split count where it fits */
 }
 
 extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,

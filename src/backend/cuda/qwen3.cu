@@ -425,10 +425,10 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     /* Staging: sized for the largest eager call and the largest graph bucket. */
     {
         /* P depends on which kernel a launch of n tokens runs (lm_cuda_attn_work_blocks): the most
-         * over n = 1, 2, 4, ..., MO covers each kernel's range. */
+         * over every n a step can have (once, at creation; the occupancies are cached). */
         const lm_cuda_attn shape = attn_shape(m);
-        m->work_max = lm_cuda_attn_work_blocks(m->ctx, &shape, m->MO);
-        for (int n = 1; n < m->MO; n *= 2)
+        m->work_max = 1;
+        for (int n = 1; n <= m->MO; n++)
             m->work_max = std::max(m->work_max, lm_cuda_attn_work_blocks(m->ctx, &shape, n));
     }
     const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W, m->work_max);
@@ -454,6 +454,20 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
 static int gemm_bucket();
 static int gemm_rows(int n, int cap);
 
+/* The batched path's layer GEMM `which` (LG_QKV; LG_O, o_proj + residual; LG_GU, gate/up without
+ * SwiGLU; LG_DOWN, down_proj + residual) of layer w over n rows, on the buffers a step uses: the
+ * one place that names them for the forward pass, the warm-up and the benchmark. */
+enum { LG_QKV, LG_O, LG_GU, LG_DOWN };
+static lm_status layer_gemm(lm_cuda_qwen3 *m, const layer_dev &w, int which, int n) {
+    lm_cuda_ctx *c = m->ctx;
+    switch (which) {
+    case LG_QKV: return lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, n, m->H, m->QKV, false);
+    case LG_O: return lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, n, m->Q, m->H, true);
+    case LG_GU: return lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, n, m->H, 2 * m->I, false);
+    default: return lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, n, m->I, m->H, true);
+    }
+}
+
 /* cuBLAS chooses a kernel for each GEMM shape when it first sees it, and may load the kernel then
  * (milliseconds a shape: serving's first prefill step of each row bucket took 13-21 ms instead of
  * 5-10, perf-notes v19). Runs every shape an eager step can reach once now: the four layer GEMMs
@@ -461,15 +475,12 @@ static int gemm_rows(int n, int cap);
  * are whatever the buffers hold and the outputs are scratch (the next step writes its rows). */
 static lm_status warm_gemms(lm_cuda_qwen3 *m) {
     lm_cuda_ctx *c = m->ctx;
-    const int T = m->p.max_tokens, H = m->H, Q = m->Q, I = m->I;
+    const int T = m->p.max_tokens, H = m->H;
     const layer_dev &w = m->layers[0];
     if (gemm_bucket() <= 1 || !w.wqkv.bf || !m->lm_head.bf || T <= m->p.gemv_max_rows) return LM_OK;
     int head_rows = 0; /* the lm_head's last warmed row count (its rows stop at MO) */
     for (int r = gemm_rows(m->p.gemv_max_rows + 1, T);; r = gemm_rows(r + 1, T)) {
-        LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, r, H, m->QKV, false));
-        LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, r, Q, H, true));
-        LM_TRY(lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, r, H, 2 * I, false));
-        LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, r, I, H, true));
+        for (int g = LG_QKV; g <= LG_DOWN; g++) LM_TRY(layer_gemm(m, w, g, r));
         const int hr = gemm_rows(r, m->MO);
         if (hr > head_rows) LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, hr, H, m->V, false));
         head_rows = std::max(head_rows, hr);
@@ -715,7 +726,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
                             mlp1 ? &fq : NULL));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
-            LM_TRY(lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, gm, H, QKV, false));
+            LM_TRY(layer_gemm(m, w, LG_QKV, gm));
         }
         if (decode) {
             LM_TRY(lm_cuda_attention(c, &a, nt, true));
@@ -736,10 +747,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
                             mlp1_from > 1 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
         } else {
-            LM_TRY(lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, gm, Q, H, true));
+            LM_TRY(layer_gemm(m, w, LG_O, gm));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));
             LM_TRY(lm_cuda_gemm_swiglu(c, m->hb, m->gu, m->xb, w.wgu.bf, nt, gm, H, I));
-            LM_TRY(lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, gm, I, H, true));
+            LM_TRY(layer_gemm(m, w, LG_DOWN, gm));
         }
     }
     const float *src = m->x;
@@ -982,10 +993,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
         return lm_cuda_attention(c, &a, rows, true);
     }
     case 6: return lm_cuda_sample(c, m->ids_dev, m->logits, m->V, n, m->V, NULL);
-    case 7: return lm_cuda_gemm(c, m->qkv, m->xb, w.wqkv.bf, n, m->H, m->QKV, false);
-    case 8: return lm_cuda_gemm(c, m->x, m->attb, w.wo.bf, n, m->Q, m->H, true);
-    case 9: return lm_cuda_gemm(c, m->gu, m->xb, w.wgu.bf, n, m->H, 2 * m->I, false);
-    default: return lm_cuda_gemm(c, m->x, m->hb, w.wd.bf, n, m->I, m->H, true);
+    default: return layer_gemm(m, w, LG_QKV + (what - 7), n); /* 7-10 */
     }
 }
 
