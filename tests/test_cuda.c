@@ -697,7 +697,11 @@ static void test_gemm(void) {
  * and accumulating; a row's bits the same whatever n is (batch invariance); rows past n left
  * alone; the SwiGLU epilogue; lm_cuda_gemm's plans for Qwen3-0.6B's four layer matrices and its
  * lm_head. */
-static void test_gemm_tc(void) {
+/* wg: the products on wgmma (lm_cuda_ctx_set_gemm_wgmma) or on mma.sync; the same checks hold
+ * for both. */
+static void test_gemm_tc(bool wg) {
+    const char *path = wg ? "wgmma" : "mma.sync";
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
     static const int shapes[][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {200, 320}, {198, 512}};
     static const int ns[] = {64, 9, 16, 33, 48, 1};
     const int NMAX = 64;
@@ -733,8 +737,8 @@ static void test_gemm_tc(void) {
                     const double e = rel_l2(y, want, (long)n * m);
                     free(want);
                     worst = e > worst ? e : worst;
-                    CHECK(e <= 1e-5, "gemm_tc m %d k %d splits %d n %d accumulate %d: rel err %.3g", m, k, s, n,
-                          accum, e);
+                    CHECK(e <= 1e-5, "gemm_tc (%s) m %d k %d splits %d n %d accumulate %d: rel err %.3g", path, m,
+                          k, s, n, accum, e);
                     for (long i = (long)n * m; i < (long)NMAX * m; i++) stray += !isnan(y[i]);
                     if (n == NMAX)
                         memcpy(y64, y, sizeof(float) * NMAX * m);
@@ -779,13 +783,16 @@ static void test_gemm_tc(void) {
         free(x), free(wf), free(ref), free(base), free(y), free(y64), free(xb), free(w);
         lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy);
     }
-    CHECK(swiglu_differ == 0, "gemm_tc_swiglu: %d of %d runs differ in bits from gemm_tc + swiglu_bf16",
-          swiglu_differ, swiglu_runs);
-    fprintf(stderr, "gemm_tc_swiglu: %d runs, %d differ from gemm_tc + swiglu_bf16's bits\n", swiglu_runs,
-            swiglu_differ);
-    CHECK(differ == 0, "gemm_tc: %d runs of fewer rows differ in bits from the same rows of 64", differ);
-    CHECK(stray == 0, "gemm_tc: %d floats written past the n rows", stray);
-    fprintf(stderr, "gemm_tc: %d runs, worst rel err %.3g, %d differ from 64 rows' bits\n", runs, worst, differ);
+    CHECK(swiglu_differ == 0, "gemm_tc_swiglu (%s): %d of %d runs differ in bits from gemm_tc + swiglu_bf16",
+          path, swiglu_differ, swiglu_runs);
+    fprintf(stderr, "gemm_tc_swiglu (%s): %d runs, %d differ from gemm_tc + swiglu_bf16's bits\n", path,
+            swiglu_runs, swiglu_differ);
+    CHECK(differ == 0, "gemm_tc (%s): %d runs of fewer rows differ in bits from the same rows of 64", path,
+          differ);
+    CHECK(stray == 0, "gemm_tc (%s): %d floats written past the n rows", path, stray);
+    fprintf(stderr, "gemm_tc (%s): %d runs, worst rel err %.3g, %d differ from 64 rows' bits\n", path, runs, worst,
+            differ);
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, true);
     /* Plans: Qwen3-0.6B's layer matrices on the kernel, its lm_head on cuBLAS (many waves). */
     const int plan[][2] = {{1024, 4096}, {2048, 1024}, {1024, 6144}, {3072, 1024}};
     for (int i = 0; i < 4; i++) {
@@ -2161,7 +2168,8 @@ int main(void) {
     test_mlp1();
     test_mlp1_q8();
     test_gemm();
-    test_gemm_tc();
+    test_gemm_tc(true);
+    test_gemm_tc(false);
     test_gemm_route();
     test_rows();
     test_attention();

@@ -14,6 +14,7 @@
  *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
  *   were removed after measurement.)
  * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace);
+ *   --trace-batches: the same for batched decode steps (the GEMV, MLP and tensor-core GEMM blocks);
  * - --gemm: the batched path's four layer GEMMs at 16 to 64 rows, lm_cuda_gemm_tc in each split
  *   count the shape allows against cuBLAS.
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
@@ -44,7 +45,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen cudabench --model DIR [--reps 5] [-p 512] [-n 128] [--batches LIST]\n"
             "                       [--in 128] [--out 128] [--micro] [--variants] [--trace]\n"
-            "                       [--gemm] [--q8] [--device N]\n\n"
+            "                       [--trace-batches LIST] [--gemm] [--q8] [--device N]\n\n"
             "Measures the CUDA backend on a Qwen3 checkpoint (make one with `lumen synth --shape\n"
             "qwen3-0.6b --out DIR`) and prints tables of tokens per second, medians over the\n"
             "repetitions, next to the bandwidth floor.\n\n"
@@ -60,11 +61,17 @@ static void usage(FILE *f) {
             "  --variants      time tg<N> with graphs / PDL / rows-per-warp / two-launch MLP\n"
             "                  variants (with --q8 also the GEMV over the bf16 copy)\n"
             "  --gemm          time the batched path's four layer GEMMs at 16, 32, 48 and\n"
-            "                  64 rows: the tensor-core kernel in each split count, and cuBLAS\n"
+            "                  64 rows: the tensor-core kernel in each split count, its\n"
+            "                  products on wgmma (wg) and on mma.sync (mma), and cuBLAS\n"
             "  --gemm-rows L   the row counts of --gemm, comma-separated (9 to 64)\n"
             "  --trace         timeline of the GEMV and MLP blocks in a batch-1 decode step\n"
             "                  (per matrix, averaged over layers: when blocks start, pass\n"
             "                  their wait on the preceding kernel, have x staged, finish)\n"
+            "  --trace-batches LIST  the same timeline for a decode step of each batch size\n"
+            "                  (2 to 1024, comma-separated; sequences of min(--in, 64)\n"
+            "                  tokens): the GEMV and MLP kernels up to 4 rows, the\n"
+            "                  tensor-core GEMM up to LM_CUDA_GEMM_TC rows (with when its\n"
+            "                  last slice of x landed); cuBLAS launches are not traced\n"
             "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
             "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales (about\n"
             "                  half the bytes; int8 activations), batches over 4 keep cuBLAS on a\n"
@@ -220,7 +227,8 @@ static int cmp_u64(const void *a, const void *b) {
 struct launch {
     uintptr_t w;
     int m, k, n;
-    double start_min, start_med, wait_med, wait_max, ready_med, ready_max, end_med, end_max;
+    bool mid; /* its blocks recorded t_mid (k_gemm_tc: the last slice of x landed) */
+    double start_min, start_med, wait_med, wait_max, ready_med, ready_max, end_med, end_max, mid_med;
 };
 
 static int cmp_launch(const void *a, const void *b) {
@@ -228,19 +236,31 @@ static int cmp_launch(const void *a, const void *b) {
     return x->start_min < y->start_min ? -1 : x->start_min > y->start_min;
 }
 
-/* Runs a few tg steps with the GEMV trace on and prints, per matrix shape, the average over the
- * step's launches of each phase (us): the block started before its predecessor's last block
- * ended (lead), waited, then had weights (stall after the wait), ran to its end; end-wait: the
- * median block's wait returned this long after the predecessor GEMV's last block ended (for
- * o_proj that includes the attention kernel between them). */
-static lm_status trace_step(struct bench *b, int tg, const char *name) {
+/* Runs a few decode steps of B sequences with the trace on (B = 1: tg steps from an empty cache;
+ * B > 1: B sequences of in_len random tokens, then `steps` decode steps of all B) and prints, per
+ * matrix shape, the average over the step's launches of each phase (us): the block started before
+ * its predecessor's last block ended (lead), waited, then had its inputs (stall after the wait),
+ * ran to its end; end-wait: the median block's wait returned this long after the predecessor
+ * traced launch's last block ended (for o_proj that includes the attention kernel between them).
+ * Traced kernels: the GEMV, the MLP kernel and k_gemm_tc (its "ready" is its products summed and
+ * its x-landed column the last slice of x in shared memory). */
+static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const char *name) {
     struct lm_cuda_ctx *ctx = lm_cuda_qwen3_ctx(b->m);
     const int cap = 1 << 18;
     lm_status rc0 = lm_cuda_ctx_trace(ctx, cap);
     if (rc0) return rc0;
     lm_cuda_qwen3_set_options(b->m, true, true, 4); /* recapture with the trace pointer */
     double med, lo, hi;
-    lm_status rc = bench_tg(b, tg, 1, &med, &lo, &hi);
+    lm_status rc = LM_OK;
+    if (B == 1) {
+        rc = bench_tg(b, steps, 1, &med, &lo, &hi);
+    } else {
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * in_len), *next = malloc(sizeof(int32_t) * B);
+        for (long j = 0; j < (long)B * in_len; j++) ids[j] = rand_id(b->info.cfg.vocab);
+        rc = prefill(b, B, in_len, ids, next);
+        if (!rc) rc = decode(b, B, in_len, steps, next);
+        free(ids), free(next);
+    }
     struct lm_cuda_trace_entry *e = rc ? NULL : malloc(sizeof *e * cap);
     int n = 0;
     if (!rc && !e) rc = lm_errorf(LM_ERR_NOMEM, "trace buffer");
@@ -270,42 +290,56 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
         if (seen[f][blk]) break;
         seen[f][blk] = 1;
         L[f].n++;
+        if (e[i].t_mid) L[f].mid = true;
         first = i;
     }
     free(seen);
+    if (nl < 2) {
+        printf("\ntimeline, %s: fewer than two traced launches in a step (B = %d runs on kernels the trace "
+               "does not cover: cuBLAS above LM_CUDA_GEMM_TC rows)\n",
+               name, B);
+        free(L), free(e);
+        return LM_OK;
+    }
     unsigned long long t_base = ~0ull;
     for (int i = first; i < n; i++)
         if (e[i].t_start < t_base) t_base = e[i].t_start;
     unsigned long long *v = malloc(sizeof *v * 4096);
     for (int j = 0; j < nl; j++) {
-        double *outs[4][2] = {{&L[j].start_min, &L[j].start_med}, {&L[j].wait_med, &L[j].wait_max},
-                              {&L[j].ready_med, &L[j].ready_max}, {&L[j].end_med, &L[j].end_max}};
-        for (int q = 0; q < 4; q++) {
+        double *outs[5][2] = {{&L[j].start_min, &L[j].start_med}, {&L[j].wait_med, &L[j].wait_max},
+                              {&L[j].ready_med, &L[j].ready_max}, {&L[j].end_med, &L[j].end_max},
+                              {&L[j].mid_med, NULL}};
+        for (int q = 0; q < 5; q++) {
             int c = 0;
             for (int i = first; i < n && c < 4096; i++)
                 if (e[i].weights == L[j].w) {
-                    const unsigned long long t = q == 0 ? e[i].t_start : q == 1 ? e[i].t_waited
-                                                                        : q == 2 ? e[i].t_ready : e[i].t_end;
+                    const unsigned long long t = q == 0   ? e[i].t_start
+                                                 : q == 1 ? e[i].t_waited
+                                                 : q == 2 ? e[i].t_ready
+                                                 : q == 3 ? e[i].t_end
+                                                          : (e[i].t_mid ? e[i].t_mid : e[i].t_waited);
                     v[c++] = t - t_base;
                 }
             qsort(v, c, sizeof *v, cmp_u64);
             if (q == 0) *outs[q][0] = v[0], *outs[q][1] = v[c / 2];
+            else if (q == 4) *outs[q][0] = v[c / 2];
             else *outs[q][0] = v[c / 2], *outs[q][1] = v[c - 1];
         }
     }
     qsort(L, nl, sizeof *L, cmp_launch);
     /* Per shape: average over its launches of (start - previous launch's last end), wait -
      * start, ready - wait, end - ready, and the launch's span (its last end - the previous last end). */
-    printf("\nGEMV timeline, %s (one batch-1 step, %d launches; us, medians over blocks, averaged over "
-           "layers; 'lead' = first block start before the previous GEMV's last block end)\n",
-           name, nl);
-    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead", "start-wait",
-           "end-wait", "wait-ready", "ready-end", "span");
-    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: | --------: |\n");
+    printf("\ntimeline, %s (one step of %d token%s, %d traced launches; us, medians over blocks, averaged over "
+           "layers; 'lead' = first block start before the previous traced launch's last block end)\n",
+           name, B, B == 1 ? "" : "s", nl);
+    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead",
+           "start-wait", "end-wait", "wait-x", "wait-ready", "ready-end", "span");
+    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: | --------: | "
+           "--------: |\n");
     bool *counted = calloc((size_t)nl, sizeof *counted); /* launches already in a shape's row */
     for (int j = 1; j < nl; j++) {
         if (counted[j]) continue;
-        double a[6] = {0}, cnt = 0;
+        double a[7] = {0}, cnt = 0;
         const int blocks = L[j].n;
         for (int q = j; q < nl; q++) { /* launch 0 has no predecessor in the step: not counted */
             if (L[q].m != L[j].m || L[q].k != L[j].k) continue;
@@ -316,11 +350,14 @@ static lm_status trace_step(struct bench *b, int tg, const char *name) {
             a[3] += (L[q].end_med - L[q].ready_med) / 1e3;
             a[4] += (L[q].end_max - prev_end) / 1e3;
             a[5] += (L[q].wait_med - prev_end) / 1e3;
+            a[6] += (L[q].mid_med - L[q].wait_med) / 1e3;
             cnt++;
             counted[q] = true;
         }
-        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9.2f | %9.2f | %9.2f |\n", L[j].m, L[j].k, cnt,
-               blocks, a[0] / cnt, a[1] / cnt, a[5] / cnt, a[2] / cnt, a[3] / cnt, a[4] / cnt);
+        char wx[16] = "-";
+        if (L[j].mid) snprintf(wx, sizeof wx, "%.2f", a[6] / cnt);
+        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9s | %9.2f | %9.2f | %9.2f |\n", L[j].m,
+               L[j].k, cnt, blocks, a[0] / cnt, a[1] / cnt, a[5] / cnt, wx, a[2] / cnt, a[3] / cnt, a[4] / cnt);
     }
     printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
     fflush(stdout);
@@ -342,6 +379,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {"micro", no_argument, 0, 'M'},
                                          {"variants", no_argument, 0, 'V'},
                                          {"trace", no_argument, 0, 'T'},
+                                         {"trace-batches", required_argument, 0, 't'},
                                          {"gemm", no_argument, 0, 'G'},
                                          {"gemm-rows", required_argument, 0, 'g'},
                                          {"q8", no_argument, 0, 'Q'},
@@ -350,6 +388,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batches = "1,8,32,64,128,256";
     int gn[16] = {16, 32, 48, 64}, ngn = 4; /* --gemm's row counts */
+    int tbl[16], ntb = 0;                   /* --trace-batches */
     int reps = 5, pp = 512, tg = 128, in_len = 128, out_len = 128, device = 0, c;
     bool micro = false, variants = false, trace = false, q8 = false, gemm = false;
     optind = 1;
@@ -370,6 +409,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
             gemm = true;
             if ((ngn = parse_list(optarg, 9, 64, gn, 16)) < 0) {
                 fprintf(stderr, "lumen cudabench: --gemm-rows takes up to 16 row counts from 9 to 64, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 't':
+            if ((ntb = parse_list(optarg, 2, 1024, tbl, 16)) < 0) {
+                fprintf(stderr, "lumen cudabench: --trace-batches takes up to 16 batch sizes from 2 to 1024, not '%s'\n",
                         optarg);
                 return 2;
             }
@@ -410,6 +456,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         return 2;
     }
     for (int i = 0; i < nb; i++) maxb = blist[i] > maxb ? blist[i] : maxb;
+    for (int i = 0; i < ntb; i++) maxb = tbl[i] > maxb ? tbl[i] : maxb;
 
     char cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
@@ -560,29 +607,49 @@ int lm_cmd_cudabench(int argc, char **argv) {
     if (gemm && !st) {
         static const char *gnames[] = {"q/k/v", "o_proj + residual", "gate/up", "down + residual"};
         const int gks[] = {cf->hidden, cf->n_heads * cf->head_dim, cf->hidden, cf->intermediate}; /* each k */
+        const int gms[] = {(cf->n_heads + 2 * cf->n_kv_heads) * cf->head_dim, cf->hidden, 2 * cf->intermediate,
+                           cf->hidden}; /* each m */
         struct lm_cuda_ctx *cx = lm_cuda_qwen3_ctx(b.m);
         printf("\nbatched-path GEMMs (one launch per layer in a graph; median of %d replays; splits 0: the plan)\n",
                reps * 4);
-        printf("| %-18s | %4s | %-8s | %9s | %9s | %9s |\n", "matrix", "rows", "kernel", "us", "TB/s", "of copy");
-        printf("| ------------------ | ---: | -------- | --------: | --------: | --------: |\n");
+        printf("| %-18s | %4s | %-8s | %9s | %9s | %9s | %15s |\n", "matrix", "rows", "kernel", "us", "TB/s", "of copy",
+               "clusters / fit");
+        printf("| ------------------ | ---: | -------- | --------: | --------: | --------: | --------------: |\n");
         for (int w = 0; w < 4 && !st; w++)
             for (int i = 0; i < ngn && !st; i++)
-                for (int s = -1; s <= 8 && !st; s = s < 1 ? s + 1 : s * 2) {
+                for (int s = -1, wg = 1; s <= 8 && !st; wg = !wg, s = wg ? (s < 1 ? s + 1 : s * 2) : s) {
                     if (s > 0 && !lm_cuda_gemm_tc_fits(cx, gks[w], s)) continue;
+                    if (s < 0 && !wg) continue; /* cuBLAS once */
                     double us, bytes;
                     lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
+                    lm_cuda_ctx_set_gemm_wgmma(cx, wg);
                     st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);
+                    lm_cuda_ctx_set_gemm_wgmma(cx, true);
                     if (st) break;
                     char kn[16];
                     if (s < 0) snprintf(kn, sizeof kn, "cuBLAS");
-                    else snprintf(kn, sizeof kn, "tc s=%d", s);
-                    printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% |\n", gnames[w], gn[i], kn, us,
-                           bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw);
+                    else snprintf(kn, sizeof kn, "%s s=%d", wg ? "wg" : "mma", s);
+                    /* The launch's clusters (tiles of 64 rows) against how many fit at once. */
+                    char cl[32] = "-";
+                    const int sp = s > 0 ? s : lm_cuda_gemm_tc_splits(cx, gks[w], gms[w]);
+                    if (s >= 0 && sp > 0) {
+                        lm_cuda_ctx_set_gemm_wgmma(cx, wg);
+                        snprintf(cl, sizeof cl, "%d / %d", (gms[w] + 63) / 64,
+                                 lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp));
+                        lm_cuda_ctx_set_gemm_wgmma(cx, true);
+                    }
+                    printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% | %15s |\n", gnames[w], gn[i], kn, us,
+                           bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw, cl);
                     fflush(stdout);
                 }
         lm_cuda_ctx_set_gemm_tc(cx, lm_cuda_gemm_tc_default_rows(), 0);
     }
-    if (trace && !st && tg) st = trace_step(&b, tg < 16 ? tg : 16, "default");
+    if (trace && !st && tg) st = trace_step(&b, 1, tg < 16 ? tg : 16, 0, "batch-1 decode");
+    for (int i = 0; i < ntb && !st; i++) {
+        char nm[48];
+        snprintf(nm, sizeof nm, "decode of %d sequences", tbl[i]);
+        st = trace_step(&b, tbl[i], 4, in_len < 64 ? in_len : 64, nm);
+    }
     if (variants && !st && tg) {
         printf("\nvariants of tg%d (batch 1) and of batch 8\n", tg);
         printf("| %-34s | %12s | %9s | %9s |\n", "variant", "t/s (median)", "us/step", "of floor");

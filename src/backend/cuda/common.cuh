@@ -39,6 +39,7 @@ struct lm_cuda_ctx {
     bool attn_batch;     /* batched decode launches of one wave use the decode kernel (attention.cu batch_dec) */
     int gemm_tc_rows;    /* lm_cuda_gemm: k_gemm_tc up to this many rows (gemm.cu; 0: cuBLAS) */
     int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
+    bool gemm_wgmma;     /* k_gemm_tc's products on wgmma where the device code has it (gemm.cu) */
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
@@ -218,5 +219,27 @@ static __device__ __forceinline__ float fix_add(float v, long long a) {
 }
 
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* ---- timeline trace (lm_cuda_ctx_trace): per block, when it started, when its wait on the
+ * predecessor returned, when its inputs were ready, when it finished (%globaltimer, ns) ---- */
+static __device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* Appends one entry for block `block` of the launch over weights w (thread 0 of a block):
+ * trace[0] counts entries, trace[1] is the capacity; t_end is now; t_mid (0: none) an optional
+ * time between t1 and t2, kept as its offset from t0 beside the block. */
+static __device__ __forceinline__ void trace_put(unsigned long long *trace, const void *w, int K, int M,
+                                                 unsigned block, unsigned long long t0, unsigned long long t1,
+                                                 unsigned long long t2, unsigned long long t_mid = 0) {
+    const unsigned long long t3 = gtime();
+    const unsigned long long i = atomicAdd(trace, 1ull) % trace[1];
+    unsigned long long *e = trace + 2 + i * LM_CUDA_TRACE_WORDS;
+    e[0] = (unsigned long long)(uintptr_t)w;
+    e[1] = ((unsigned long long)(unsigned)M << 32) | (unsigned)K;
+    e[2] = (t_mid > t0 ? (t_mid - t0) & 0xffffffffull : 0) << 32 | block;
+    e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
+}
 
 #endif

@@ -14,8 +14,8 @@
  *   loads, 8 warps a block, each warp 1-4 weight rows, warp-shuffle reductions), an optional
  *   fused RMSNorm of x and a fused epilogue (store, residual add, SwiGLU of interleaved
  *   gate/up rows). Bit-identical per row whatever the number of rows (batch invariance).
- * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for the batched path (5+ rows): a weight-streaming
- *   tensor-core kernel up to 16 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
+ * - lm_cuda_gemm: bf16 x bf16 -> f32 (f32 accumulation) for the batched path (3+ rows): a weight-streaming
+ *   tensor-core kernel (wgmma) up to 64 rows (lm_cuda_gemm_tc; LM_CUDA_GEMM_TC), cuBLAS above.
  * - lm_cuda_attention: paged grouped-query attention over a block table of bf16 K/V blocks, one
  *   block per (token, KV head) holding all of that head's query heads, online softmax in f32;
  *   decode and prefill (each token attends to positions 0..pos of its sequence, causal). Small
@@ -109,9 +109,15 @@ void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on);
 bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c);
 /* lm_cuda_gemm runs lm_cuda_gemm_tc up to `rows` rows (0: cuBLAS always; at most 64) in `splits`
  * splits where the shape allows them (0: lm_cuda_gemm_tc_splits' plan; others for benchmarks).
- * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, default 16, read once
+ * A context starts with lm_cuda_gemm_tc_default_rows() (LM_CUDA_GEMM_TC, default 64, read once
  * per process) and LM_CUDA_GEMM_TC_SPLITS (default 0), for A/B measurements. */
 void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
+/* lm_cuda_gemm_tc's products on wgmma (sm_90a: one read of the token slice a warpgroup, where
+ * mma.sync has each warp read all of it; perf-notes v22) or on mma.sync (the compute_90 PTX
+ * always is). Same layouts of the sums, so either passes the same tests; the bits may differ
+ * between the two. Default on; LM_CUDA_GEMM_WGMMA=0 turns it off, for A/B runs. Set it before a
+ * model captures its step graphs. */
+void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on);
 /* Graph capture of the context's stream, for tests: capture_begin starts it (later launches on the
  * context are recorded, not run); capture_replay ends it, instantiates the graph, launches it
  * `replays` times, waits, and destroys it. LM_ERR_IO with CUDA's message on failure. */
@@ -119,17 +125,20 @@ lm_status lm_cuda_ctx_capture_begin(struct lm_cuda_ctx *c);
 lm_status lm_cuda_ctx_capture_replay(struct lm_cuda_ctx *c, int replays);
 int lm_cuda_gemm_tc_default_rows(void);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
- * lm_cuda_gemv and lm_cuda_mlp1 block launched afterwards (graphs captured afterwards too) appends
- * one entry (lm_cuda_mlp1's under its gate/up matrix), the buffer wrapping around. Times are the
- * GPU's %globaltimer in ns (about 1 us resolution on some parts: average over blocks). */
+ * lm_cuda_gemv, lm_cuda_mlp1 and k_gemm_tc (lm_cuda_gemm's tensor-core kernel) block launched
+ * afterwards (graphs captured afterwards too) appends one entry (lm_cuda_mlp1's under its gate/up
+ * matrix), the buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us
+ * resolution on some parts: average over blocks). */
 enum { LM_CUDA_TRACE_WORDS = 7 };
 struct lm_cuda_trace_entry {
     uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
     int m, k, block;            /* rows, columns, blockIdx.x */
     unsigned long long t_start; /* block began */
     unsigned long long t_waited; /* its wait on the preceding kernel returned */
-    unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here) */
+    unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here);
+                                 * k_gemm_tc: its products were summed */
     unsigned long long t_end;   /* it finished */
+    unsigned long long t_mid;   /* k_gemm_tc: its last slice of x landed; 0 for the GEMV kernels */
 };
 lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity); /* LM_ERR_NOMEM */
 /* Copies the last min(max, recorded) entries, oldest first; *n gets the count. Waits for the
@@ -255,11 +264,13 @@ bool lm_cuda_q8_enabled(void);
 lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
                        int n, int k, int m, bool accumulate);
 
-/* The same product on tensor cores (mma.sync m16n8k16 bf16, float32 accumulators) for 1 to 64
- * rows: blocks of 4 warps over 64 weight rows x k / splits columns, each block's weight slice
- * copied to shared memory before it waits for the previous kernel (programmatic dependent
- * launch), the splits of a row tile one thread-block cluster summing their partials in rank order
- * through distributed shared memory. An output's bits depend on (m, k, splits) only, never on n or the other rows.
+/* The same product on tensor cores (bf16, float32 accumulators: wgmma m64nNk16 with both operands
+ * in shared memory, or mma.sync m16n8k16, lm_cuda_ctx_set_gemm_wgmma) for 1 to 64 rows: blocks of
+ * 4 warps over 64 weight rows x k / splits columns, each block's weight slice copied to shared
+ * memory before it waits for the previous kernel (programmatic dependent launch), the splits of a
+ * row tile one thread-block cluster summing their partials in rank order through distributed
+ * shared memory. An output's bits depend on (m, k, splits, the product path) only, never on n or
+ * the other rows.
  * splits: a power of 2 up to 8, k a multiple of 64 x splits, k / splits <= 512; LM_ERR_SHAPE
  * otherwise. */
 lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
@@ -283,6 +294,10 @@ lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, con
 /* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
 int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);
+/* How many clusters of `splits` blocks of that kernel (64 rows, over k / splits columns) the
+ * device holds at once (cudaOccupancyMaxActiveClusters); 0 when the split count does not fit.
+ * A launch of more clusters than this runs in more than one wave. For benchmarks. */
+int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int splits);
 
 /* True when lm_cuda_gemm_tc can take k in `splits` splits on this context's device at any row
  * count (a power of 2 up to 8, k a multiple of 64 x splits, k / splits at most 512, the block's

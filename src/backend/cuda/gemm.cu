@@ -18,30 +18,146 @@ namespace {
  * writes them. So an output's arithmetic is fixed by (m, k, S): the same bits for a token whatever
  * else the step carries (batch invariance), and no atomics. (Measured in perf-notes v20: 8 warps
  * splitting the columns were slower at every row count.) */
-constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 16, TC_MAX_S = 8,
+constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 64, TC_MAX_S = 8,
               TC_MAX_KS = 512, TC_CH = 64; /* columns a pipeline chunk: eight 16-byte chunks of a row */
 constexpr int TC_PS = TC_BM + 4; /* partial row stride (floats): a warp's stores hit 32 banks */
+/* The slices start on a 1 KiB boundary: wgmma's 128-byte swizzle repeats every 8 rows of 128
+ * bytes, and its descriptors assume the pattern starts aligned (matrix base offset 0). */
+constexpr int TC_ALIGN = 1024;
 
 /* Bytes of shared memory of k_gemm_tc<TT> over ks columns: the weight and token slices, bf16
  * rows of ks swizzled in 16-byte chunks; the partials [TT][TC_PS] reuse them. */
 size_t tc_smem(int tt, int ks) {
-    return std::max(sizeof(uint16_t) * (size_t)(TC_BM + tt) * ks, sizeof(float) * (size_t)tt * TC_PS);
+    return std::max(sizeof(uint16_t) * (size_t)(TC_BM + tt) * ks, sizeof(float) * (size_t)tt * TC_PS) + TC_ALIGN;
 }
 
 /* The 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row, so the 8 rows an ldmatrix
- * reads at one chunk fall on 8 distinct bank groups (rows are ks * 2 bytes, a multiple of 128). */
+ * reads at one chunk fall on 8 distinct bank groups (rows are ks * 2 bytes, a multiple of 128).
+ * The wgmma path keeps each 64-column chunk of the slices as its own tile of 128-byte rows with
+ * the same XOR: the 128-byte swizzle of PTX's canonical K-major layouts. */
 __device__ __forceinline__ int tc_chunk(int r, int c) { return (c ^ (r & 7)) << 3; }
 
 /* What k_gemm_tc writes: y = the sums, y += the sums (float32 [n, m]), or, w's rows being
  * interleaved gate/up pairs, h = bf16(silu(gate) * up) ([n, m / 2], lm_cuda_swiglu_bf16's
  * arithmetic on the same float32 sums). */
 enum { TC_STORE, TC_ADD, TC_SWIGLU };
+/* A flag on the mode for the timeline (LM_CUDA_TRACE_SYNC=1): a block's t_mid is when it passed
+ * the cluster barrier after writing its partials, instead of when its last slice of x landed. */
+enum { TC_TRACE_SYNC = 8 };
 
-template <int TT>
+/* wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", sm_90a only): the
+ * compute_90 PTX of this file keeps mma.sync. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TC_HAVE_WGMMA 1
+#else
+#define TC_HAVE_WGMMA 0
+#endif
+
+/* A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major operand in
+ * the 128-byte swizzle: rows of 64 bf16 (128 bytes) with 16-byte chunk c of row r at c ^ (r % 8),
+ * 8-row groups 1,024 bytes apart (the stride byte offset; the leading one is unused), the
+ * pattern starting 1 KiB-aligned. A k-step of 16 columns inside the row is 32 bytes on addr. */
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 |
+           1ull << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* Makes this thread's generic-proxy writes to shared memory (cp.async) visible to the async proxy
+ * that wgmma reads its descriptor operands through. */
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+/* Pins the accumulators to their registers around the asynchronous products (as CUTLASS's
+ * warpgroup_fence_operand does), so the compiler cannot move them while a wgmma owns them. */
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+/* d[64 x N] += a[64 x 16] b[16 x N], both from shared memory (descriptors, K-major: a's rows and
+ * b's columns are the weight rows and tokens, k contiguous); d in the layout of N / 8 mma.m16n8
+ * accumulators (d[j] = n-tile j; warp w of the warpgroup rows 16 w .. 16 w + 15). */
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b);
+#if TC_HAVE_WGMMA
+template <>
+__device__ __forceinline__ void wgmma_ss<16>(float (&d)[2][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+        : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<32>(float (&d)[4][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<48>(float (&d)[6][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, 1, 1, 1, 0, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+        : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a), "l"(b));
+}
+#endif
+
+/* Writes the 4 sums s of token t, columns col..col+3 (< m, or the row's tail), as `mode` says;
+ * with have_pre, pre holds y's 4 values there, read earlier (TC_ADD, m a multiple of 4). */
+__device__ __forceinline__ void tc_store(void *__restrict__ y, float4 s, int t, int col, int m, int mode,
+                                         bool have_pre, float4 pre) {
+    if (mode == TC_SWIGLU) { /* m a multiple of 4: columns col..col+3 are two gate/up pairs */
+        const unsigned h2 = (unsigned)f2bf(silu_mul(s.x, s.y)) | (unsigned)f2bf(silu_mul(s.z, s.w)) << 16;
+        *reinterpret_cast<unsigned *>(static_cast<uint16_t *>(y) + (size_t)t * (m / 2) + col / 2) = h2;
+        return;
+    }
+    const bool accumulate = mode == TC_ADD;
+    float *dst = static_cast<float *>(y) + (size_t)t * m + col;
+    if ((m & 3) == 0) { /* col + 3 < m: m and col are multiples of 4 */
+        if (accumulate) {
+            const float4 b = have_pre ? pre : *reinterpret_cast<const float4 *>(dst);
+            s.x = b.x + s.x, s.y = b.y + s.y, s.z = b.z + s.z, s.w = b.w + s.w;
+        }
+        *reinterpret_cast<float4 *>(dst) = s;
+    } else {
+        const float v[4] = {s.x, s.y, s.z, s.w};
+        for (int e = 0; e < 4 && col + e < m; e++) dst[e] = accumulate ? dst[e] + v[e] : v[e];
+    }
+}
+
+template <int TT, bool WG>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
-                                                        int ks, int mode) {
-    extern __shared__ __align__(128) uint16_t tc_sm[];
+                                                        int ks, int mode, unsigned long long *trace) {
+    const bool mid_sync = mode & TC_TRACE_SYNC;
+    mode &= ~TC_TRACE_SYNC;
+    constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
+    const unsigned long long t0 = trace ? gtime() : 0;
+    extern __shared__ __align__(128) uint16_t tc_smraw[];
+    uint16_t *tc_sm = tc_smraw + ((TC_ALIGN - (smem_u32(tc_smraw) & (TC_ALIGN - 1))) & (TC_ALIGN - 1)) / 2;
     cg::cluster_group cl = cg::this_cluster();
     const int S = gridDim.x, rank = blockIdx.x; /* clusters of (S, 1, 1): the rank is blockIdx.x */
     const int r0 = blockIdx.y * TC_BM, k0 = rank * ks, nch = ks / TC_CH, tid = threadIdx.x;
@@ -51,29 +167,61 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 
     /* The weights do not depend on the previous kernel: all of the block's slice is in flight
      * before the wait (rows past m read as zeros), one copy group. */
+    if constexpr (wg) {
+        /* wgmma's A: chunk ch of the columns is a tile of 64 rows of 128 bytes (see tc_chunk). */
 #pragma unroll
-    for (int i = 0; i < TC_BM / 16; i++) {
-        const int r = rg + 16 * i;
-        const bool in = r0 + r < m;
-        const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
-        uint16_t *dst = ws + (size_t)r * ks + tc_chunk(r, c8);
-        for (int ch = 0; ch < nch; ch++) cp_async16(dst + ch * TC_CH, src + ch * TC_CH, !in);
+        for (int i = 0; i < TC_BM / 16; i++) {
+            const int r = rg + 16 * i;
+            const bool in = r0 + r < m;
+            const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
+            uint16_t *dst = ws + r * TC_CH + tc_chunk(r, c8);
+            for (int ch = 0; ch < nch; ch++) cp_async16(dst + ch * (TC_BM * TC_CH), src + ch * TC_CH, !in);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < TC_BM / 16; i++) {
+            const int r = rg + 16 * i;
+            const bool in = r0 + r < m;
+            const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
+            uint16_t *dst = ws + (size_t)r * ks + tc_chunk(r, c8);
+            for (int ch = 0; ch < nch; ch++) cp_async16(dst + ch * TC_CH, src + ch * TC_CH, !in);
+        }
     }
     cp_async_commit();
     pdl_trigger();
     pdl_wait();
+    const unsigned long long t1 = trace ? gtime() : 0;
     /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns, so the
      * products of a chunk start when it lands. */
     for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
         for (int i = 0; i < TT / 16; i++) {
-            const int t = rg + 16 * i;
-            const bool in = t < n;
-            cp_async16(xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
-                       x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
+            if constexpr (wg) { /* wgmma's B: chunk ch is a tile of TT rows of 128 bytes */
+                const int t = rg + 16 * i;
+                const bool in = t < n;
+                cp_async16(xs + ch * (TT * TC_CH) + t * TC_CH + tc_chunk(t, c8),
+                           x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
+            } else {
+                const int t = rg + 16 * i;
+                const bool in = t < n;
+                cp_async16(xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
+                           x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
+            }
         }
         cp_async_commit();
     }
+    /* The residual the first two of this thread's sums add to (TC_ADD), read now so that its
+     * trip to memory overlaps the products instead of following the cluster's sums. */
+    const int per = TT * (TC_BM / 4) / S, end = (rank + 1) * per;
+    float4 res[2] = {};
+    const bool pre = mode == TC_ADD && (m & 3) == 0;
+    if (pre)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = rank * per + tid + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
+            if (i < end && t < n && col < m)
+                res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
+        }
 
     /* Warp wid: rows wid*16 .. +15 (the mma's A, row-major = w's rows), every token (B, col-major
      * = x's rows), k in steps of 16. */
@@ -82,9 +230,35 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     const int bt = (lane & 7) + ((lane >> 4) << 3), bh = (lane >> 3) & 1; /* of two n-tiles of B */
     const uint16_t *arow = ws + (size_t)ar * ks;
     float acc[TT / 8][4] = {};
+    unsigned long long tx = 0;
+    if constexpr (wg) {
+        /* The warpgroup's products, A and B read by the tensor cores from shared memory (each
+         * once a block, where mma.sync has every warp read all of B): a chunk's four k-steps are
+         * issued as it lands, and the products are waited for once, at the end (perf-notes v22). */
+        const unsigned ws_addr = smem_u32(ws), xs_addr = smem_u32(xs);
+        for (int ch = 0; ch < nch; ch++) {
+            cp_async_wait_pending(nch - 1 - ch);
+            fence_proxy_async_smem();
+            __syncthreads(); /* every thread's copies of the chunk have landed */
+            if (trace && !mid_sync && ch == nch - 1) tx = gtime();
+            if (ch == 0) {
+                wg_pin(acc);
+                wg_fence();
+            }
+#pragma unroll
+            for (int s2 = 0; s2 < TC_CH / 16; s2++) {
+                wgmma_ss<TT>(acc, wg_desc(ws_addr + (unsigned)(ch * TC_BM * TC_CH * 2 + s2 * 32)),
+                             wg_desc(xs_addr + (unsigned)(ch * TT * TC_CH * 2 + s2 * 32)));
+            }
+            wg_commit();
+        }
+        wg_wait0();
+        wg_pin(acc);
+    } else
     for (int ch = 0; ch < nch; ch++) {
         cp_async_wait_pending(nch - 1 - ch);
         __syncthreads(); /* every thread's copies of the chunk have landed */
+        if (trace && !mid_sync && ch == nch - 1) tx = gtime();
 #pragma unroll
         for (int s2 = 0; s2 < TC_CH / 16; s2++) {
             const int kk = ch * (TC_CH / 16) + s2;
@@ -101,6 +275,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         }
     }
     __syncthreads(); /* the slices are read no more: the partials take their place */
+    const unsigned long long t2 = trace ? gtime() : 0;
     float *part = reinterpret_cast<float *>(tc_sm);
     {
         const int row = wid * 16 + (lane >> 2), q = lane & 3;
@@ -114,57 +289,63 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         }
     }
     cl.sync(); /* every partial of the cluster written */
+    if (trace && mid_sync) tx = gtime();
 
-    /* This block's share of the tile's TT x 64 outputs, 4 at a time. */
-    const int per = TT * (TC_BM / 4) / S;
-    for (int i = rank * per + tid; i < (rank + 1) * per; i += TC_THREADS) {
-        const int t = i >> 4, c = (i & 15) * 4, col = r0 + c;
-        if (t >= n || col >= m) continue;
-        float4 s = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, 0) + t * TC_PS + c);
-        for (int q = 1; q < S; q++) {
-            const float4 v = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * TC_PS + c);
-            s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    /* This block's share of the tile's TT x 64 outputs, 4 at a time, two at once a thread: every
+     * load of a pair (S partials each, distributed shared memory) is issued before the first sum,
+     * so the pair costs one round trip to the other blocks, not 2 S (perf-notes v22). The sums
+     * run in rank order. */
+    for (int i0 = rank * per + tid; i0 < end; i0 += 2 * TC_THREADS) {
+        float4 v[2][TC_MAX_S];
+        bool live[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = i0 + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
+            live[h] = i < end && t < n && col < m;
+#pragma unroll
+            for (int q = 0; q < TC_MAX_S; q++)
+                if (live[h] && q < S)
+                    v[h][q] = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * TC_PS +
+                                                                 (i & 15) * 4);
         }
-        if (mode == TC_SWIGLU) { /* m a multiple of 4: columns col..col+3 are two gate/up pairs */
-            const unsigned h2 = (unsigned)f2bf(silu_mul(s.x, s.y)) | (unsigned)f2bf(silu_mul(s.z, s.w)) << 16;
-            *reinterpret_cast<unsigned *>(static_cast<uint16_t *>(y) + (size_t)t * (m / 2) + col / 2) = h2;
-            continue;
-        }
-        const bool accumulate = mode == TC_ADD;
-        float *dst = static_cast<float *>(y) + (size_t)t * m + col;
-        if ((m & 3) == 0) { /* col + 3 < m: m and col are multiples of 4 */
-            if (accumulate) {
-                const float4 b = *reinterpret_cast<const float4 *>(dst);
-                s.x = b.x + s.x, s.y = b.y + s.y, s.z = b.z + s.z, s.w = b.w + s.w;
-            }
-            *reinterpret_cast<float4 *>(dst) = s;
-        } else {
-            const float v[4] = {s.x, s.y, s.z, s.w};
-            for (int e = 0; e < 4 && col + e < m; e++) dst[e] = accumulate ? dst[e] + v[e] : v[e];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (!live[h]) continue;
+            const int i = i0 + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
+            float4 s = v[h][0];
+#pragma unroll
+            for (int q = 1; q < TC_MAX_S; q++)
+                if (q < S) s.x += v[h][q].x, s.y += v[h][q].y, s.z += v[h][q].z, s.w += v[h][q].w;
+            tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
         }
     }
-    cl.sync(); /* the other blocks have read this block's partials */
+    /* Leave only when the other blocks have read this block's partials. The arrive is relaxed: a
+     * block's reads of its peers are complete once their sums are stored (the stores use them),
+     * and a release arrive would wait for those global stores too (perf-notes v22). */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (trace && tid == 0) trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx);
 }
 
-using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int);
+using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, unsigned long long *);
 
-tc_kernel tc_kernel_for(int tt) {
+tc_kernel tc_kernel_for(int tt, bool wg) {
     switch (tt) {
-    case 16: return k_gemm_tc<16>;
-    case 32: return k_gemm_tc<32>;
-    case 48: return k_gemm_tc<48>;
-    default: return k_gemm_tc<64>;
+    case 16: return wg ? k_gemm_tc<16, true> : k_gemm_tc<16, false>;
+    case 32: return wg ? k_gemm_tc<32, true> : k_gemm_tc<32, false>;
+    case 48: return wg ? k_gemm_tc<48, true> : k_gemm_tc<48, false>;
+    default: return wg ? k_gemm_tc<64, true> : k_gemm_tc<64, false>;
     }
 }
 
 } // namespace
 
-/* LM_CUDA_GEMM_TC: default 16, at most 64 (k_gemm_tc's TT); 0 for cuBLAS at every row count (A/B).
- * perf-notes v20: at 16 rows each of the four layer GEMMs runs faster than cuBLAS alone (19.7
- * against 24.7 us a layer) and beside its neighbours (decode at 8 and 16 sequences +30% and +27%,
- * serving at 16 concurrent +8%); at 32 rows alone it ties cuBLAS, and serving at 32 concurrent
- * lost 5% (lumen perf's 32 sequences gained 6%); at 64 rows it is slower (each block re-reads from
- * L2, after its wait, about as many token bytes as the weight bytes it streams). */
+/* LM_CUDA_GEMM_TC: default 64 (k_gemm_tc's TT, the most); 0 for cuBLAS at every row count (A/B).
+ * perf-notes v20: at 16 rows each of the four layer GEMMs ran faster than cuBLAS alone and beside
+ * its neighbours, at 32-64 slower. v22: with the products on wgmma, the cluster's last barrier
+ * relaxed and the residual read early, the kernel wins at every row count to 64 (decode at 32 / 48
+ * / 64 sequences +40% / +27% / +19% against cuBLAS there, serving at 32 concurrent +13%, at 64
+ * +4%). */
 extern "C" int lm_cuda_gemm_tc_default_rows(void) {
     static const int r = (int)lm_env_int("LM_CUDA_GEMM_TC", TC_DEFAULT_ROWS, 0, TC_MAX_T);
     return r;
@@ -188,7 +369,7 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
         if (!lm_cuda_gemm_tc_fits(c, k, s)) continue;
         const long blocks = (long)tiles * s;
-        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
+        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T, false>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
         if (blocks > (long)occ * c->sm_count) continue;
         best = s;
         if (blocks * 10 >= (long)c->sm_count * 18) break;
@@ -212,11 +393,13 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
     if (tc_smem(tt, ks) > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: %d splits of k %d need %zu bytes of shared memory a block; "
                          "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
-    const tc_kernel fn = tc_kernel_for(tt);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma);
     const size_t smem = tc_smem(tt, ks);
     lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
     const dim3 grid((unsigned)splits, (unsigned)((m + TC_BM - 1) / TC_BM));
-    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode));
+    static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
+    if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
+    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode, c->trace));
     return LM_OK;
 }
 
@@ -228,6 +411,27 @@ extern "C" lm_status lm_cuda_gemm_tc(struct lm_cuda_ctx *c, float *y, const uint
 extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16,
                                             const uint16_t *w, int n, int k, int m, int splits) {
     return launch_tc(c, h, x_bf16, w, n, k, m, TC_SWIGLU, splits);
+}
+
+/* How many clusters of `s` blocks of k_gemm_tc (64 rows, the context's product path) over k / s
+ * columns the device can hold at once (cudaOccupancyMaxActiveClusters: a cluster's blocks must
+ * share one GPC, which counting blocks a multiprocessor does not see); 0 when s does not fit. */
+extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s) {
+    if (!lm_cuda_gemm_tc_fits(c, k, s)) return 0;
+    const tc_kernel fn = tc_kernel_for(TC_MAX_T, c->gemm_wgmma);
+    const size_t smem = tc_smem(TC_MAX_T, k / s);
+    lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)s, 1);
+    cfg.blockDim = dim3(TC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)s, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    return cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess ? n : 0;
 }
 
 /* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */

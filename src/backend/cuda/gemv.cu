@@ -185,25 +185,6 @@ __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R
     }
 }
 
-/* ---- timeline trace (lm_cuda_ctx_trace): per block, when it started, when its wait on the
- * predecessor returned, when x was staged, when it finished (%globaltimer, ns) ---- */
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-/* Appends one entry (thread 0 of a block): trace[0] counts entries, trace[1] is the capacity. */
-__device__ __forceinline__ void trace_put(unsigned long long *trace, const void *w, int K, int M,
-                                          unsigned long long t0, unsigned long long t1, unsigned long long t2) {
-    const unsigned long long t3 = gtime();
-    const unsigned long long i = atomicAdd(trace, 1ull) % trace[1];
-    unsigned long long *e = trace + 2 + i * LM_CUDA_TRACE_WORDS;
-    e[0] = (unsigned long long)(uintptr_t)w;
-    e[1] = ((unsigned long long)(unsigned)M << 32) | (unsigned)K;
-    e[2] = blockIdx.x;
-    e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
-}
-
 /* The norm weights a thread multiplies its staged elements by (k = u * 256 + tid, the first NWP
  * chunks), into registers before the wait: they never depend on the predecessor, and a load into
  * a register does not stall the thread before its wait (v7's shared-memory stores did). Chunks
@@ -408,7 +389,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
         first = false;
     }
-    if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, t0, t1, t2);
+    if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, blockIdx.x, t0, t1, t2);
 }
 
 template <int T, int R>
@@ -640,7 +621,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 1)
             add(row, vf);
         }
     }
-    if (trace && threadIdx.x == 0) trace_put(trace, wgu, K, 2 * I, t0, t1, t2);
+    if (trace && threadIdx.x == 0) trace_put(trace, wgu, K, 2 * I, blockIdx.x, t0, t1, t2);
 }
 
 /* DU of k_mlp1 in format F for this shape on c's device: the smallest built one (Q8_0: whole
@@ -890,8 +871,9 @@ extern "C" lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cud
         const unsigned long long *e = &all[(size_t)((count - take + i) % cap) * LM_CUDA_TRACE_WORDS];
         lm_cuda_trace_entry &o = out[i];
         o.weights = (uintptr_t)e[0];
-        o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)e[2];
+        o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)(e[2] & 0xffffffffu);
         o.t_start = e[3], o.t_waited = e[4], o.t_ready = e[5], o.t_end = e[6];
+        o.t_mid = e[2] >> 32 ? e[3] + (e[2] >> 32) : 0;
     }
     *n = (int)take;
     return LM_OK;
