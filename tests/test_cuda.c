@@ -697,15 +697,17 @@ static void test_gemm(void) {
  * and accumulating; a row's bits the same whatever n is (batch invariance); rows past n left
  * alone; the SwiGLU epilogue; lm_cuda_gemm's plans for Qwen3-0.6B's four layer matrices and its
  * lm_head. */
-/* wg: the products on wgmma (lm_cuda_ctx_set_gemm_wgmma) or on mma.sync; the same checks hold
- * for both. */
-static void test_gemm_tc(bool wg) {
-    const char *path = wg ? "wgmma" : "mma.sync";
+/* wg: the products on wgmma (lm_cuda_ctx_set_gemm_wgmma) or on mma.sync; bm: 128 weight rows a
+ * block forced (lm_cuda_ctx_set_gemm_tc_bm), 0 the rule. The same checks hold for each. */
+static void test_gemm_tc(bool wg, int bm) {
+    char path[48];
+    snprintf(path, sizeof path, "%s, %s rows a block", wg ? "wgmma" : "mma.sync", bm ? "128" : "planned");
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
     static const int shapes[][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {200, 320}, {198, 512}};
     static const int ns[] = {64, 9, 16, 33, 48, 1};
     const int NMAX = 64;
-    int runs = 0, differ = 0, stray = 0, swiglu_runs = 0, swiglu_differ = 0;
+    int runs = 0, differ = 0, stray = 0, swiglu_runs = 0, swiglu_differ = 0, bm_differ = 0;
     double worst = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int m = shapes[si][0], k = shapes[si][1];
@@ -744,6 +746,18 @@ static void test_gemm_tc(bool wg) {
                         memcpy(y64, y, sizeof(float) * NMAX * m);
                     else
                         differ += memcmp(y, y64, sizeof(float) * n * m) != 0;
+                    if (bm == 128) { /* the same product in 64-row blocks: the same bits */
+                        lm_cuda_ctx_set_gemm_tc_bm(g_ctx, 64);
+                        if (accum) lm_cuda_upload(dy, base, sizeof(float) * n * m);
+                        CHECK(lm_cuda_gemm_tc(g_ctx, dy, dx, dw, n, k, m, accum, s) == LM_OK, "gemm_tc, 64 rows: %s",
+                              lm_error_message());
+                        sync_ok("gemm_tc, 64 rows a block");
+                        float *y2 = malloc(sizeof(float) * n * m);
+                        lm_cuda_download(y2, dy, sizeof(float) * n * m);
+                        bm_differ += memcmp(y, y2, sizeof(float) * n * m) != 0;
+                        free(y2);
+                        lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
+                    }
                     runs++;
                 }
         }
@@ -790,16 +804,19 @@ static void test_gemm_tc(bool wg) {
     CHECK(differ == 0, "gemm_tc (%s): %d runs of fewer rows differ in bits from the same rows of 64", path,
           differ);
     CHECK(stray == 0, "gemm_tc (%s): %d floats written past the n rows", path, stray);
-    fprintf(stderr, "gemm_tc (%s): %d runs, worst rel err %.3g, %d differ from 64 rows' bits\n", path, runs, worst,
-            differ);
-    lm_cuda_ctx_set_gemm_wgmma(g_ctx, true);
+    CHECK(bm_differ == 0, "gemm_tc (%s): %d runs differ in bits from 64 rows a block", path, bm_differ);
+    fprintf(stderr, "gemm_tc (%s): %d runs, worst rel err %.3g, %d differ from 64 rows' bits, %d from 64 rows a "
+            "block's\n", path, runs, worst, differ, bm_differ);
     /* Plans: Qwen3-0.6B's layer matrices on the kernel, its lm_head on cuBLAS (many waves). */
     const int plan[][2] = {{1024, 4096}, {2048, 1024}, {1024, 6144}, {3072, 1024}};
     for (int i = 0; i < 4; i++) {
         const int s = lm_cuda_gemm_tc_splits(g_ctx, plan[i][0], plan[i][1]);
         CHECK(s >= 1 && s <= 8, "gemm_tc plan k %d m %d: %d splits", plan[i][0], plan[i][1], s);
-        fprintf(stderr, "gemm_tc plan: k %d m %d: %d splits\n", plan[i][0], plan[i][1], s);
+        fprintf(stderr, "gemm_tc plan (%s): k %d m %d: %d splits, %d rows a block\n", path, plan[i][0], plan[i][1], s,
+                lm_cuda_gemm_tc_rows_per_block(g_ctx, plan[i][0], plan[i][1], s, 64));
     }
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, true);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, 0);
     CHECK(lm_cuda_gemm_tc_splits(g_ctx, 1024, 151936) == 0, "gemm_tc: the lm_head must stay on cuBLAS");
     CHECK(lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 65, 1024, 64, false, 1) == LM_ERR_SHAPE &&
               lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 8, 1024, 64, false, 3) == LM_ERR_SHAPE &&
@@ -2168,8 +2185,10 @@ int main(void) {
     test_mlp1();
     test_mlp1_q8();
     test_gemm();
-    test_gemm_tc(true);
-    test_gemm_tc(false);
+    test_gemm_tc(true, 0);
+    test_gemm_tc(false, 0);
+    test_gemm_tc(true, 128);
+    test_gemm_tc(false, 128);
     test_gemm_route();
     test_rows();
     test_attention();

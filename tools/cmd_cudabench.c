@@ -613,7 +613,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         printf("\nbatched-path GEMMs (one launch per layer in a graph; median of %d replays; splits 0: the plan)\n",
                reps * 4);
         printf("| %-18s | %4s | %-8s | %9s | %9s | %9s | %15s |\n", "matrix", "rows", "kernel", "us", "TB/s", "of copy",
-               "clusters / fit");
+               "clusters/fit/rows");
         printf("| ------------------ | ---: | -------- | --------: | --------: | --------: | --------------: |\n");
         for (int w = 0; w < 4 && !st; w++)
             for (int i = 0; i < ngn && !st; i++)
@@ -629,13 +629,14 @@ int lm_cmd_cudabench(int argc, char **argv) {
                     char kn[16];
                     if (s < 0) snprintf(kn, sizeof kn, "cuBLAS");
                     else snprintf(kn, sizeof kn, "%s s=%d", wg ? "wg" : "mma", s);
-                    /* The launch's clusters (tiles of 64 rows) against how many fit at once. */
+                    /* The launch's clusters (tiles of bm rows) against how many fit at once, and bm. */
                     char cl[32] = "-";
                     const int sp = s > 0 ? s : lm_cuda_gemm_tc_splits(cx, gks[w], gms[w]);
                     if (s >= 0 && sp > 0) {
                         lm_cuda_ctx_set_gemm_wgmma(cx, wg);
-                        snprintf(cl, sizeof cl, "%d / %d", (gms[w] + 63) / 64,
-                                 lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp));
+                        const int bm = lm_cuda_gemm_tc_rows_per_block(cx, gks[w], gms[w], sp, gn[i]);
+                        snprintf(cl, sizeof cl, "%d / %d of %d", (gms[w] + bm - 1) / bm,
+                                 lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp, bm, gn[i]), bm);
                         lm_cuda_ctx_set_gemm_wgmma(cx, true);
                     }
                     printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% | %15s |\n", gnames[w], gn[i], kn, us,

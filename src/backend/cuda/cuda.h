@@ -118,6 +118,9 @@ void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
  * between the two. Default on; LM_CUDA_GEMM_WGMMA=0 turns it off, for A/B runs. Set it before a
  * model captures its step graphs. */
 void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on);
+/* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 for its rule
+ * (lm_cuda_gemm_tc_rows_per_block). LM_CUDA_GEMM_TC_BM sets the start value, for A/B runs. */
+void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm);
 /* Graph capture of the context's stream, for tests: capture_begin starts it (later launches on the
  * context are recorded, not run); capture_replay ends it, instantiates the graph, launches it
  * `replays` times, waits, and destroys it. LM_ERR_IO with CUDA's message on failure. */
@@ -294,10 +297,15 @@ lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, con
 /* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
 int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);
-/* How many clusters of `splits` blocks of that kernel (64 rows, over k / splits columns) the
- * device holds at once (cudaOccupancyMaxActiveClusters); 0 when the split count does not fit.
- * A launch of more clusters than this runs in more than one wave. For benchmarks. */
-int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int splits);
+/* How many clusters of `splits` blocks of that kernel (bm = 64 or 128 weight rows a block, over k /
+ * splits columns, for n rows) the device holds at once (cudaOccupancyMaxActiveClusters: a
+ * cluster's blocks share one GPC); 0 when that shape does not fit. A launch of more clusters runs
+ * in more than one wave. */
+int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int splits, int bm, int n);
+/* The weight rows a block takes for n rows of [*, k] x [m, k]^T in `splits` splits: 128 where
+ * 64-row blocks' clusters would not fit one wave and 128-row ones do, else 64 (or the context's
+ * forced value, lm_cuda_ctx_set_gemm_tc_bm). A row's bits are the same either way. */
+int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int m, int splits, int n);
 
 /* True when lm_cuda_gemm_tc can take k in `splits` splits on this context's device at any row
  * count (a power of 2 up to 8, k a multiple of 64 x splits, k / splits at most 512, the block's

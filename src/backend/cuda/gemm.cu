@@ -4,6 +4,8 @@
  * why. */
 #include <cooperative_groups.h>
 
+#include <mutex>
+
 #include "backend/cuda/common.cuh"
 #include "base/env.h"
 
@@ -20,15 +22,14 @@ namespace {
  * splitting the columns were slower at every row count.) */
 constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 64, TC_MAX_S = 8,
               TC_MAX_KS = 512, TC_CH = 64; /* columns a pipeline chunk: eight 16-byte chunks of a row */
-constexpr int TC_PS = TC_BM + 4; /* partial row stride (floats): a warp's stores hit 32 banks */
 /* The slices start on a 1 KiB boundary: wgmma's 128-byte swizzle repeats every 8 rows of 128
  * bytes, and its descriptors assume the pattern starts aligned (matrix base offset 0). */
 constexpr int TC_ALIGN = 1024;
 
-/* Bytes of shared memory of k_gemm_tc<TT> over ks columns: the weight and token slices, bf16
- * rows of ks swizzled in 16-byte chunks; the partials [TT][TC_PS] reuse them. */
-size_t tc_smem(int tt, int ks) {
-    return std::max(sizeof(uint16_t) * (size_t)(TC_BM + tt) * ks, sizeof(float) * (size_t)tt * TC_PS) + TC_ALIGN;
+/* Bytes of shared memory of k_gemm_tc<TT> over ks columns and bm weight rows: the weight and token
+ * slices, bf16 rows of ks swizzled in 16-byte chunks; the partials [TT][bm + 4] reuse them. */
+size_t tc_smem(int tt, int ks, int bm = TC_BM) {
+    return std::max(sizeof(uint16_t) * (size_t)(bm + tt) * ks, sizeof(float) * (size_t)tt * (bm + 4)) + TC_ALIGN;
 }
 
 /* The 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row, so the 8 rows an ldmatrix
@@ -148,10 +149,12 @@ __device__ __forceinline__ void tc_store(void *__restrict__ y, float4 s, int t, 
     }
 }
 
-template <int TT, bool WG>
+template <int TT, bool WG, int BM>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
                                                         int ks, int mode, unsigned long long *trace) {
+    static_assert(BM == 64 || BM == 128, "a block's weight rows: one or two 64-row halves");
+    constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
     const bool mid_sync = mode & TC_TRACE_SYNC;
     mode &= ~TC_TRACE_SYNC;
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
@@ -160,76 +163,60 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     uint16_t *tc_sm = tc_smraw + ((TC_ALIGN - (smem_u32(tc_smraw) & (TC_ALIGN - 1))) & (TC_ALIGN - 1)) / 2;
     cg::cluster_group cl = cg::this_cluster();
     const int S = gridDim.x, rank = blockIdx.x; /* clusters of (S, 1, 1): the rank is blockIdx.x */
-    const int r0 = blockIdx.y * TC_BM, k0 = rank * ks, nch = ks / TC_CH, tid = threadIdx.x;
-    uint16_t *ws = tc_sm, *xs = tc_sm + (size_t)TC_BM * ks;
+    const int r0 = blockIdx.y * BM, k0 = rank * ks, nch = ks / TC_CH, tid = threadIdx.x;
+    uint16_t *ws = tc_sm, *xs = tc_sm + (size_t)BM * ks;
     /* Copies: thread tid moves 16-byte chunk tid % 8 of each 8-chunk group of rows tid / 8 + 16 i. */
     const int c8 = tid & 7, rg = tid >> 3;
 
     /* The weights do not depend on the previous kernel: all of the block's slice is in flight
-     * before the wait (rows past m read as zeros), one copy group. */
-    if constexpr (wg) {
-        /* wgmma's A: chunk ch of the columns is a tile of 64 rows of 128 bytes (see tc_chunk). */
+     * before the wait (rows past m read as zeros), one copy group. wgmma's A: chunk ch of the
+     * columns is a tile of BM rows of 128 bytes (see tc_chunk); mma.sync's: rows of ks. */
 #pragma unroll
-        for (int i = 0; i < TC_BM / 16; i++) {
-            const int r = rg + 16 * i;
-            const bool in = r0 + r < m;
-            const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
-            uint16_t *dst = ws + r * TC_CH + tc_chunk(r, c8);
-            for (int ch = 0; ch < nch; ch++) cp_async16(dst + ch * (TC_BM * TC_CH), src + ch * TC_CH, !in);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < TC_BM / 16; i++) {
-            const int r = rg + 16 * i;
-            const bool in = r0 + r < m;
-            const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
-            uint16_t *dst = ws + (size_t)r * ks + tc_chunk(r, c8);
-            for (int ch = 0; ch < nch; ch++) cp_async16(dst + ch * TC_CH, src + ch * TC_CH, !in);
-        }
+    for (int i = 0; i < BM / 16; i++) {
+        const int r = rg + 16 * i;
+        const bool in = r0 + r < m;
+        const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
+        uint16_t *dst = wg ? ws + r * TC_CH + tc_chunk(r, c8) : ws + (size_t)r * ks + tc_chunk(r, c8);
+        for (int ch = 0; ch < nch; ch++)
+            cp_async16(dst + ch * (wg ? BM * TC_CH : TC_CH), src + ch * TC_CH, !in);
     }
     cp_async_commit();
     pdl_trigger();
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
     /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns, so the
-     * products of a chunk start when it lands. */
+     * products of a chunk start when it lands. wgmma's B: chunk ch is a tile of TT rows of 128
+     * bytes; mma.sync's: rows of ks. */
     for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
         for (int i = 0; i < TT / 16; i++) {
-            if constexpr (wg) { /* wgmma's B: chunk ch is a tile of TT rows of 128 bytes */
-                const int t = rg + 16 * i;
-                const bool in = t < n;
-                cp_async16(xs + ch * (TT * TC_CH) + t * TC_CH + tc_chunk(t, c8),
-                           x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
-            } else {
-                const int t = rg + 16 * i;
-                const bool in = t < n;
-                cp_async16(xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
-                           x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
-            }
+            const int t = rg + 16 * i;
+            const bool in = t < n;
+            cp_async16(wg ? xs + ch * (TT * TC_CH) + t * TC_CH + tc_chunk(t, c8)
+                          : xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
+                       x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
         }
         cp_async_commit();
     }
     /* The residual the first two of this thread's sums add to (TC_ADD), read now so that its
-     * trip to memory overlaps the products instead of following the cluster's sums. */
-    const int per = TT * (TC_BM / 4) / S, end = (rank + 1) * per;
+     * trip to memory overlaps the products instead of following the cluster's sums. Item i of
+     * the tile: token i / (BM / 4), columns 4 (i % (BM / 4)) .. + 3. */
+    constexpr int B4 = BM / 4;
+    const int per = TT * B4 / S, end = (rank + 1) * per;
     float4 res[2] = {};
     const bool pre = mode == TC_ADD && (m & 3) == 0;
     if (pre)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int i = rank * per + tid + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
+            const int i = rank * per + tid + h * TC_THREADS, t = i / B4, col = r0 + (i % B4) * 4;
             if (i < end && t < n && col < m)
                 res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
         }
 
-    /* Warp wid: rows wid*16 .. +15 (the mma's A, row-major = w's rows), every token (B, col-major
-     * = x's rows), k in steps of 16. */
+    /* Warp wid: rows 64 h + wid*16 .. +15 of each half h (the mma's A, row-major = w's rows),
+     * every token (B, col-major = x's rows), k in steps of 16. */
     const int wid = tid >> 5, lane = tid & 31;
-    const int ar = wid * 16 + (lane & 15), ah = lane >> 4;                 /* ldmatrix rows of A */
-    const int bt = (lane & 7) + ((lane >> 4) << 3), bh = (lane >> 3) & 1; /* of two n-tiles of B */
-    const uint16_t *arow = ws + (size_t)ar * ks;
-    float acc[TT / 8][4] = {};
+    float acc[NH][TT / 8][4] = {};
     unsigned long long tx = 0;
     if constexpr (wg) {
         /* The warpgroup's products, A and B read by the tensor cores from shared memory (each
@@ -242,76 +229,87 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             __syncthreads(); /* every thread's copies of the chunk have landed */
             if (trace && !mid_sync && ch == nch - 1) tx = gtime();
             if (ch == 0) {
-                wg_pin(acc);
+#pragma unroll
+                for (int h = 0; h < NH; h++) wg_pin(acc[h]);
                 wg_fence();
             }
 #pragma unroll
             for (int s2 = 0; s2 < TC_CH / 16; s2++) {
-                wgmma_ss<TT>(acc, wg_desc(ws_addr + (unsigned)(ch * TC_BM * TC_CH * 2 + s2 * 32)),
-                             wg_desc(xs_addr + (unsigned)(ch * TT * TC_CH * 2 + s2 * 32)));
+                const unsigned long long b = wg_desc(xs_addr + (unsigned)(ch * TT * TC_CH * 2 + s2 * 32));
+#pragma unroll
+                for (int h = 0; h < NH; h++) /* half h: rows 64 h .., 64 rows of 128 bytes further */
+                    wgmma_ss<TT>(acc[h], wg_desc(ws_addr + (unsigned)((ch * BM + 64 * h) * TC_CH * 2 + s2 * 32)), b);
             }
             wg_commit();
         }
         wg_wait0();
-        wg_pin(acc);
-    } else
-    for (int ch = 0; ch < nch; ch++) {
-        cp_async_wait_pending(nch - 1 - ch);
-        __syncthreads(); /* every thread's copies of the chunk have landed */
-        if (trace && !mid_sync && ch == nch - 1) tx = gtime();
 #pragma unroll
-        for (int s2 = 0; s2 < TC_CH / 16; s2++) {
-            const int kk = ch * (TC_CH / 16) + s2;
-            unsigned a[4];
-            ldsm_x4(a, arow + tc_chunk(ar, 2 * kk + ah));
+        for (int h = 0; h < NH; h++) wg_pin(acc[h]);
+    } else {
+        const int ar = wid * 16 + (lane & 15), ah = lane >> 4;                 /* ldmatrix rows of A */
+        const int bt = (lane & 7) + ((lane >> 4) << 3), bh = (lane >> 3) & 1; /* of two n-tiles of B */
+        for (int ch = 0; ch < nch; ch++) {
+            cp_async_wait_pending(nch - 1 - ch);
+            __syncthreads(); /* every thread's copies of the chunk have landed */
+            if (trace && !mid_sync && ch == nch - 1) tx = gtime();
 #pragma unroll
-            for (int j = 0; j < TT / 16; j++) {
-                const int t = j * 16 + bt;
-                unsigned b[4];
-                ldsm_x4(b, xs + (size_t)t * ks + tc_chunk(t, 2 * kk + bh));
-                mma_bf16(acc[2 * j], a, b[0], b[1]);
-                mma_bf16(acc[2 * j + 1], a, b[2], b[3]);
+            for (int s2 = 0; s2 < TC_CH / 16; s2++) {
+                const int kk = ch * (TC_CH / 16) + s2;
+                unsigned a[NH][4];
+#pragma unroll
+                for (int h = 0; h < NH; h++)
+                    ldsm_x4(a[h], ws + (size_t)(ar + 64 * h) * ks + tc_chunk(ar + 64 * h, 2 * kk + ah));
+#pragma unroll
+                for (int j = 0; j < TT / 16; j++) {
+                    const int t = j * 16 + bt;
+                    unsigned b[4];
+                    ldsm_x4(b, xs + (size_t)t * ks + tc_chunk(t, 2 * kk + bh));
+#pragma unroll
+                    for (int h = 0; h < NH; h++) {
+                        mma_bf16(acc[h][2 * j], a[h], b[0], b[1]);
+                        mma_bf16(acc[h][2 * j + 1], a[h], b[2], b[3]);
+                    }
+                }
             }
         }
     }
     __syncthreads(); /* the slices are read no more: the partials take their place */
     const unsigned long long t2 = trace ? gtime() : 0;
     float *part = reinterpret_cast<float *>(tc_sm);
-    {
-        const int row = wid * 16 + (lane >> 2), q = lane & 3;
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        const int row = 64 * h + wid * 16 + (lane >> 2), q = lane & 3;
 #pragma unroll
         for (int j = 0; j < TT / 8; j++) {
             const int t = j * 8 + 2 * q;
-            part[t * TC_PS + row] = acc[j][0];
-            part[(t + 1) * TC_PS + row] = acc[j][1];
-            part[t * TC_PS + row + 8] = acc[j][2];
-            part[(t + 1) * TC_PS + row + 8] = acc[j][3];
+            part[t * PS + row] = acc[h][j][0];
+            part[(t + 1) * PS + row] = acc[h][j][1];
+            part[t * PS + row + 8] = acc[h][j][2];
+            part[(t + 1) * PS + row + 8] = acc[h][j][3];
         }
     }
     cl.sync(); /* every partial of the cluster written */
     if (trace && mid_sync) tx = gtime();
 
-    /* This block's share of the tile's TT x 64 outputs, 4 at a time, two at once a thread: every
-     * load of a pair (S partials each, distributed shared memory) is issued before the first sum,
-     * so the pair costs one round trip to the other blocks, not 2 S (perf-notes v22). The sums
-     * run in rank order. */
+    /* This block's share of the tile's TT x BM outputs, 4 at a time, two items a thread at once
+     * (all their loads from the cluster's partials issued before the first sum). The sums run in
+     * rank order. */
     for (int i0 = rank * per + tid; i0 < end; i0 += 2 * TC_THREADS) {
         float4 v[2][TC_MAX_S];
         bool live[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int i = i0 + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
-            live[h] = i < end && t < n && col < m;
+            const int i = i0 + h * TC_THREADS, t = i / B4, c = (i % B4) * 4;
+            live[h] = i < end && t < n && r0 + c < m;
 #pragma unroll
             for (int q = 0; q < TC_MAX_S; q++)
                 if (live[h] && q < S)
-                    v[h][q] = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * TC_PS +
-                                                                 (i & 15) * 4);
+                    v[h][q] = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * PS + c);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (!live[h]) continue;
-            const int i = i0 + h * TC_THREADS, t = i >> 4, col = r0 + (i & 15) * 4;
+            const int i = i0 + h * TC_THREADS, t = i / B4, col = r0 + (i % B4) * 4;
             float4 s = v[h][0];
 #pragma unroll
             for (int q = 1; q < TC_MAX_S; q++)
@@ -329,13 +327,53 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 
 using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, unsigned long long *);
 
-tc_kernel tc_kernel_for(int tt, bool wg) {
+template <int BM>
+tc_kernel tc_kernel_bm(int tt, bool wg) {
     switch (tt) {
-    case 16: return wg ? k_gemm_tc<16, true> : k_gemm_tc<16, false>;
-    case 32: return wg ? k_gemm_tc<32, true> : k_gemm_tc<32, false>;
-    case 48: return wg ? k_gemm_tc<48, true> : k_gemm_tc<48, false>;
-    default: return wg ? k_gemm_tc<64, true> : k_gemm_tc<64, false>;
+    case 16: return wg ? k_gemm_tc<16, true, BM> : k_gemm_tc<16, false, BM>;
+    case 32: return wg ? k_gemm_tc<32, true, BM> : k_gemm_tc<32, false, BM>;
+    case 48: return wg ? k_gemm_tc<48, true, BM> : k_gemm_tc<48, false, BM>;
+    default: return wg ? k_gemm_tc<64, true, BM> : k_gemm_tc<64, false, BM>;
     }
+}
+tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM) {
+    return bm == 128 ? tc_kernel_bm<128>(tt, wg) : tc_kernel_bm<64>(tt, wg);
+}
+
+/* Clusters of s blocks of fn (TC_THREADS threads, smem bytes each) the device holds at once
+ * (cudaOccupancyMaxActiveClusters: a cluster's blocks share one GPC), cached. */
+int tc_clusters(const void *fn, size_t smem, int s) {
+    struct entry {
+        const void *fn;
+        size_t smem;
+        int s, n;
+    };
+    static entry cache[256];
+    static int n_cache;
+    static std::mutex mu;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        for (int i = 0; i < n_cache; i++)
+            if (cache[i].fn == fn && cache[i].smem == smem && cache[i].s == s) return cache[i].n;
+    }
+    lm_cuda_occupancy(fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)s, 1);
+    cfg.blockDim = dim3(TC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)s, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, (void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int,
+                                                     int, unsigned long long *))fn,
+                                       &cfg) != cudaSuccess)
+        n = 0, cudaGetLastError();
+    std::lock_guard<std::mutex> lock(mu);
+    if (n_cache < 256) cache[n_cache++] = {fn, smem, s, n};
+    return n;
 }
 
 } // namespace
@@ -369,7 +407,7 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
         if (!lm_cuda_gemm_tc_fits(c, k, s)) continue;
         const long blocks = (long)tiles * s;
-        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T, false>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
+        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T, false, TC_BM>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
         if (blocks > (long)occ * c->sm_count) continue;
         best = s;
         if (blocks * 10 >= (long)c->sm_count * 18) break;
@@ -393,10 +431,11 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
     if (tc_smem(tt, ks) > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: %d splits of k %d need %zu bytes of shared memory a block; "
                          "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma);
-    const size_t smem = tc_smem(tt, ks);
+    const int bm = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
+    const size_t smem = tc_smem(tt, ks, bm);
     lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
-    const dim3 grid((unsigned)splits, (unsigned)((m + TC_BM - 1) / TC_BM));
+    const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
     LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode, c->trace));
@@ -413,25 +452,30 @@ extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, 
     return launch_tc(c, h, x_bf16, w, n, k, m, TC_SWIGLU, splits);
 }
 
-/* How many clusters of `s` blocks of k_gemm_tc (64 rows, the context's product path) over k / s
- * columns the device can hold at once (cudaOccupancyMaxActiveClusters: a cluster's blocks must
- * share one GPC, which counting blocks a multiprocessor does not see); 0 when s does not fit. */
-extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s) {
-    if (!lm_cuda_gemm_tc_fits(c, k, s)) return 0;
-    const tc_kernel fn = tc_kernel_for(TC_MAX_T, c->gemm_wgmma);
-    const size_t smem = tc_smem(TC_MAX_T, k / s);
-    lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)s, 1);
-    cfg.blockDim = dim3(TC_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)s, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    return cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess ? n : 0;
+/* How many clusters of `s` blocks of k_gemm_tc (bm rows, TT = n rounded up to 16, the context's
+ * product path) over k / s columns the device can hold at once; 0 when that shape does not fit. */
+extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s, int bm, int n) {
+    const int tt = std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T);
+    if (!lm_cuda_gemm_tc_fits(c, k, s) || (bm != 64 && bm != 128) || tc_smem(tt, k / s, bm) > (size_t)c->smem_optin)
+        return 0;
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
+    return tc_clusters((const void *)fn, tc_smem(tt, k / s, bm), s);
+}
+
+/* The weight rows a block of lm_cuda_gemm_tc takes for n rows of [*, k] x [m, k]^T in s splits:
+ * 64, or 128 where 64-row blocks' clusters do not fit one wave (cluster placement, which the split
+ * plan's count of blocks a multiprocessor does not see: Qwen3-0.6B's gate/up at 48-64 rows, 96
+ * clusters of 4 against 92 that fit) and 128-row ones do (perf-notes v22); the context's
+ * gemm_tc_bm when set. It may depend on n: a block's rows are summed by the same instructions in
+ * the same order either way, so a row's bits do not depend on it (test_cuda checks). */
+extern "C" int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int m, int s, int n) {
+    const int tt = std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T);
+    if (c->gemm_tc_bm == 64 || c->gemm_tc_bm == 128)
+        return c->gemm_tc_bm == 128 && tc_smem(tt, k / s, 128) > (size_t)c->smem_optin ? 64 : c->gemm_tc_bm;
+    const int fit64 = lm_cuda_gemm_tc_max_clusters(c, k, s, 64, n);
+    if ((m + 63) / 64 <= fit64) return 64;
+    const int fit128 = lm_cuda_gemm_tc_max_clusters(c, k, s, 128, n);
+    return fit128 > 0 && (m + 127) / 128 <= fit128 ? 128 : 64;
 }
 
 /* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */
