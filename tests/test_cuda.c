@@ -702,10 +702,12 @@ static void test_gemm(void) {
 static void test_gemm_tc(bool wg, int bm) {
     char path[48];
     snprintf(path, sizeof path, "%s, %s rows a block", wg ? "wgmma" : "mma.sync", bm ? "128" : "planned");
+    const bool wg0 = lm_cuda_ctx_gemm_wgmma(g_ctx);
+    const int bm0 = lm_cuda_ctx_gemm_tc_bm(g_ctx);
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
     lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
     static const int shapes[][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {200, 320}, {198, 512}};
-    static const int ns[] = {64, 9, 16, 33, 48, 1};
+    static const int ns[] = {64, 9, 16, 17, 24, 32, 33, 48, 1}; /* every TT: 16, 32, 48, 64 */
     const int NMAX = 64;
     int runs = 0, differ = 0, stray = 0, swiglu_runs = 0, swiglu_differ = 0, bm_differ = 0;
     double worst = 0;
@@ -748,6 +750,7 @@ static void test_gemm_tc(bool wg, int bm) {
                         differ += memcmp(y, y64, sizeof(float) * n * m) != 0;
                     if (bm == 128) { /* the same product in 64-row blocks: the same bits */
                         lm_cuda_ctx_set_gemm_tc_bm(g_ctx, 64);
+                        poison(dy, sizeof(float) * NMAX * m);
                         if (accum) lm_cuda_upload(dy, base, sizeof(float) * n * m);
                         CHECK(lm_cuda_gemm_tc(g_ctx, dy, dx, dw, n, k, m, accum, s) == LM_OK, "gemm_tc, 64 rows: %s",
                               lm_error_message());
@@ -766,8 +769,8 @@ static void test_gemm_tc(bool wg, int bm) {
         const int ss = lm_cuda_gemm_tc_splits(g_ctx, k, m) ? lm_cuda_gemm_tc_splits(g_ctx, k, m) : 1;
         uint16_t *dh = dev(2 * (size_t)NMAX * (m / 2)), *h1 = malloc(2 * (size_t)NMAX * (m / 2));
         uint16_t *h2 = malloc(2 * (size_t)NMAX * (m / 2));
-        for (int ni = 0; ni < 3 && m % 4 == 0; ni++) {
-            const int n = (const int[]){9, 16, 64}[ni];
+        for (int ni = 0; ni < 5 && m % 4 == 0; ni++) {
+            const int n = (const int[]){9, 16, 32, 40, 64}[ni];
             poison(dh, 2 * (size_t)NMAX * (m / 2));
             CHECK(lm_cuda_gemm_tc_swiglu(g_ctx, dh, dx, dw, n, k, m, ss) == LM_OK, "gemm_tc_swiglu: %s",
                   lm_error_message());
@@ -779,6 +782,16 @@ static void test_gemm_tc(bool wg, int bm) {
             sync_ok("gemm_tc + swiglu");
             lm_cuda_download(h2, dh, 2 * (size_t)n * (m / 2));
             swiglu_differ += memcmp(h1, h2, 2 * (size_t)n * (m / 2)) != 0;
+            if (bm == 128) { /* in 64-row blocks: the same bits */
+                lm_cuda_ctx_set_gemm_tc_bm(g_ctx, 64);
+                poison(dh, 2 * (size_t)NMAX * (m / 2));
+                CHECK(lm_cuda_gemm_tc_swiglu(g_ctx, dh, dx, dw, n, k, m, ss) == LM_OK, "gemm_tc_swiglu, 64 rows: %s",
+                      lm_error_message());
+                sync_ok("gemm_tc_swiglu, 64 rows a block");
+                lm_cuda_download(h2, dh, 2 * (size_t)n * (m / 2));
+                bm_differ += memcmp(h1, h2, 2 * (size_t)n * (m / 2)) != 0;
+                lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
+            }
             float *got = malloc(sizeof(float) * n * (m / 2)), *want = malloc(sizeof(float) * n * (m / 2));
             for (long i = 0; i < (long)n * (m / 2); i++) {
                 const float g = ref[2 * i], u = ref[2 * i + 1]; /* ref is [NMAX, m]: 2i, 2i + 1 share a row */
@@ -815,8 +828,8 @@ static void test_gemm_tc(bool wg, int bm) {
         fprintf(stderr, "gemm_tc plan (%s): k %d m %d: %d splits, %d rows a block\n", path, plan[i][0], plan[i][1], s,
                 lm_cuda_gemm_tc_rows_per_block(g_ctx, plan[i][0], plan[i][1], s, 64));
     }
-    lm_cuda_ctx_set_gemm_wgmma(g_ctx, true);
-    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, 0);
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm0);
     CHECK(lm_cuda_gemm_tc_splits(g_ctx, 1024, 151936) == 0, "gemm_tc: the lm_head must stay on cuBLAS");
     CHECK(lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 65, 1024, 64, false, 1) == LM_ERR_SHAPE &&
               lm_cuda_gemm_tc(g_ctx, NULL, NULL, NULL, 8, 1024, 64, false, 3) == LM_ERR_SHAPE &&
@@ -828,6 +841,69 @@ static void test_gemm_tc(bool wg, int bm) {
 /* lm_cuda_gemm's routing and lm_cuda_gemm_swiglu on both of their branches, against the launches
  * they stand for, bit for bit; k_gemm_tc in a cluster of 4 captured in a CUDA graph under
  * programmatic dependent launch, against the same launches run eagerly; refusals. */
+/* A chain of 8 dependent launches into one y (a product, then 7 accumulated onto it: each one's
+ * early read of the residual follows its predecessor's writes) captured as a graph under PDL, for
+ * each product path, block height and a few row counts: the eager launches' bits, and the CPU's
+ * sum of the 8 products. */
+static void test_gemm_chain(void) {
+    const int k = 1024, m = 6144, NMAX = 64, L = 8;
+    float *x = malloc(sizeof(float) * NMAX * 3 * k), *wf = malloc(sizeof(float) * (size_t)m * k);
+    uint16_t *xb = malloc(2 * (size_t)NMAX * 3 * k), *w = malloc(2 * (size_t)m * k);
+    fill(x, (long)NMAX * 3 * k, 1.0f);
+    fill(wf, (long)m * k, 0.05f);
+    for (long i = 0; i < (long)NMAX * 3 * k; i++) xb[i] = lm_f32_to_bf16(x[i]), x[i] = lm_bf16_to_f32(xb[i]);
+    for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(wf[i]);
+    uint16_t *dx = dev_from(xb, 2 * (size_t)NMAX * 3 * k), *dw = dev_from(w, 2 * (size_t)m * k);
+    const size_t yb = sizeof(float) * NMAX * m;
+    float *dy = dev(yb), *dy2 = dev(yb), *y1 = malloc(yb), *y2 = malloc(yb), *ref = malloc(3 * yb);
+    for (int j = 0; j < 3; j++) g_ref->matmul(NULL, ref + (size_t)j * NMAX * m, x + (size_t)j * NMAX * k, w, LM_DTYPE_BF16, NMAX, k, m);
+    const int s = lm_cuda_gemm_tc_splits(g_ctx, k, m);
+    const bool wg0 = lm_cuda_ctx_gemm_wgmma(g_ctx);
+    const int bm0 = lm_cuda_ctx_gemm_tc_bm(g_ctx);
+    int runs = 0, differ = 0;
+    double worst = 0;
+    for (int wg = 1; wg >= 0; wg--)
+        for (int bm = 0; bm <= 128; bm += 128)
+            for (int ni = 0; ni < 3; ni++) {
+                const int n = (const int[]){16, 40, 64}[ni];
+                lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
+                lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
+                for (int pass = 0; pass < 2; pass++) { /* 0: eager into dy; 1: a graph into dy2 */
+                    float *d = pass ? dy2 : dy;
+                    poison(d, yb);
+                    lm_status rc = pass ? lm_cuda_ctx_capture_begin(g_ctx) : LM_OK;
+                    for (int j = 0; j < L && !rc; j++)
+                        rc = lm_cuda_gemm_tc(g_ctx, d, dx + (size_t)(j % 3) * NMAX * k, dw, n, k, m, j > 0, s);
+                    if (pass && !rc) rc = lm_cuda_ctx_capture_replay(g_ctx, 1);
+                    CHECK(rc == LM_OK, "gemm_tc chain (%s, bm %d, n %d, pass %d): %s", wg ? "wgmma" : "mma.sync", bm,
+                          n, pass, lm_error_message());
+                    sync_ok("gemm_tc chain");
+                }
+                lm_cuda_download(y1, dy, sizeof(float) * n * m), lm_cuda_download(y2, dy2, sizeof(float) * n * m);
+                differ += memcmp(y1, y2, sizeof(float) * n * m) != 0;
+                float *want = malloc(sizeof(float) * n * m);
+                for (long i = 0; i < (long)n * m; i++) {
+                    const long t = i / m, c = i % m;
+                    double acc = 0;
+                    for (int j = 0; j < L; j++) acc += ref[(size_t)(j % 3) * NMAX * m + t * m + c];
+                    want[i] = (float)acc;
+                }
+                const double e = rel_l2(y1, want, (long)n * m);
+                free(want);
+                worst = e > worst ? e : worst;
+                CHECK(e <= 1e-5, "gemm_tc chain (%s, bm %d, n %d): rel err %.3g against the CPU", wg ? "wgmma" : "mma.sync",
+                      bm, n, e);
+                runs++;
+            }
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm0);
+    CHECK(differ == 0, "gemm_tc chain: %d of %d graphs under PDL differ in bits from the eager launches", differ, runs);
+    fprintf(stderr, "gemm_tc chain: %d chains of %d launches (graph under PDL and eager), worst rel err %.3g, %d differ\n",
+            runs, L, worst, differ);
+    free(x), free(wf), free(xb), free(w), free(y1), free(y2), free(ref);
+    lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy), lm_cuda_free(dy2);
+}
+
 static void test_gemm_route(void) {
     const int k = 1024, m = 4096, N = 16, inter = 3072;
     float *x = malloc(sizeof(float) * N * 3 * k), *wf = malloc(sizeof(float) * (size_t)2 * inter * k);
@@ -2190,6 +2266,7 @@ int main(void) {
     test_gemm_tc(true, 128);
     test_gemm_tc(false, 128);
     test_gemm_route();
+    test_gemm_chain();
     test_rows();
     test_attention();
     test_attention_runs();

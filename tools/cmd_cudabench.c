@@ -69,9 +69,11 @@ static void usage(FILE *f) {
             "                  their wait on the preceding kernel, have x staged, finish)\n"
             "  --trace-batches LIST  the same timeline for a decode step of each batch size\n"
             "                  (2 to 1024, comma-separated; sequences of min(--in, 64)\n"
-            "                  tokens): the GEMV and MLP kernels up to 4 rows, the\n"
-            "                  tensor-core GEMM up to LM_CUDA_GEMM_TC rows (with when its\n"
-            "                  last slice of x landed); cuBLAS launches are not traced\n"
+            "                  tokens): the GEMV and MLP kernels where the step runs them, the\n"
+            "                  tensor-core GEMM up to LM_CUDA_GEMM_TC rows (wait-x: when\n"
+            "                  its last slice of x landed; with LM_CUDA_TRACE_SYNC=1, when it\n"
+            "                  passed the cluster barrier after its partials); cuBLAS\n"
+            "                  launches are not traced\n"
             "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
             "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales (about\n"
             "                  half the bytes; int8 activations), batches over 4 keep cuBLAS on a\n"
@@ -249,7 +251,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
     const int cap = 1 << 18;
     lm_status rc0 = lm_cuda_ctx_trace(ctx, cap);
     if (rc0) return rc0;
-    lm_cuda_qwen3_set_options(b->m, true, true, 4); /* recapture with the trace pointer */
+    lm_cuda_qwen3_drop_graphs(b->m); /* recapture with the trace pointer */
     double med, lo, hi;
     lm_status rc = LM_OK;
     if (B == 1) {
@@ -266,7 +268,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
     if (!rc && !e) rc = lm_errorf(LM_ERR_NOMEM, "trace buffer");
     if (!rc) rc = lm_cuda_ctx_trace_read(ctx, e, cap, &n);
     lm_cuda_ctx_trace(ctx, 0);
-    lm_cuda_qwen3_set_options(b->m, true, true, 4);
+    lm_cuda_qwen3_drop_graphs(b->m);
     if (rc) {
         free(e);
         return rc;
@@ -275,7 +277,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
      * overlap: the bench waits for each step's ids). */
     int first = n;
     struct launch *L = calloc(512, sizeof *L);
-    unsigned char (*seen)[1024] = calloc(512, sizeof *seen);
+    unsigned char (*seen)[4096] = calloc(512, sizeof *seen); /* blocks of a launch, up to 4,096 */
     int nl = 0;
     for (int i = n - 1; i >= 0; i--) {
         int f = -1;
@@ -286,7 +288,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
             f = nl++;
             L[f].w = e[i].weights, L[f].m = e[i].m, L[f].k = e[i].k;
         }
-        const int blk = e[i].block & 1023;
+        const int blk = e[i].block & 4095;
         if (seen[f][blk]) break;
         seen[f][blk] = 1;
         L[f].n++;
@@ -610,6 +612,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
         const int gms[] = {(cf->n_heads + 2 * cf->n_kv_heads) * cf->head_dim, cf->hidden, 2 * cf->intermediate,
                            cf->hidden}; /* each m */
         struct lm_cuda_ctx *cx = lm_cuda_qwen3_ctx(b.m);
+        const bool wg0 = lm_cuda_ctx_gemm_wgmma(cx); /* restored after each row (LM_CUDA_GEMM_WGMMA) */
         printf("\nbatched-path GEMMs (one launch per layer in a graph; median of %d replays; splits 0: the plan)\n",
                reps * 4);
         printf("| %-18s | %4s | %-8s | %9s | %9s | %9s | %15s |\n", "matrix", "rows", "kernel", "us", "TB/s", "of copy",
@@ -624,7 +627,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                     lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
                     lm_cuda_ctx_set_gemm_wgmma(cx, wg);
                     st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);
-                    lm_cuda_ctx_set_gemm_wgmma(cx, true);
+                    lm_cuda_ctx_set_gemm_wgmma(cx, wg0);
                     if (st) break;
                     char kn[16];
                     if (s < 0) snprintf(kn, sizeof kn, "cuBLAS");
@@ -637,7 +640,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                         const int bm = lm_cuda_gemm_tc_rows_per_block(cx, gks[w], gms[w], sp, gn[i]);
                         snprintf(cl, sizeof cl, "%d / %d of %d", (gms[w] + bm - 1) / bm,
                                  lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp, bm, gn[i]), bm);
-                        lm_cuda_ctx_set_gemm_wgmma(cx, true);
+                        lm_cuda_ctx_set_gemm_wgmma(cx, wg0);
                     }
                     printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% | %15s |\n", gnames[w], gn[i], kn, us,
                            bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw, cl);

@@ -118,9 +118,12 @@ void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits);
  * between the two. Default on; LM_CUDA_GEMM_WGMMA=0 turns it off, for A/B runs. Set it before a
  * model captures its step graphs. */
 void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on);
-/* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 for its rule
- * (lm_cuda_gemm_tc_rows_per_block). LM_CUDA_GEMM_TC_BM sets the start value, for A/B runs. */
+bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c);
+/* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 (or any other
+ * value) for its rule (lm_cuda_gemm_tc_rows_per_block). LM_CUDA_GEMM_TC_BM sets the start value,
+ * for A/B runs. */
 void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm);
+int lm_cuda_ctx_gemm_tc_bm(const struct lm_cuda_ctx *c);
 /* Graph capture of the context's stream, for tests: capture_begin starts it (later launches on the
  * context are recorded, not run); capture_replay ends it, instantiates the graph, launches it
  * `replays` times, waits, and destroys it. LM_ERR_IO with CUDA's message on failure. */
@@ -139,9 +142,12 @@ struct lm_cuda_trace_entry {
     unsigned long long t_start; /* block began */
     unsigned long long t_waited; /* its wait on the preceding kernel returned */
     unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here);
-                                 * k_gemm_tc: its products were summed */
+                                 * k_gemm_tc: its own slice's products were done (before the
+                                 * cluster's sums) */
     unsigned long long t_end;   /* it finished */
-    unsigned long long t_mid;   /* k_gemm_tc: its last slice of x landed; 0 for the GEMV kernels */
+    unsigned long long t_mid;   /* k_gemm_tc: its last slice of x landed, or, with
+                                 * LM_CUDA_TRACE_SYNC=1 in the environment, it passed the cluster
+                                 * barrier after writing its partials; 0 for the GEMV kernels */
 };
 lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity); /* LM_ERR_NOMEM */
 /* Copies the last min(max, recorded) entries, oldest first; *n gets the count. Waits for the
@@ -269,7 +275,8 @@ lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, 
 
 /* The same product on tensor cores (bf16, float32 accumulators: wgmma m64nNk16 with both operands
  * in shared memory, or mma.sync m16n8k16, lm_cuda_ctx_set_gemm_wgmma) for 1 to 64 rows: blocks of
- * 4 warps over 64 weight rows x k / splits columns, each block's weight slice copied to shared
+ * 4 warps over 64 or 128 weight rows (lm_cuda_gemm_tc_rows_per_block) x k / splits columns, each
+ * block's weight slice copied to shared
  * memory before it waits for the previous kernel (programmatic dependent launch), the splits of a
  * row tile one thread-block cluster summing their partials in rank order through distributed
  * shared memory. An output's bits depend on (m, k, splits, the product path) only, never on n or

@@ -13,13 +13,14 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-/* k_gemm_tc's block: 4 warps, 64 weight rows (16 a warp), a slice of ks = k / S columns, all of
- * the step's tokens (TT: n rounded up to 16, at most 64). The S blocks of one row tile form a
- * cluster: each sums its slice into float32 partials in shared memory, then adds up its 1/S of
- * the tile's outputs over the cluster's S partials (distributed shared memory, rank order) and
- * writes them. So an output's arithmetic is fixed by (m, k, S): the same bits for a token whatever
- * else the step carries (batch invariance), and no atomics. (Measured in perf-notes v20: 8 warps
- * splitting the columns were slower at every row count.) */
+/* k_gemm_tc's block: 4 warps (one warpgroup), BM = 64 or 128 weight rows (16 a warp in each
+ * 64-row half), a slice of ks = k / S columns, all of the step's tokens (TT: n rounded up to 16,
+ * at most 64). The S blocks of one row tile form a cluster: each sums its slice into float32
+ * partials in shared memory (wgmma or mma.sync), then adds up its 1/S of the tile's outputs over
+ * the cluster's S partials (distributed shared memory, rank order) and writes them. So an
+ * output's arithmetic is fixed by (m, k, S) and the product path: the same bits for a token
+ * whatever else the step carries (batch invariance) and whichever BM, and no atomics. (Measured
+ * in perf-notes v20: 8 warps splitting the columns were slower at every row count.) */
 constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 64, TC_MAX_S = 8,
               TC_MAX_KS = 512, TC_CH = 64; /* columns a pipeline chunk: eight 16-byte chunks of a row */
 /* The slices start on a 1 KiB boundary: wgmma's 128-byte swizzle repeats every 8 rows of 128
@@ -317,9 +318,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
         }
     }
-    /* Leave only when the other blocks have read this block's partials. The arrive is relaxed: a
-     * block's reads of its peers are complete once their sums are stored (the stores use them),
-     * and a release arrive would wait for those global stores too (perf-notes v22). */
+    /* Leave only when the other blocks have read this block's partials. The arrive is relaxed, which
+     * the PTX memory model does not order after this block's reads of its peers: it relies on
+     * every value read feeding a store that comes before the arrive in program order (so the read
+     * has completed when the warp, issuing in order, reaches the arrive; the SASS keeps that
+     * order). A release arrive after the loads and before the stores, which the model does order,
+     * cost 13-20% of decode throughput at 8-64 sequences (perf-notes v22, call 11). */
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     if (trace && tid == 0) trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx);
@@ -344,6 +348,7 @@ tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM) {
  * (cudaOccupancyMaxActiveClusters: a cluster's blocks share one GPC), cached. */
 int tc_clusters(const void *fn, size_t smem, int s) {
     struct entry {
+        int device;
         const void *fn;
         size_t smem;
         int s, n;
@@ -351,10 +356,13 @@ int tc_clusters(const void *fn, size_t smem, int s) {
     static entry cache[256];
     static int n_cache;
     static std::mutex mu;
+    int dev = 0;
+    cudaGetDevice(&dev);
     {
         std::lock_guard<std::mutex> lock(mu);
         for (int i = 0; i < n_cache; i++)
-            if (cache[i].fn == fn && cache[i].smem == smem && cache[i].s == s) return cache[i].n;
+            if (cache[i].device == dev && cache[i].fn == fn && cache[i].smem == smem && cache[i].s == s)
+                return cache[i].n;
     }
     lm_cuda_occupancy(fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
     cudaLaunchConfig_t cfg = {};
@@ -369,10 +377,12 @@ int tc_clusters(const void *fn, size_t smem, int s) {
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, (void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int,
                                                      int, unsigned long long *))fn,
-                                       &cfg) != cudaSuccess)
-        n = 0, cudaGetLastError();
+                                       &cfg) != cudaSuccess) {
+        cudaGetLastError(); /* this query's error only (not sticky); not cached, so a later call asks again */
+        return 0;
+    }
     std::lock_guard<std::mutex> lock(mu);
-    if (n_cache < 256) cache[n_cache++] = {fn, smem, s, n};
+    if (n_cache < 256) cache[n_cache++] = {dev, fn, smem, s, n};
     return n;
 }
 
@@ -407,7 +417,8 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
     for (int s = 1; s <= TC_MAX_S; s *= 2) {
         if (!lm_cuda_gemm_tc_fits(c, k, s)) continue;
         const long blocks = (long)tiles * s;
-        const int occ = lm_cuda_occupancy((const void *)k_gemm_tc<TC_MAX_T, false, TC_BM>, TC_THREADS, tc_smem(TC_MAX_T, k / s));
+        const int occ = lm_cuda_occupancy((const void *)tc_kernel_for(TC_MAX_T, c->gemm_wgmma), TC_THREADS,
+                                          tc_smem(TC_MAX_T, k / s));
         if (blocks > (long)occ * c->sm_count) continue;
         best = s;
         if (blocks * 10 >= (long)c->sm_count * 18) break;

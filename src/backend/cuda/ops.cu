@@ -147,6 +147,10 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
     c->gemm_wgmma = lm_env_flag("LM_CUDA_GEMM_WGMMA", true);
     c->gemm_tc_bm = (int)lm_env_int("LM_CUDA_GEMM_TC_BM", 0, 0, 128);
+    if (c->gemm_tc_bm != 0 && c->gemm_tc_bm != 64 && c->gemm_tc_bm != 128) {
+        fprintf(stderr, "lumen: LM_CUDA_GEMM_TC_BM=%d is not 0, 64 or 128; using 0 (the rule)\n", c->gemm_tc_bm);
+        c->gemm_tc_bm = 0;
+    }
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -188,7 +192,11 @@ extern "C" void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int spl
     c->gemm_tc_splits = splits;
 }
 extern "C" void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on) { c->gemm_wgmma = on; }
-extern "C" void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm) { c->gemm_tc_bm = bm; }
+extern "C" bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c) { return c->gemm_wgmma; }
+extern "C" void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm) {
+    c->gemm_tc_bm = bm == 64 || bm == 128 ? bm : 0;
+}
+extern "C" int lm_cuda_ctx_gemm_tc_bm(const struct lm_cuda_ctx *c) { return c->gemm_tc_bm; }
 extern "C" lm_status lm_cuda_ctx_capture_begin(struct lm_cuda_ctx *c) {
     LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     return LM_OK;

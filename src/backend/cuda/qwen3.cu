@@ -540,6 +540,11 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->gemv_plain = m->p.gemv_max_rows; /* an explicit setting holds for every step */
 }
 
+extern "C" void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+}
+
 extern "C" void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);

@@ -146,6 +146,9 @@ struct lm_cuda_qwen3_info {
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
+/* Drops the captured step graphs, so later steps capture new ones: after a context setting that
+ * graphs keep (lm_cuda_ctx_trace, the attention and GEMM choices in cuda.h) changed. */
+void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m);
 /* Changes how later steps run (drops captured graphs): graphs on/off, PDL on/off, GEMV limit. */
 void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
 /* Turns lm_cuda_qwen3_params.mlp1 on or off for later steps (drops the captured graphs). */
