@@ -9,7 +9,8 @@
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
 # kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on),
-# ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), arrow
+# ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), trace (cudabench's block
+# timelines of a batch-1 step and of decode steps of $TRACE_BATCHES sequences), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
 # ARROW_ARGS=6: the kernel-chain table alone), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
@@ -62,6 +63,15 @@ for step in "$@"; do
     echo "test_cuda exit $rc"; grep -E "failed|worst|model:|checks" "$OUT/test_cuda.log" | head -40 ;;
   synth)
     need_q06 ;;
+  trace)
+    # lumen cudabench's timelines (perf-notes v17, v22): the batch-1 step's GEMV blocks, then a
+    # decode step of each batch size in $TRACE_BATCHES (default 16,64) with its GEMV, MLP and
+    # k_gemm_tc blocks (LM_CUDA_TRACE_SYNC=1: when a GEMM block passed its cluster barrier
+    # instead of when its last slice of x landed).
+    need_q06
+    timeout 200 $LUMEN cudabench --model /tmp/q06 -p 0 -n 16 --batches= -r 1 --trace \
+      --trace-batches "${TRACE_BATCHES:-16,64}" >"$OUT/trace.log" 2>&1
+    grep -E "^\|  |^step|^timeline" "$OUT/trace.log" | grep -v -- "---" ;;
   bench)
     need_q06
     timeout 300 $LUMEN cudabench --model /tmp/q06 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
