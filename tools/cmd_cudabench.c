@@ -620,32 +620,31 @@ int lm_cmd_cudabench(int argc, char **argv) {
         printf("| ------------------ | ---: | -------- | --------: | --------: | --------: | --------------: |\n");
         for (int w = 0; w < 4 && !st; w++)
             for (int i = 0; i < ngn && !st; i++)
-                for (int s = -1, wg = 1; s <= 8 && !st; wg = !wg, s = wg ? (s < 1 ? s + 1 : s * 2) : s) {
-                    if (s > 0 && !lm_cuda_gemm_tc_fits(cx, gks[w], s)) continue;
-                    if (s < 0 && !wg) continue; /* cuBLAS once */
-                    double us, bytes;
-                    lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
-                    lm_cuda_ctx_set_gemm_wgmma(cx, wg);
-                    st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);
-                    lm_cuda_ctx_set_gemm_wgmma(cx, wg0);
-                    if (st) break;
-                    char kn[16];
-                    if (s < 0) snprintf(kn, sizeof kn, "cuBLAS");
-                    else snprintf(kn, sizeof kn, "%s s=%d", wg ? "wg" : "mma", s);
-                    /* The launch's clusters (tiles of bm rows) against how many fit at once, and bm. */
-                    char cl[32] = "-";
-                    const int sp = s > 0 ? s : lm_cuda_gemm_tc_splits(cx, gks[w], gms[w]);
-                    if (s >= 0 && sp > 0) {
+                /* cuBLAS (s -1), then the kernel with the plan's splits (0) and each split count,
+                 * its products on wgmma and on mma.sync. */
+                for (int si = 0; si < 6 && !st; si++)
+                    for (int wg = 1; wg >= (si ? 0 : 1) && !st; wg--) {
+                        const int s = (const int[]){-1, 0, 1, 2, 4, 8}[si];
+                        if (s > 0 && !lm_cuda_gemm_tc_fits(cx, gks[w], s)) continue;
+                        double us, bytes;
+                        lm_cuda_ctx_set_gemm_tc(cx, s < 0 ? 0 : 64, s < 0 ? 0 : s);
                         lm_cuda_ctx_set_gemm_wgmma(cx, wg);
-                        const int bm = lm_cuda_gemm_tc_rows_per_block(cx, gks[w], gms[w], sp, gn[i]);
-                        snprintf(cl, sizeof cl, "%d / %d of %d", (gms[w] + bm - 1) / bm,
-                                 lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp, bm, gn[i]), bm);
+                        st = lm_cuda_qwen3_bench_linear(b.m, 7 + w, gn[i], reps * 4, &us, &bytes);
+                        /* The launch's clusters (tiles of bm rows) against how many fit at once, and bm. */
+                        char kn[16] = "cuBLAS", cl[32] = "-";
+                        const int sp = s > 0 ? s : lm_cuda_gemm_tc_splits(cx, gks[w], gms[w]);
+                        if (s >= 0 && sp > 0) {
+                            const int bm = lm_cuda_gemm_tc_rows_per_block(cx, gks[w], gms[w], sp, gn[i]);
+                            snprintf(kn, sizeof kn, "%s s=%d", wg ? "wg" : "mma", s);
+                            snprintf(cl, sizeof cl, "%d / %d of %d", (gms[w] + bm - 1) / bm,
+                                     lm_cuda_gemm_tc_max_clusters(cx, gks[w], sp, bm, gn[i]), bm);
+                        }
                         lm_cuda_ctx_set_gemm_wgmma(cx, wg0);
+                        if (st) break;
+                        printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% | %15s |\n", gnames[w], gn[i], kn,
+                               us, bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw, cl);
+                        fflush(stdout);
                     }
-                    printf("| %-18s | %4d | %-8s | %9.2f | %9.3f | %8.0f%% | %15s |\n", gnames[w], gn[i], kn, us,
-                           bytes / us / 1e6, 100.0 * bytes / (us * 1e-6) / bw, cl);
-                    fflush(stdout);
-                }
         lm_cuda_ctx_set_gemm_tc(cx, lm_cuda_gemm_tc_default_rows(), 0);
     }
     if (trace && !st && tg) st = trace_step(&b, 1, tg < 16 ? tg : 16, 0, "batch-1 decode");

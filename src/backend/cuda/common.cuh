@@ -41,6 +41,13 @@ struct lm_cuda_ctx {
     int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
     bool gemm_wgmma;     /* k_gemm_tc's products on wgmma where the device code has it (gemm.cu) */
     int gemm_tc_bm;      /* k_gemm_tc's weight rows a block: 64 or 128 forced, 0 its rule (gemm.cu) */
+    /* gemm.cu's memo of k_gemm_tc's plans under this context's settings, so that an eager step's
+     * GEMMs do not redo the occupancy lookups each launch: (kind, k, m, x) -> v; emptied by the
+     * settings' setters. */
+    struct {
+        int kind, k, m, x, v;
+    } tc_memo[64];
+    int n_tc_memo;
     int max_rows;        /* sampler scratch capacity */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */

@@ -272,6 +272,8 @@ bool lm_cuda_q8_enabled(void);
  * LM_ERR_IO when the launch fails. */
 lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
                        int n, int k, int m, bool accumulate);
+/* True when lm_cuda_gemm runs n rows of [*, k] x [m, k]^T on lm_cuda_gemm_tc (else cuBLAS). */
+bool lm_cuda_gemm_on_tc(struct lm_cuda_ctx *c, int n, int k, int m);
 
 /* The same product on tensor cores (bf16, float32 accumulators: wgmma m64nNk16 with both operands
  * in shared memory, or mma.sync m16n8k16, lm_cuda_ctx_set_gemm_wgmma) for 1 to 64 rows: blocks of

@@ -33,6 +33,9 @@ size_t tc_smem(int tt, int ks, int bm = TC_BM) {
     return std::max(sizeof(uint16_t) * (size_t)(bm + tt) * ks, sizeof(float) * (size_t)tt * (bm + 4)) + TC_ALIGN;
 }
 
+/* k_gemm_tc's TT for n rows: n rounded up to 16, from 16 to TC_MAX_T. */
+int tc_tt(int n) { return std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T); }
+
 /* The 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row, so the 8 rows an ldmatrix
  * reads at one chunk fall on 8 distinct bank groups (rows are ks * 2 bytes, a multiple of 128).
  * The wgmma path keeps each 64-column chunk of the slices as its own tile of 128-byte rows with
@@ -85,46 +88,34 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b);
 #if TC_HAVE_WGMMA
+/* The four accumulators of n-tile j as asm outputs (the instruction names every accumulator
+ * register, so each shape's list is written out). */
+#define WG_D(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 template <>
 __device__ __forceinline__ void wgmma_ss<16>(float (&d)[2][4], unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "l"(a), "l"(b));
+                 : WG_D(0), WG_D(1)
+                 : "l"(a), "l"(b));
 }
 template <>
 __device__ __forceinline__ void wgmma_ss<32>(float (&d)[4][4], unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "l"(a), "l"(b));
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3)
+                 : "l"(a), "l"(b));
 }
 template <>
 __device__ __forceinline__ void wgmma_ss<48>(float (&d)[6][4], unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, 1, 1, 1, 0, 0;"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
-        : "l"(a), "l"(b));
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5)
+                 : "l"(a), "l"(b));
 }
 template <>
 __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(a), "l"(b));
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7)
+                 : "l"(a), "l"(b));
 }
+#undef WG_D
 #endif
 
 /* Writes the 4 sums s of token t, columns col..col+3 (< m, or the row's tail), as `mode` says;
@@ -375,15 +366,26 @@ int tc_clusters(const void *fn, size_t smem, int s) {
     cfg.attrs = &at;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, (void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int,
-                                                     int, unsigned long long *))fn,
-                                       &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, (tc_kernel)fn, &cfg) != cudaSuccess) {
         cudaGetLastError(); /* this query's error only (not sticky); not cached, so a later call asks again */
         return 0;
     }
     std::lock_guard<std::mutex> lock(mu);
     if (n_cache < 256) cache[n_cache++] = {dev, fn, smem, s, n};
     return n;
+}
+
+/* The context's memo (lm_cuda_ctx tc_memo): v for (kind, k, m, x), compute() the first time. */
+enum { TC_MEMO_SPLITS, TC_MEMO_BM };
+template <class F>
+int tc_memo(lm_cuda_ctx *c, int kind, int k, int m, int x, F &&compute) {
+    for (int i = 0; i < c->n_tc_memo; i++) {
+        const auto &e = c->tc_memo[i];
+        if (e.kind == kind && e.k == k && e.m == m && e.x == x) return e.v;
+    }
+    const int v = compute();
+    if (c->n_tc_memo < (int)(sizeof c->tc_memo / sizeof c->tc_memo[0])) c->tc_memo[c->n_tc_memo++] = {kind, k, m, x, v};
+    return v;
 }
 
 } // namespace
@@ -393,7 +395,7 @@ int tc_clusters(const void *fn, size_t smem, int s) {
  * its neighbours, at 32-64 slower. v22: with the products on wgmma, the cluster's last barrier
  * relaxed and the residual read early, the kernel wins at every row count to 64 (decode at 32 / 48
  * / 64 sequences +40% / +27% / +19% against cuBLAS there, serving at 32 concurrent +13%, at 64
- * +4%). */
+ * +3-7%). */
 extern "C" int lm_cuda_gemm_tc_default_rows(void) {
     static const int r = (int)lm_env_int("LM_CUDA_GEMM_TC", TC_DEFAULT_ROWS, 0, TC_MAX_T);
     return r;
@@ -438,14 +440,19 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
                          n, k, m, k, splits, TC_MAX_T, TC_MAX_S, TC_MAX_KS, TC_BM);
     if (((uintptr_t)y | (uintptr_t)x_bf16 | (uintptr_t)w) & 15)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: x, w and y must be 16-byte aligned");
-    const int tt = (n + 15) / 16 * 16, ks = k / splits;
+    const int tt = tc_tt(n), ks = k / splits;
     if (tc_smem(tt, ks) > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: %d splits of k %d need %zu bytes of shared memory a block; "
                          "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
-    const int bm = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
+    /* The block height for this launch's shape, and the kernel's shared-memory limit raised, once
+     * per shape and settings. */
+    const int bm = tc_memo(c, TC_MEMO_BM, k, m, splits * 1024 + tt, [&] {
+        const int b = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
+        lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b), TC_THREADS, tc_smem(tt, ks, b));
+        return b;
+    });
     const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
     const size_t smem = tc_smem(tt, ks, bm);
-    lm_cuda_occupancy((const void *)fn, TC_THREADS, smem); /* raises the kernel's shared-memory limit */
     const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
@@ -466,7 +473,7 @@ extern "C" lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, 
 /* How many clusters of `s` blocks of k_gemm_tc (bm rows, TT = n rounded up to 16, the context's
  * product path) over k / s columns the device can hold at once; 0 when that shape does not fit. */
 extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s, int bm, int n) {
-    const int tt = std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T);
+    const int tt = tc_tt(n);
     if (!lm_cuda_gemm_tc_fits(c, k, s) || (bm != 64 && bm != 128) || tc_smem(tt, k / s, bm) > (size_t)c->smem_optin)
         return 0;
     const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
@@ -480,7 +487,7 @@ extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s,
  * gemm_tc_bm when set. It may depend on n: a block's rows are summed by the same instructions in
  * the same order either way, so a row's bits do not depend on it (test_cuda checks). */
 extern "C" int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int m, int s, int n) {
-    const int tt = std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T);
+    const int tt = tc_tt(n);
     if (c->gemm_tc_bm == 64 || c->gemm_tc_bm == 128)
         return c->gemm_tc_bm == 128 && tc_smem(tt, k / s, 128) > (size_t)c->smem_optin ? 64 : c->gemm_tc_bm;
     const int fit64 = lm_cuda_gemm_tc_max_clusters(c, k, s, 64, n);
@@ -492,9 +499,12 @@ extern "C" int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int 
 /* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */
 static int tc_route(struct lm_cuda_ctx *c, int n, int k, int m) {
     if (n > std::min(c->gemm_tc_rows, TC_MAX_T)) return 0;
-    const int s = lm_cuda_gemm_tc_splits(c, k, m), f = c->gemm_tc_splits;
+    const int s = tc_memo(c, TC_MEMO_SPLITS, k, m, 0, [&] { return lm_cuda_gemm_tc_splits(c, k, m); }),
+              f = c->gemm_tc_splits;
     return s && f && lm_cuda_gemm_tc_fits(c, k, f) ? f : s; /* a forced split count where it fits */
 }
+
+extern "C" bool lm_cuda_gemm_on_tc(struct lm_cuda_ctx *c, int n, int k, int m) { return tc_route(c, n, k, m) != 0; }
 
 extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,
                                   const uint16_t *w, int n, int k, int m, bool accumulate) {

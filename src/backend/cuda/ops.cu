@@ -190,11 +190,16 @@ extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->
 extern "C" void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits) {
     c->gemm_tc_rows = rows;
     c->gemm_tc_splits = splits;
+    c->n_tc_memo = 0;
 }
-extern "C" void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on) { c->gemm_wgmma = on; }
+extern "C" void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on) {
+    c->gemm_wgmma = on;
+    c->n_tc_memo = 0;
+}
 extern "C" bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c) { return c->gemm_wgmma; }
 extern "C" void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm) {
     c->gemm_tc_bm = bm == 64 || bm == 128 ? bm : 0;
+    c->n_tc_memo = 0;
 }
 extern "C" int lm_cuda_ctx_gemm_tc_bm(const struct lm_cuda_ctx *c) { return c->gemm_tc_bm; }
 extern "C" lm_status lm_cuda_ctx_capture_begin(struct lm_cuda_ctx *c) {

@@ -719,8 +719,12 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     auto acc_of = [&](int l) { return m->fix_acc + (size_t)l * LM_CUDA_MLP1_MAX_ROWS * H; };
     lm_cuda_attn a = make_attn(m, L, gemv, decode ? cls : 0, nt, decode, lists);
     /* The batched path's GEMM rows: a decode step's are its own (a graph's bucket, or nt with
-     * graphs off); a step with prefill chunks rounds them up for cuBLAS (gemm_rows). */
-    const int gm = decode ? nt : gemm_rows(nt, m->p.max_tokens);
+     * graphs off); a step with prefill chunks rounds them up for cuBLAS (gemm_rows) unless the
+     * tensor-core kernel takes all four layer GEMMs: it has no per-shape choice to amortise, and
+     * rows past nt would only cost it copies and products. */
+    const bool own = decode || (I % 2 == 0 && lm_cuda_gemm_on_tc(c, nt, H, QKV) && lm_cuda_gemm_on_tc(c, nt, Q, H) &&
+                                lm_cuda_gemm_on_tc(c, nt, H, 2 * I) && lm_cuda_gemm_on_tc(c, nt, I, H));
+    const int gm = own ? nt : gemm_rows(nt, m->p.max_tokens);
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
