@@ -904,6 +904,159 @@ static void test_gemm_chain(void) {
     lm_cuda_free(dx), lm_cuda_free(dw), lm_cuda_free(dy), lm_cuda_free(dy2);
 }
 
+/* The norm link (lm_cuda_norm_link): an o_proj-shaped producer's y the bits of the plain
+ * accumulating product, its xn = bf16(gamma * y) and group sums of squares the bits of the host's
+ * emulation of the kernel's order; q/k/v- and gate/up-shaped consumers the bits of the plain
+ * product over xn scaled by the host's r (then lm_cuda_swiglu_bf16 for gate/up), and within bf16
+ * rounding of the norm kernel's path; a row's bits the same at every row count. */
+static void test_gemm_link(bool wg) {
+    const int H = 1024, KO = 2048, QKV = 4096, GU = 6144, NMAX = 64, NG = H / 64;
+    const float eps = 1e-6f;
+    const bool wg0 = lm_cuda_ctx_gemm_wgmma(g_ctx);
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
+    float *a = malloc(sizeof(float) * NMAX * KO), *base = malloc(sizeof(float) * NMAX * H), *g = malloc(sizeof(float) * H);
+    float *wf = malloc(sizeof(float) * (size_t)GU * KO);
+    uint16_t *ab = malloc(2 * (size_t)NMAX * KO), *wo = malloc(2 * (size_t)H * KO), *wq = malloc(2 * (size_t)QKV * H),
+             *wgu = malloc(2 * (size_t)GU * H);
+    fill(a, (long)NMAX * KO, 1.0f), fill(base, (long)NMAX * H, 2.0f), fill(g, H, 0.5f);
+    for (int i = 0; i < H; i++) g[i] += 1.0f;
+    for (long i = 0; i < (long)NMAX * KO; i++) ab[i] = lm_f32_to_bf16(a[i]);
+    fill(wf, (long)GU * KO, 0.05f);
+    for (long i = 0; i < (long)H * KO; i++) wo[i] = lm_f32_to_bf16(wf[i]);
+    for (long i = 0; i < (long)QKV * H; i++) wq[i] = lm_f32_to_bf16(wf[i + 7]);
+    for (long i = 0; i < (long)GU * H; i++) wgu[i] = lm_f32_to_bf16(wf[i + 11]);
+    uint16_t *dA = dev_from(ab, 2 * (size_t)NMAX * KO), *dWo = dev_from(wo, 2 * (size_t)H * KO),
+             *dWq = dev_from(wq, 2 * (size_t)QKV * H), *dWgu = dev_from(wgu, 2 * (size_t)GU * H);
+    float *dG = dev_from(g, sizeof(float) * H), *dY = dev(sizeof(float) * NMAX * H), *dY2 = dev(sizeof(float) * NMAX * H);
+    float *dS = dev(sizeof(float) * NMAX * NG), *dQ = dev(sizeof(float) * NMAX * QKV),
+          *dQ2 = dev(sizeof(float) * NMAX * GU);
+    uint16_t *dXn = dev(2 * (size_t)NMAX * H), *dXb = dev(2 * (size_t)NMAX * H), *dH = dev(2 * (size_t)NMAX * GU / 2),
+             *dH2 = dev(2 * (size_t)NMAX * GU / 2);
+    float *y = malloc(sizeof(float) * NMAX * H), *y2 = malloc(sizeof(float) * NMAX * H), *ss = malloc(sizeof(float) * NMAX * NG);
+    float *q = malloc(sizeof(float) * NMAX * GU), *q2 = malloc(sizeof(float) * NMAX * GU), *r = malloc(sizeof(float) * NMAX);
+    uint16_t *xn = malloc(2 * (size_t)NMAX * H), *h = malloc(2 * (size_t)NMAX * GU / 2), *h2 = malloc(2 * (size_t)NMAX * GU / 2);
+    /* n = 64 first: its rows are the reference for the others' bits */
+    float *y64 = malloc(sizeof(float) * NMAX * H), *q64 = malloc(sizeof(float) * NMAX * QKV);
+    uint16_t *h64 = malloc(2 * (size_t)NMAX * GU / 2);
+    const int so = lm_cuda_gemm_tc_splits(g_ctx, KO, H), sq = lm_cuda_gemm_tc_splits(g_ctx, H, QKV),
+              sg = lm_cuda_gemm_tc_splits(g_ctx, H, GU);
+    int runs = 0, y_bad = 0, xn_bad = 0, ss_bad = 0, q_bad = 0, h_bad = 0, inv_bad = 0;
+    double worst_q = 0, worst_h = 0;
+    for (int ni = 0; ni < 4; ni++) {
+        const int n = (const int[]){64, 5, 16, 33}[ni];
+        /* the producer, and the plain product it must equal */
+        lm_cuda_upload(dY, base, sizeof(float) * n * H), lm_cuda_upload(dY2, base, sizeof(float) * n * H);
+        poison(dXn, 2 * (size_t)NMAX * H), poison(dS, sizeof(float) * NMAX * NG);
+        const struct lm_cuda_norm_link prod = {NULL, 0.f, dG, dXn, dS}, cons = {dS, eps, NULL, NULL, NULL};
+        lm_status rc = lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, n, KO, H, true, &prod);
+        CHECK(rc == LM_OK, "gemm_linked producer n %d: %s", n, lm_error_message());
+        CHECK(lm_cuda_gemm_tc(g_ctx, dY2, dA, dWo, n, KO, H, true, so) == LM_OK, "gemm_tc: %s", lm_error_message());
+        sync_ok("gemm_linked producer");
+        lm_cuda_download(y, dY, sizeof(float) * n * H), lm_cuda_download(y2, dY2, sizeof(float) * n * H);
+        lm_cuda_download(xn, dXn, 2 * (size_t)n * H), lm_cuda_download(ss, dS, sizeof(float) * n * NG);
+        y_bad += memcmp(y, y2, sizeof(float) * n * H) != 0;
+        for (long i = 0; i < (long)n * H; i++) xn_bad += xn[i] != lm_f32_to_bf16(g[i % H] * y[i]);
+        for (int t = 0; t < n; t++) {
+            float tot = 0.f;
+            for (int gi = 0; gi < NG; gi++) {
+                float v[16], w2[16]; /* the kernel's order: an item's 4 squares, then the xor tree */
+                for (int it = 0; it < 16; it++) {
+                    const float *e = y + (size_t)t * H + gi * 64 + it * 4;
+                    float s2 = e[0] * e[0];
+                    s2 = fmaf(e[1], e[1], s2), s2 = fmaf(e[2], e[2], s2), s2 = fmaf(e[3], e[3], s2);
+                    v[it] = s2;
+                }
+                for (int o = 8; o >= 1; o >>= 1) {
+                    for (int it = 0; it < 16; it++) w2[it] = v[it] + v[it ^ o];
+                    memcpy(v, w2, sizeof v);
+                }
+                ss_bad += memcmp(&v[0], &ss[t * NG + gi], sizeof(float)) != 0;
+                tot += ss[t * NG + gi];
+            }
+            r[t] = 1.0f / sqrtf(tot / (float)H + eps);
+        }
+        /* q/k/v: the linked consumer against the plain product over xn, scaled */
+        poison(dQ, sizeof(float) * NMAX * QKV);
+        rc = lm_cuda_gemm_linked(g_ctx, dQ, dXn, dWq, n, H, QKV, false, &cons);
+        CHECK(rc == LM_OK, "gemm_linked consumer n %d: %s", n, lm_error_message());
+        lm_cuda_gemm_tc(g_ctx, dQ2, dXn, dWq, n, H, QKV, false, sq);
+        sync_ok("gemm_linked consumer");
+        lm_cuda_download(q, dQ, sizeof(float) * n * QKV), lm_cuda_download(q2, dQ2, sizeof(float) * n * QKV);
+        for (long i = 0; i < (long)n * QKV; i++) {
+            const float want = q2[i] * r[i / QKV];
+            q_bad += memcmp(&q[i], &want, sizeof want) != 0;
+        }
+        /* ... and within bf16 rounding of the norm kernel's path */
+        CHECK(lm_cuda_rmsnorm_bf16(g_ctx, dXb, dY, dG, NULL, n, H, eps) == LM_OK, "rmsnorm: %s", lm_error_message());
+        lm_cuda_gemm_tc(g_ctx, dQ2, dXb, dWq, n, H, QKV, false, sq);
+        sync_ok("rmsnorm + gemm_tc");
+        lm_cuda_download(q2, dQ2, sizeof(float) * n * QKV);
+        const double eq = rel_l2(q, q2, (long)n * QKV);
+        worst_q = eq > worst_q ? eq : worst_q;
+        CHECK(eq <= 4e-3, "gemm_linked q/k/v n %d: rel err %.3g against the norm kernel's path", n, eq);
+        /* gate/up with SwiGLU: the plain sums scaled on the host, then lm_cuda_swiglu_bf16 */
+        poison(dH, 2 * (size_t)NMAX * GU / 2);
+        rc = lm_cuda_gemm_swiglu_linked(g_ctx, dH, dXn, dWgu, n, H, GU / 2, &cons);
+        CHECK(rc == LM_OK, "gemm_swiglu_linked n %d: %s", n, lm_error_message());
+        lm_cuda_gemm_tc(g_ctx, dQ2, dXn, dWgu, n, H, GU, false, sg);
+        sync_ok("gemm_swiglu_linked");
+        lm_cuda_download(q2, dQ2, sizeof(float) * n * GU);
+        for (long i = 0; i < (long)n * GU; i++) q2[i] *= r[i / GU];
+        lm_cuda_upload(dQ2, q2, sizeof(float) * n * GU);
+        lm_cuda_swiglu_bf16(g_ctx, dH2, dQ2, n, GU / 2);
+        sync_ok("swiglu_bf16");
+        lm_cuda_download(h, dH, 2 * (size_t)n * GU / 2), lm_cuda_download(h2, dH2, 2 * (size_t)n * GU / 2);
+        h_bad += memcmp(h, h2, 2 * (size_t)n * GU / 2) != 0;
+        /* the norm kernel's path for gate/up, within bf16 */
+        lm_cuda_gemm_tc(g_ctx, dQ2, dXb, dWgu, n, H, GU, false, sg);
+        lm_cuda_swiglu_bf16(g_ctx, dH2, dQ2, n, GU / 2);
+        sync_ok("rmsnorm + gemm_tc + swiglu");
+        lm_cuda_download(h2, dH2, 2 * (size_t)n * GU / 2);
+        {
+            float *fa = malloc(sizeof(float) * n * GU / 2), *fb = malloc(sizeof(float) * n * GU / 2);
+            for (long i = 0; i < (long)n * GU / 2; i++) fa[i] = lm_bf16_to_f32(h[i]), fb[i] = lm_bf16_to_f32(h2[i]);
+            const double e = rel_l2(fa, fb, (long)n * GU / 2);
+            worst_h = e > worst_h ? e : worst_h;
+            CHECK(e <= 8e-3, "gemm_swiglu_linked n %d: rel err %.3g against the norm kernel's path", n, e);
+            free(fa), free(fb);
+        }
+        if (n == NMAX) {
+            memcpy(y64, y, sizeof(float) * NMAX * H), memcpy(q64, q, sizeof(float) * NMAX * QKV);
+            memcpy(h64, h, 2 * (size_t)NMAX * GU / 2);
+        } else {
+            inv_bad += memcmp(y, y64, sizeof(float) * n * H) != 0;
+            inv_bad += memcmp(q, q64, sizeof(float) * n * QKV) != 0;
+            inv_bad += memcmp(h, h64, 2 * (size_t)n * GU / 2) != 0;
+        }
+        runs++;
+    }
+    const char *path = wg ? "wgmma" : "mma.sync";
+    CHECK(y_bad == 0 && xn_bad == 0 && ss_bad == 0,
+          "gemm_linked producer (%s): %d runs' y differ from the plain product, %d xn values and %d sums of squares "
+          "from the host's", path, y_bad, xn_bad, ss_bad);
+    CHECK(q_bad == 0 && h_bad == 0,
+          "gemm_linked consumers (%s): %d q/k/v outputs differ from the scaled plain product, %d SwiGLU runs from "
+          "the scaled sums through swiglu_bf16", path, q_bad, h_bad);
+    CHECK(inv_bad == 0, "gemm_linked (%s): %d outputs of fewer rows differ in bits from the same rows of 64", path,
+          inv_bad);
+    fprintf(stderr, "gemm_linked (%s): %d row counts; against the norm kernel's path: q/k/v worst rel err %.3g, "
+            "SwiGLU %.3g; %d + %d + %d + %d + %d + %d differ\n", path, runs, worst_q, worst_h, y_bad, xn_bad, ss_bad,
+            q_bad, h_bad, inv_bad);
+    { /* refusals: a producer on the SwiGLU kernel, 65 rows, a misaligned xn */
+        const struct lm_cuda_norm_link prod = {NULL, 0.f, dG, dXn, dS}, odd = {NULL, 0.f, dG, dXn + 1, dS};
+        CHECK(lm_cuda_gemm_swiglu_linked(g_ctx, dH, dXn, dWgu, 8, H, GU / 2, &prod) == LM_ERR_SHAPE &&
+                  lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 65, KO, H, true, &prod) == LM_ERR_SHAPE &&
+                  lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 8, KO, H, true, &odd) == LM_ERR_SHAPE,
+              "gemm_linked: a SwiGLU producer, 65 rows and a misaligned xn must be refused");
+    }
+    lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);
+    free(a), free(base), free(g), free(wf), free(ab), free(wo), free(wq), free(wgu), free(y), free(y2), free(ss);
+    free(q), free(q2), free(r), free(xn), free(h), free(h2), free(y64), free(q64), free(h64);
+    lm_cuda_free(dA), lm_cuda_free(dWo), lm_cuda_free(dWq), lm_cuda_free(dWgu), lm_cuda_free(dG), lm_cuda_free(dY);
+    lm_cuda_free(dY2), lm_cuda_free(dS), lm_cuda_free(dQ), lm_cuda_free(dQ2), lm_cuda_free(dXn), lm_cuda_free(dXb);
+    lm_cuda_free(dH), lm_cuda_free(dH2);
+}
+
 static void test_gemm_route(void) {
     const int k = 1024, m = 4096, N = 16, inter = 3072;
     float *x = malloc(sizeof(float) * N * 3 * k), *wf = malloc(sizeof(float) * (size_t)2 * inter * k);
@@ -1903,6 +2056,99 @@ static float *cpu_last_logits(struct lm_model *cm, const struct lm_ids *prompt, 
     return l;
 }
 
+/* The batched path's norm link in a model whose layer GEMMs take the tensor-core kernel (random
+ * weights: hidden 256, 2 layers): B sequences prefilled one at a time (4 tokens: the GEMV path),
+ * then greedy decode steps of all of them, norm link on and off (within bf16 rounding), and with
+ * the link on, 20 sequences against their first 5 alone (a row's bits do not depend on the
+ * others). */
+static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, int V) {
+    struct lm_cuda_qwen3_info inf;
+    lm_cuda_qwen3_info(m, &inf);
+    const int W = inf.bt_width, P = 4;
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)B * W), ids[32], pos[32], seq[32], out[32], next[32];
+    for (int i = 0; i < B * W; i++) bt[i] = i; /* sequence i: blocks i W .. i W + W - 1 */
+    for (int i = 0; i < B; i++) { /* prefill: P tokens of sequence i */
+        int32_t pid[4], ppos[4], pseq[4] = {0, 0, 0, 0}, o = P - 1;
+        for (int j = 0; j < P; j++) pid[j] = (i * 37 + j * 11) % V, ppos[j] = j;
+        struct lm_cuda_batch b = {P, pid, ppos, pseq, 1, bt + (size_t)i * W, 1, &o, NULL, &next[i], NULL};
+        CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model prefill: %s", lm_error_message());
+    }
+    for (int st = 0; st < steps; st++) {
+        for (int i = 0; i < B; i++) ids[i] = next[i], pos[i] = P + st, seq[i] = i, out[i] = i;
+        struct lm_cuda_batch b = {B, ids, pos, seq, B, bt, B, out, NULL, next, logits + (size_t)st * B * V};
+        CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model decode: %s", lm_error_message());
+    }
+    free(bt);
+}
+
+static void test_model_link(void) {
+    const int H = 256, I = 512, NL = 2, NH = 4, NKV = 2, D = 64, V = 1000, B = 20, STEPS = 6;
+    struct lm_cuda_qwen3_layer_weights lw[2];
+    float *norms = malloc(sizeof(float) * (NL * 2 + 1) * H), *qk = malloc(sizeof(float) * 2 * D);
+    const long nw = (long)V * H + NL * ((long)(NH + 2 * NKV) * D * H + (long)H * NH * D + 3L * I * H);
+    float *wts = malloc(sizeof(float) * nw), *wp = wts;
+    fill(wts, nw, 0.05f);
+    fill(norms, (NL * 2 + 1) * H, 0.2f), fill(qk, 2 * D, 0.2f);
+    for (int i = 0; i < (NL * 2 + 1) * H; i++) norms[i] += 1.0f;
+    for (int i = 0; i < 2 * D; i++) qk[i] += 1.0f;
+#define LINK_MAT(r, c) ((struct lm_cuda_matrix){(wp += (long)(r) * (c)) - (long)(r) * (c), LM_DTYPE_F32, (r), (c)})
+    struct lm_cuda_qwen3_weights w = {{H, I, NL, NH, NKV, D, V, 1e-6f, 1e6}, LINK_MAT(V, H), {0}, norms + NL * 2 * H, lw};
+    w.lm_head = w.embed_tokens;
+    for (int l = 0; l < NL; l++) {
+        lw[l].input_layernorm = norms + 2 * l * H, lw[l].post_attention_layernorm = norms + (2 * l + 1) * H;
+        lw[l].q_proj = LINK_MAT(NH * D, H), lw[l].k_proj = LINK_MAT(NKV * D, H), lw[l].v_proj = LINK_MAT(NKV * D, H);
+        lw[l].q_norm = qk, lw[l].k_norm = qk + D;
+        lw[l].o_proj = LINK_MAT(H, NH * D);
+        lw[l].gate_proj = LINK_MAT(I, H), lw[l].up_proj = LINK_MAT(I, H), lw[l].down_proj = LINK_MAT(H, I);
+    }
+#undef LINK_MAT
+    struct lm_cuda_qwen3_params p = lm_cuda_qwen3_default_params();
+    p.max_tokens = 64, p.max_seqs = 32, p.max_context = 64, p.n_blocks = 32 * 4;
+    struct lm_cuda_qwen3 *m = NULL;
+    lm_status rc = lm_cuda_qwen3_create(&w, &p, &m);
+    CHECK(rc == LM_OK, "link model: %s", lm_error_message());
+    if (rc) {
+        free(norms), free(qk), free(wts);
+        return;
+    }
+    struct lm_cuda_ctx *c = lm_cuda_qwen3_ctx(m);
+    CHECK(lm_cuda_gemm_on_tc(c, B, H, (NH + 2 * NKV) * D) && lm_cuda_gemm_on_tc(c, B, NH * D, H) &&
+              lm_cuda_gemm_on_tc(c, B, H, 2 * I) && lm_cuda_gemm_on_tc(c, B, I, H),
+          "link model: its layer GEMMs at %d rows must take the tensor-core kernel", B);
+    const size_t lb = sizeof(float) * (size_t)STEPS * B * V;
+    float *on = malloc(lb), *off = malloc(lb), *five = malloc(lb);
+    lm_cuda_qwen3_set_norm_link(m, true);
+    link_run(m, B, STEPS, on, V);
+    lm_cuda_qwen3_set_norm_link(m, false);
+    link_run(m, B, STEPS, off, V);
+    lm_cuda_qwen3_set_norm_link(m, true);
+    link_run(m, 5, STEPS, five, V);
+    double worst = 0;
+    int ids_differ = 0, rows_differ = 0;
+    for (int st = 0; st < STEPS; st++) {
+        const float *a = on + (size_t)st * B * V, *b = off + (size_t)st * B * V;
+        const double e = rel_l2(a, b, (long)B * V);
+        worst = e > worst ? e : worst;
+        for (int i = 0; i < B; i++) {
+            int ia = 0, ib = 0;
+            for (int v = 1; v < V; v++) {
+                if (a[(size_t)i * V + v] > a[(size_t)i * V + ia]) ia = v;
+                if (b[(size_t)i * V + v] > b[(size_t)i * V + ib]) ib = v;
+            }
+            ids_differ += ia != ib;
+        }
+        rows_differ += memcmp(five + (size_t)st * 5 * V, a, sizeof(float) * 5 * V) != 0;
+    }
+    CHECK(worst <= 1e-2, "link model: logits with the norm link against without: worst rel err %.3g", worst);
+    CHECK(rows_differ == 0, "link model: %d of %d steps of 5 sequences differ in bits from the same 5 among 20",
+          rows_differ, STEPS);
+    fprintf(stderr, "link model: %d decode steps of %d sequences, norm link on against off: worst rel err %.3g, "
+            "%d of %d greedy choices differ; 5 sequences against the same among 20: %d steps differ\n", STEPS, B,
+            worst, ids_differ, STEPS * B, rows_differ);
+    lm_cuda_qwen3_destroy(m);
+    free(on), free(off), free(five), free(norms), free(qk), free(wts);
+}
+
 static void test_model(void) {
     struct lm_cuda_qwen3_params p = lm_cuda_qwen3_default_params();
     p.max_tokens = 1024;
@@ -2267,10 +2513,13 @@ int main(void) {
     test_gemm_tc(false, 128);
     test_gemm_route();
     test_gemm_chain();
+    test_gemm_link(true);
+    test_gemm_link(false);
     test_rows();
     test_attention();
     test_attention_runs();
     test_sample();
+    test_model_link();
     test_model();
     lm_cuda_ctx_destroy(g_ctx);
     return check_exit("test_cuda");

@@ -303,6 +303,35 @@ lm_status lm_cuda_gemm_tc_swiglu(struct lm_cuda_ctx *c, uint16_t *h, const uint1
 lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, const uint16_t *x_bf16,
                               const uint16_t *w, int n, int n_gemm, int k, int inter);
 
+/* An RMSNorm carried between two lm_cuda_gemm_tc launches instead of run as a kernel of its own
+ * (perf-notes v23). Qwen3's norm is x_n = gamma * (x * r), r = 1 / sqrt(mean(x^2) + eps) for each
+ * row (HF's Qwen3RMSNorm); since r is one number a row, w . x_n = r * (w . bf16(gamma * x)):
+ * - the producer (the GEMM whose output y, float32 [n, m], is the next norm's x: o_proj and
+ *   down_proj adding into the residual stream) also writes xn = bf16(gamma * y) ([n, m] bf16) and
+ *   ssq, the sums of squares of y's rows in groups of 64 columns ([n, m / 64] float32: each
+ *   group's 16 four-column items, squares summed x, y, z, w, then over the 16 in an xor tree of
+ *   offsets 8, 4, 2, 1), m a multiple of 64;
+ * - the consumer (q/k/v, gate/up) reads xn as its x and scales each sum of row t by
+ *   r_t = 1 / sqrt((sum of ssq[t, 0 .. k / 64 - 1] in order) / k + eps) before its epilogue.
+ * Fixed orders throughout, so a row's bits still depend on nothing but the row. Against the norm
+ * kernel (lm_cuda_rmsnorm_bf16 then the product of bf16(gamma * (x * r))) only the rounding point
+ * of r moves: the results agree to bf16 rounding, not in bits. Fields left NULL take no part:
+ * ssq_in NULL, the launch's x is used as it is; gamma NULL, no xn or ssq is written. */
+struct lm_cuda_norm_link {
+    const float *ssq_in; /* consumer: [n, k / 64] from the producer, or NULL */
+    float eps;           /* consumer: the norm's epsilon */
+    const float *gamma;  /* producer: the next norm's weights [m] float32, or NULL */
+    uint16_t *xn;        /* producer: bf16(gamma * y) [n, m], 8-byte aligned */
+    float *ssq_out;      /* producer: [n, m / 64] */
+};
+/* lm_cuda_gemm_tc (accumulate: y += ...) and lm_cuda_gemm_tc_swiglu with a norm link, in the splits
+ * lm_cuda_gemm would take (LM_ERR_SHAPE where it would not take the kernel: lm_cuda_gemm_on_tc;
+ * a producer on the SwiGLU kernel, or m not a multiple of 64 for a producer, are refused too). */
+lm_status lm_cuda_gemm_linked(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w, int n,
+                              int k, int m, bool accumulate, const struct lm_cuda_norm_link *link);
+lm_status lm_cuda_gemm_swiglu_linked(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16, const uint16_t *w,
+                                     int n, int k, int inter, const struct lm_cuda_norm_link *link);
+
 /* The splits lm_cuda_gemm uses for a [*, k] x [m, k]^T product on lm_cuda_gemm_tc: the fewest that
  * give about two blocks a multiprocessor in one wave; 0 when no plan fits one wave (cuBLAS then). */
 int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m);

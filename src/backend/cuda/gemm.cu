@@ -141,10 +141,19 @@ __device__ __forceinline__ void tc_store(void *__restrict__ y, float4 s, int t, 
     }
 }
 
+/* The norm link (cuda.h lm_cuda_norm_link) of a launch, NULL fields unused. */
+struct tc_link {
+    const float *ssq_in;
+    float eps;
+    const float *gamma;
+    uint16_t *xn;
+    float *ssq_out;
+};
+
 template <int TT, bool WG, int BM>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
-                                                        int ks, int mode, unsigned long long *trace) {
+                                                        int ks, int mode, tc_link link, unsigned long long *trace) {
     static_assert(BM == 64 || BM == 128, "a block's weight rows: one or two 64-row halves");
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
     const bool mid_sync = mode & TC_TRACE_SYNC;
@@ -204,6 +213,25 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             if (i < end && t < n && col < m)
                 res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
         }
+
+    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link), read while the
+     * slices land: the producer's sums of squares of 64-column groups, added in group order. */
+    __shared__ float rnorm[TT];
+    if (link.ssq_in && tid < TT) {
+        const int ng = k / 64;
+        const float *p = link.ssq_in + (size_t)tid * ng;
+        float tot = 0.f;
+        if (tid < n)
+            for (int g0 = 0; g0 < ng; g0 += 8) {
+                float v[8];
+#pragma unroll
+                for (int q = 0; q < 8; q++) v[q] = g0 + q < ng ? p[g0 + q] : 0.f;
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (g0 + q < ng) tot += v[q];
+            }
+        rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
+    }
 
     /* Warp wid: rows 64 h + wid*16 .. +15 of each half h (the mma's A, row-major = w's rows),
      * every token (B, col-major = x's rows), k in steps of 16. */
@@ -300,13 +328,45 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            if (!live[h]) continue;
             const int i = i0 + h * TC_THREADS, t = i / B4, col = r0 + (i % B4) * 4;
             float4 s = v[h][0];
+            if (live[h]) {
 #pragma unroll
-            for (int q = 1; q < TC_MAX_S; q++)
-                if (q < S) s.x += v[h][q].x, s.y += v[h][q].y, s.z += v[h][q].z, s.w += v[h][q].w;
-            tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
+                for (int q = 1; q < TC_MAX_S; q++)
+                    if (q < S) s.x += v[h][q].x, s.y += v[h][q].y, s.z += v[h][q].z, s.w += v[h][q].w;
+                if (link.ssq_in) {
+                    const float r = rnorm[t];
+                    s.x *= r, s.y *= r, s.z *= r, s.w *= r;
+                }
+            }
+            if (!link.gamma) {
+                if (live[h]) tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
+                continue;
+            }
+            /* A producer (TC_STORE or TC_ADD, m a multiple of 64: the host checks): y as tc_store
+             * writes it, then xn and the group's sum of squares. The 16 items of a 64-column group
+             * are 16 aligned lanes of one warp (per is a multiple of 32), all live or all not, and
+             * every lane of the warp reaches the shuffles. */
+            float q2 = 0.f;
+            if (live[h]) {
+                float *dst = static_cast<float *>(y) + (size_t)t * m + col;
+                if (mode == TC_ADD) {
+                    const float4 b = pre && i0 == rank * per + tid ? res[h] : *reinterpret_cast<const float4 *>(dst);
+                    s.x = b.x + s.x, s.y = b.y + s.y, s.z = b.z + s.z, s.w = b.w + s.w;
+                }
+                *reinterpret_cast<float4 *>(dst) = s;
+                const float4 g = __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
+                *reinterpret_cast<uint2 *>(link.xn + (size_t)t * m + col) =
+                    make_uint2(f2bf(g.x * s.x) | (unsigned)f2bf(g.y * s.y) << 16,
+                               f2bf(g.z * s.z) | (unsigned)f2bf(g.w * s.w) << 16);
+                q2 = s.x * s.x;
+                q2 = fmaf(s.y, s.y, q2);
+                q2 = fmaf(s.z, s.z, q2);
+                q2 = fmaf(s.w, s.w, q2);
+            }
+#pragma unroll
+            for (int o = 8; o >= 1; o >>= 1) q2 += __shfl_xor_sync(0xffffffffu, q2, o);
+            if (live[h] && (lane & 15) == 0) link.ssq_out[(size_t)t * (m / 64) + col / 64] = q2;
         }
     }
     /* Leave only when the other blocks have read this block's partials. The arrive is relaxed, which
@@ -320,7 +380,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     if (trace && tid == 0) trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx);
 }
 
-using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, unsigned long long *);
+using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, tc_link,
+                           unsigned long long *);
 
 template <int BM>
 tc_kernel tc_kernel_bm(int tt, bool wg) {
@@ -429,7 +490,17 @@ extern "C" int lm_cuda_gemm_tc_splits(struct lm_cuda_ctx *c, int k, int m) {
 }
 
 static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf16, const uint16_t *w, int n, int k,
-                           int m, int mode, int splits) {
+                           int m, int mode, int splits, const lm_cuda_norm_link *nl = nullptr) {
+    tc_link link = {};
+    if (nl) {
+        link = {nl->ssq_in, nl->eps, nl->gamma, nl->xn, nl->ssq_out};
+        if (link.gamma && (mode == TC_SWIGLU || m % 64 || !link.xn || !link.ssq_out || ((uintptr_t)link.xn & 7) ||
+                           ((uintptr_t)link.gamma & 15)))
+            return lm_errorf(LM_ERR_SHAPE,
+                             "CUDA gemm_tc: a norm link's producer needs a plain or accumulating product, m %d a "
+                             "multiple of 64, xn (8-byte aligned) and ssq_out, and 16-byte aligned weights",
+                             m);
+    }
     if (n < 1 || n > TC_MAX_T || m < 1 || splits < 1 || splits > TC_MAX_S || (splits & (splits - 1)) ||
         k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4) ||
         (m + TC_BM - 1) / TC_BM > 65535)
@@ -456,7 +527,8 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
     const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
-    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode, c->trace));
+    LM_CU(lm_launch_cluster(c, grid, dim3(TC_THREADS), smem, splits, fn, y, x_bf16, w, n, k, m, ks, mode, link,
+                            c->trace));
     return LM_OK;
 }
 
@@ -535,4 +607,24 @@ extern "C" lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, flo
     if (s) return launch_tc(c, h, x_bf16, w, n, k, 2 * inter, TC_SWIGLU, s);
     const lm_status rc = lm_cuda_gemm(c, gu, x_bf16, w, n_gemm, k, 2 * inter, false);
     return rc ? rc : lm_cuda_swiglu_bf16(c, h, gu, n, inter);
+}
+
+extern "C" lm_status lm_cuda_gemm_linked(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w,
+                                         int n, int k, int m, bool accumulate, const struct lm_cuda_norm_link *link) {
+    const int s = n >= 1 && k >= 1 && m >= 1 ? tc_route(c, n, k, m) : 0;
+    if (!s)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_linked: [%d, %d] x [%d, %d]^T does not take the tensor-core kernel",
+                         n, k, m, k);
+    return launch_tc(c, y, x_bf16, w, n, k, m, accumulate ? TC_ADD : TC_STORE, s, link);
+}
+
+extern "C" lm_status lm_cuda_gemm_swiglu_linked(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16,
+                                                const uint16_t *w, int n, int k, int inter,
+                                                const struct lm_cuda_norm_link *link) {
+    const int s = n >= 1 && k >= 1 && inter >= 1 && inter % 2 == 0 ? tc_route(c, n, k, 2 * inter) : 0;
+    if (!s)
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA gemm_swiglu_linked: [%d, %d] x [%d, %d]^T does not take the tensor-core kernel", n,
+                         k, 2 * inter, k);
+    return launch_tc(c, h, x_bf16, w, n, k, 2 * inter, TC_SWIGLU, s, link);
 }

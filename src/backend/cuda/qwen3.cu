@@ -93,6 +93,7 @@ struct lm_cuda_qwen3 {
     /* activations */
     float *x, *qkv, *att, *gu, *h, *xo, *logits;
     uint16_t *xb, *attb, *hb;
+    float *ssq; /* [rows][H / 64] the norm link's sums of squares (lm_cuda_norm_link), NULL when H % 64 */
     int32_t *ids_dev;
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
@@ -260,6 +261,8 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.gemv_max_rows = gemv_rows;
     static const bool mlp1 = lm_env_flag("LM_CUDA_MLP1", true); /* read (and warned about) once */
     p.mlp1 = mlp1;
+    static const bool norm_link = lm_env_flag("LM_CUDA_NORM_LINK", true);
+    p.norm_link = norm_link;
     return p;
 }
 
@@ -412,6 +415,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
         m->mlp1_q8_fits = m->mlp1_q8_fits && d.wgu.q && d.wd.q;
     }
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
+    if (m->H % 64 == 0) LM_TRY(dev_alloc_t(m, &m->ssq, R * (m->H / 64)));
     LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
     LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
     LM_TRY(dev_alloc_t(m, &m->attb, T * m->Q));
@@ -549,6 +553,12 @@ extern "C" void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);
     m->p.mlp1 = on;
+}
+
+extern "C" void lm_cuda_qwen3_set_norm_link(struct lm_cuda_qwen3 *m, bool on) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->p.norm_link = on;
 }
 
 extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
@@ -725,6 +735,14 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const bool own = decode || (I % 2 == 0 && lm_cuda_gemm_on_tc(c, nt, H, QKV) && lm_cuda_gemm_on_tc(c, nt, Q, H) &&
                                 lm_cuda_gemm_on_tc(c, nt, H, 2 * I) && lm_cuda_gemm_on_tc(c, nt, I, H));
     const int gm = own ? nt : gemm_rows(nt, m->p.max_tokens);
+    /* The batched path's norms carried by the GEMMs around them (lm_cuda_norm_link, perf-notes
+     * v23) where all four layer GEMMs take the tensor-core kernel over the step's own rows: o_proj
+     * and down_proj write the next norm's input and sums of squares, gate/up and the next q/k/v
+     * scale by it; layer 0's q/k/v (after the embedding) and the final norm keep the norm kernel. */
+    const bool link = !gemv && m->ssq && gm == nt && m->p.norm_link && I % 2 == 0 &&
+                      lm_cuda_gemm_on_tc(c, nt, H, QKV) && lm_cuda_gemm_on_tc(c, nt, Q, H) &&
+                      lm_cuda_gemm_on_tc(c, nt, H, 2 * I) && lm_cuda_gemm_on_tc(c, nt, I, H);
+    const lm_cuda_norm_link consume = {m->ssq, eps, NULL, NULL, NULL};
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
         set_layer(m, &a, l);
@@ -733,6 +751,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         if (gemv) {
             LM_TRY(gemv_any(m, c, m->qkv, QKV, m->x, H, w.wqkv, nt, H, QKV, w.in_ln, eps, LM_CUDA_EPI_STORE,
                             mlp1 ? &fq : NULL));
+        } else if (link && l) {
+            LM_TRY(lm_cuda_gemm_linked(c, m->qkv, m->xb, w.wqkv.bf, nt, H, QKV, false, &consume));
         } else {
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.in_ln, NULL, nt, H, eps));
             LM_TRY(layer_gemm(m, w, LG_QKV, gm));
@@ -755,6 +775,12 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             /* a step below mlp1_from whose larger steps run the kernel: sum down_proj as it does */
             LM_TRY(gemv_any(m, c, m->x, H, m->h, I, w.wd, nt, I, H, NULL, 0,
                             mlp1_from > 1 ? LM_CUDA_EPI_ADD_FIX : LM_CUDA_EPI_ADD));
+        } else if (link) {
+            const lm_cuda_norm_link post = {NULL, 0.f, w.post_ln, m->xb, m->ssq};
+            const lm_cuda_norm_link next = {NULL, 0.f, l + 1 < m->NL ? m->layers[l + 1].in_ln : NULL, m->xb, m->ssq};
+            LM_TRY(lm_cuda_gemm_linked(c, m->x, m->attb, w.wo.bf, nt, Q, H, true, &post));
+            LM_TRY(lm_cuda_gemm_swiglu_linked(c, m->hb, m->xb, w.wgu.bf, nt, H, I, &consume));
+            LM_TRY(lm_cuda_gemm_linked(c, m->x, m->hb, w.wd.bf, nt, I, H, true, &next));
         } else {
             LM_TRY(layer_gemm(m, w, LG_O, gm));
             LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, m->x, w.post_ln, NULL, nt, H, eps));

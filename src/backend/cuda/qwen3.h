@@ -110,6 +110,11 @@ struct lm_cuda_qwen3_params {
                           tokens: lm_cuda_qwen3_info.mlp1_min_rows) a Q8_0 checkpoint's quants
                           (default true; LM_CUDA_MLP1=0 in
                           the environment: false, for A/B) */
+    bool norm_link;    /* batched steps whose four layer GEMMs all take the tensor-core kernel
+                          carry the RMSNorms through them (lm_cuda_norm_link: o_proj and down_proj
+                          write the next norm's input, gate/up and q/k/v scale by it) instead of
+                          running the norm kernel twice a layer (default true; LM_CUDA_NORM_LINK=0
+                          in the environment: false, for A/B; perf-notes v23) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
@@ -153,6 +158,8 @@ void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m);
 void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
 /* Turns lm_cuda_qwen3_params.mlp1 on or off for later steps (drops the captured graphs). */
 void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on);
+/* Turns lm_cuda_qwen3_params.norm_link on or off for later steps (drops the captured graphs). */
+void lm_cuda_qwen3_set_norm_link(struct lm_cuda_qwen3 *m, bool on);
 /* Whether the GEMV reads a Q8_0 checkpoint's quants (true, the default) or its bf16 copy, for
  * A/B measurements (`lumen cudabench --q8 --variants`). Drops the captured graphs. */
 void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on);
