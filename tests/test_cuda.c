@@ -2081,6 +2081,30 @@ static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, i
     free(bt);
 }
 
+/* One sequence (blocks 0 ..): 4 prompt tokens, then tokens t[0..2] at positions 4-6 as three
+ * one-token steps (run 0) or one step carrying them as a run (run 1, as speculative verification
+ * sends them); logits [3][V]. */
+static void link_verify(struct lm_cuda_qwen3 *m, bool run, float *logits, int V) {
+    struct lm_cuda_qwen3_info inf;
+    lm_cuda_qwen3_info(m, &inf);
+    int32_t *bt = malloc(sizeof(int32_t) * inf.bt_width), pid[4], ppos[4], pseq[4] = {0, 0, 0, 0}, o = 3, next[3];
+    for (int i = 0; i < inf.bt_width; i++) bt[i] = i;
+    for (int j = 0; j < 4; j++) pid[j] = (5 + 13 * j) % V, ppos[j] = j;
+    struct lm_cuda_batch pb = {4, pid, ppos, pseq, 1, bt, 1, &o, NULL, next, NULL};
+    CHECK(lm_cuda_qwen3_forward(m, &pb) == LM_OK, "link verify prefill: %s", lm_error_message());
+    const int32_t tok[3] = {17 % V, 301 % V, 77 % V}, tpos[3] = {4, 5, 6}, tseq[3] = {0, 0, 0}, outs[3] = {0, 1, 2};
+    if (run) {
+        struct lm_cuda_batch b = {3, tok, tpos, tseq, 1, bt, 3, outs, NULL, next, logits};
+        CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link verify run: %s", lm_error_message());
+    } else {
+        for (int i = 0; i < 3; i++) {
+            struct lm_cuda_batch b = {1, tok + i, tpos + i, tseq, 1, bt, 1, outs, NULL, next, logits + (size_t)i * V};
+            CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link verify step: %s", lm_error_message());
+        }
+    }
+    free(bt);
+}
+
 static void test_model_link(void) {
     const int H = 256, I = 512, NL = 2, NH = 4, NKV = 2, D = 64, V = 1000, B = 20, STEPS = 6;
     struct lm_cuda_qwen3_layer_weights lw[2];
@@ -2115,18 +2139,33 @@ static void test_model_link(void) {
     CHECK(lm_cuda_gemm_on_tc(c, B, H, (NH + 2 * NKV) * D) && lm_cuda_gemm_on_tc(c, B, NH * D, H) &&
               lm_cuda_gemm_on_tc(c, B, H, 2 * I) && lm_cuda_gemm_on_tc(c, B, I, H),
           "link model: its layer GEMMs at %d rows must take the tensor-core kernel", B);
+    struct lm_cuda_qwen3_info inf;
+    lm_cuda_qwen3_info(m, &inf);
+    CHECK(inf.tc_decode, "link model: decode steps from one token must take the tensor-core GEMM");
     const size_t lb = sizeof(float) * (size_t)STEPS * B * V;
-    float *on = malloc(lb), *off = malloc(lb), *five = malloc(lb);
+    float *on = malloc(lb), *off = malloc(lb), *five = malloc(lb), *one = malloc(lb), *two = malloc(lb);
+    /* speculative verification on this path: a run's rows get the bits of one token a step */
+    link_verify(m, false, one, V);
+    link_verify(m, true, two, V);
+    const int run_differ = memcmp(one, two, sizeof(float) * 3 * V) != 0;
+    CHECK(!run_differ, "link model: a run of 3 tokens differs in bits from 3 one-token steps");
+    /* one and two sequences (their logits on the GEMV lm_head, as one another's): the same bits,
+     * and within bf16 rounding of the same rows among 20 (the lm_head on cuBLAS there) */
+    link_run(m, 1, STEPS, one, V);
+    link_run(m, 2, STEPS, two, V);
     lm_cuda_qwen3_set_norm_link(m, true);
     link_run(m, B, STEPS, on, V);
     lm_cuda_qwen3_set_norm_link(m, false);
     link_run(m, B, STEPS, off, V);
     lm_cuda_qwen3_set_norm_link(m, true);
     link_run(m, 5, STEPS, five, V);
-    double worst = 0;
-    int ids_differ = 0, rows_differ = 0;
+    double worst = 0, worst1 = 0;
+    int ids_differ = 0, rows_differ = 0, small_differ = 0;
     for (int st = 0; st < STEPS; st++) {
         const float *a = on + (size_t)st * B * V, *b = off + (size_t)st * B * V;
+        small_differ += memcmp(one + (size_t)st * V, two + (size_t)st * 2 * V, sizeof(float) * V) != 0;
+        const double e1 = rel_l2(one + (size_t)st * V, a, V);
+        worst1 = e1 > worst1 ? e1 : worst1;
         const double e = rel_l2(a, b, (long)B * V);
         worst = e > worst ? e : worst;
         for (int i = 0; i < B; i++) {
@@ -2142,11 +2181,15 @@ static void test_model_link(void) {
     CHECK(worst <= 1e-2, "link model: logits with the norm link against without: worst rel err %.3g", worst);
     CHECK(rows_differ == 0, "link model: %d of %d steps of 5 sequences differ in bits from the same 5 among 20",
           rows_differ, STEPS);
+    CHECK(small_differ == 0, "link model: %d of %d steps of 1 sequence differ in bits from the same among 2",
+          small_differ, STEPS);
+    CHECK(worst1 <= 5e-3, "link model: 1 sequence against the same among 20: worst rel err %.3g", worst1);
     fprintf(stderr, "link model: %d decode steps of %d sequences, norm link on against off: worst rel err %.3g, "
-            "%d of %d greedy choices differ; 5 sequences against the same among 20: %d steps differ\n", STEPS, B,
-            worst, ids_differ, STEPS * B, rows_differ);
+            "%d of %d greedy choices differ; 5 sequences against the same among 20: %d steps differ; 1 against 2: "
+            "%d; 1 against 20: worst rel err %.3g; a run of 3 against 3 steps: %d differ\n", STEPS, B, worst,
+            ids_differ, STEPS * B, rows_differ, small_differ, worst1, run_differ);
     lm_cuda_qwen3_destroy(m);
-    free(on), free(off), free(five), free(norms), free(qk), free(wts);
+    free(on), free(off), free(five), free(one), free(two), free(norms), free(qk), free(wts);
 }
 
 static void test_model(void) {

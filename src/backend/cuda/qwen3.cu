@@ -105,6 +105,8 @@ struct lm_cuda_qwen3 {
     int32_t *ids_host;
     size_t in_cap;
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
+    bool tc_decode;  /* decode steps take the tensor-core GEMM from one token (tc_decode_rule) */
+    bool gemv_explicit; /* lm_cuda_qwen3_set_options set the GEMV's rows: tc_decode off */
     std::vector<graph_slot> graphs; /* [(((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV] */
     cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
     int last_rows;             /* its bucket */
@@ -266,6 +268,22 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     return p;
 }
 
+/* Whether decode steps (plain, or carrying speculative runs) take the tensor-core GEMM with the
+ * norm link from one token instead of the GEMV (perf-notes v23: tg128 1,355 -> 1,426 tok/s,
+ * batch 2 2,537 -> 2,819): where the model's four layer GEMMs all take the kernel at one row, the
+ * link is on, and the GEMV would read bf16 rows (a Q8_0 checkpoint's quants halve the GEMV's
+ * bytes; it keeps the GEMV). The kernel's rows do not depend on the step's other rows, so a
+ * verified row still gets the bits of one token a step. LM_CUDA_GEMV_PLAIN_ROWS set (0-8), or
+ * lm_cuda_qwen3_set_options, turns it off for the old rule. */
+static bool tc_decode_rule(const lm_cuda_qwen3 *m) {
+    static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
+    const bool gemv_q8 = m->q8_use && (m->layers[0].wqkv.q || m->mlp_q8);
+    if (plain >= 0 || m->gemv_explicit || !m->ssq || !m->p.norm_link || m->I % 2 || gemv_q8) return false;
+    lm_cuda_ctx *c = m->ctx;
+    return lm_cuda_gemm_on_tc(c, 1, m->H, m->QKV) && lm_cuda_gemm_on_tc(c, 1, m->Q, m->H) &&
+           lm_cuda_gemm_on_tc(c, 1, m->H, 2 * m->I) && lm_cuda_gemm_on_tc(c, 1, m->I, m->H);
+}
+
 static void drop_graphs(lm_cuda_qwen3 *m) {
     for (auto &g : m->graphs)
         if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = NULL;
@@ -320,8 +338,8 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     if (p.gemv_max_rows > 8) p.gemv_max_rows = 8;
     if (p.gemv_max_rows < 0) p.gemv_max_rows = 0;
     {
-        static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", 2, 0, 8);
-        m->gemv_plain = std::min(plain, p.gemv_max_rows);
+        static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
+        m->gemv_plain = std::min(plain >= 0 ? plain : 2, p.gemv_max_rows);
     }
     m->W = (p.max_context + p.block_size - 1) / p.block_size;
     m->MO = p.max_seqs;
@@ -416,6 +434,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     }
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
     if (m->H % 64 == 0) LM_TRY(dev_alloc_t(m, &m->ssq, R * (m->H / 64)));
+    m->tc_decode = tc_decode_rule(m);
     LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
     LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
     LM_TRY(dev_alloc_t(m, &m->attb, T * m->Q));
@@ -531,6 +550,7 @@ extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda
     out->step_bytes = m->step_bytes;
     out->kv_bytes_per_block = (size_t)m->NL * 2 * m->cfg.n_kv_heads * m->p.block_size * m->D * 2;
     out->mlp1_min_rows = mlp1_min_rows(m);
+    out->tc_decode = m->tc_decode;
 }
 
 extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
@@ -542,6 +562,8 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->ctx->pdl = pdl;
     m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
     m->gemv_plain = m->p.gemv_max_rows; /* an explicit setting holds for every step */
+    m->gemv_explicit = true;
+    m->tc_decode = false;
 }
 
 extern "C" void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m) {
@@ -559,12 +581,14 @@ extern "C" void lm_cuda_qwen3_set_norm_link(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);
     m->p.norm_link = on;
+    m->tc_decode = tc_decode_rule(m);
 }
 
 extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
     cudaStreamSynchronize(m->ctx->stream);
     drop_graphs(m);
     m->q8_use = on;
+    m->tc_decode = tc_decode_rule(m);
 }
 
 /* ---- the forward pass ---- */
@@ -886,8 +910,9 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     /* The step's linear layers: the GEMV path up to gemv_max_rows tokens when the step carries runs
      * of one sequence's tokens (speculative verification: each row must get the bits of one token
      * a step, which only the GEMV's rows give) or is not a decode step; a plain decode step only up
-     * to gemv_plain tokens (2), the tensor-core GEMM being faster at 3 and 4 (perf-notes v20). */
-    const bool gemv = rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
+     * to gemv_plain tokens (2), the tensor-core GEMM being faster at 3 and 4 (perf-notes v20);
+     * no decode step where tc_decode holds (v23). */
+    const bool gemv = !(decode && m->tc_decode) && rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
     char *h = m->in_host;
@@ -1022,7 +1047,8 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 4: return gemv_any(m, c, m->logits, m->V, m->x, m->H, m->lm_head, n, m->H, m->V, m->norm, eps, LM_CUDA_EPI_STORE);
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
-        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max), rows <= m->gemv_plain, 0,
+        lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max),
+                                   rows <= m->gemv_plain && !m->tc_decode, 0,
                                    rows, true, attn_lists());
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);

@@ -148,6 +148,13 @@ struct lm_cuda_qwen3_info {
                                             2 (Q8_0 quants, lm_cuda_mlp1_q8; one token runs the two
                                             launches, which sum down_proj the same way), or 0
                                             (never: params.mlp1 off, or the shape does not fit) */
+    bool tc_decode;                      /* decode steps of 1 to 64 tokens (plain or carrying
+                                            speculative runs) run the layer GEMMs on the
+                                            tensor-core kernel with the norm link (perf-notes
+                                            v23), not the GEMV: the model's shapes take it, its
+                                            weights are bf16 for the GEMV, params.norm_link is on
+                                            and neither LM_CUDA_GEMV_PLAIN_ROWS nor
+                                            lm_cuda_qwen3_set_options chose the GEMV's rows */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
