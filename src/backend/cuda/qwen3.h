@@ -17,8 +17,11 @@
  *   fixed point (deterministic; bf16: within float32 rounding of the two-launch MLP; Q8_0: the
  *   same bits as the two launches that serve one token, whose down_proj sums the same way), which the next
  *   GEMV folds into the residual stream: 3 kernels a layer besides the attention. Larger calls
- *   (prefill, large batches) use cuBLAS with bf16 activations and float32 accumulation, like
- *   other GPU engines: results then match at bf16 tolerance, not bit for bit.
+ *   (prefill, large batches) use bf16 activations and float32 accumulation (lm_cuda_gemm: the
+ *   tensor-core kernel up to 64 rows, cuBLAS above), like other GPU engines: results then match
+ *   at bf16 tolerance, not bit for bit. Where the model's shapes take the tensor-core kernel and
+ *   the GEMV would read bf16 weights, decode steps from one token take it too, the RMSNorms
+ *   carried by the GEMMs around them (lm_cuda_qwen3_info.tc_decode, params.norm_link).
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
  *   graph (input copy, every kernel, output copy), so a step is one launch.
  *
