@@ -909,11 +909,16 @@ static void test_gemm_chain(void) {
  * emulation of the kernel's order; q/k/v- and gate/up-shaped consumers the bits of the plain
  * product over xn scaled by the host's r (then lm_cuda_swiglu_bf16 for gate/up), and within bf16
  * rounding of the norm kernel's path; a row's bits the same at every row count. */
-static void test_gemm_link(bool wg) {
+/* wg: wgmma or mma.sync; bm: 128 weight rows a block forced, 0 the rule; splits: forced where
+ * they fit (lm_cuda_ctx_set_gemm_tc), 0 the plan. */
+static void test_gemm_link(bool wg, int bm, int splits) {
     const int H = 1024, KO = 2048, QKV = 4096, GU = 6144, NMAX = 64, NG = H / 64;
     const float eps = 1e-6f;
     const bool wg0 = lm_cuda_ctx_gemm_wgmma(g_ctx);
+    const int bm0 = lm_cuda_ctx_gemm_tc_bm(g_ctx);
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
+    lm_cuda_ctx_set_gemm_tc(g_ctx, lm_cuda_gemm_tc_default_rows(), splits);
     float *a = malloc(sizeof(float) * NMAX * KO), *base = malloc(sizeof(float) * NMAX * H), *g = malloc(sizeof(float) * H);
     float *wf = malloc(sizeof(float) * (size_t)GU * KO);
     uint16_t *ab = malloc(2 * (size_t)NMAX * KO), *wo = malloc(2 * (size_t)H * KO), *wq = malloc(2 * (size_t)QKV * H),
@@ -938,12 +943,13 @@ static void test_gemm_link(bool wg) {
     /* n = 64 first: its rows are the reference for the others' bits */
     float *y64 = malloc(sizeof(float) * NMAX * H), *q64 = malloc(sizeof(float) * NMAX * QKV);
     uint16_t *h64 = malloc(2 * (size_t)NMAX * GU / 2);
-    const int so = lm_cuda_gemm_tc_splits(g_ctx, KO, H), sq = lm_cuda_gemm_tc_splits(g_ctx, H, QKV),
-              sg = lm_cuda_gemm_tc_splits(g_ctx, H, GU);
+#define LINK_SPLITS(k, m) (splits && lm_cuda_gemm_tc_fits(g_ctx, k, splits) ? splits : lm_cuda_gemm_tc_splits(g_ctx, k, m))
+    const int so = LINK_SPLITS(KO, H), sq = LINK_SPLITS(H, QKV), sg = LINK_SPLITS(H, GU);
+#undef LINK_SPLITS
     int runs = 0, y_bad = 0, xn_bad = 0, ss_bad = 0, q_bad = 0, h_bad = 0, inv_bad = 0;
     double worst_q = 0, worst_h = 0;
-    for (int ni = 0; ni < 4; ni++) {
-        const int n = (const int[]){64, 5, 16, 33}[ni];
+    for (int ni = 0; ni < 5; ni++) {
+        const int n = (const int[]){64, 5, 16, 20, 33}[ni]; /* TT 64, 16, 16, 32, 48 */
         /* the producer, and the plain product it must equal */
         lm_cuda_upload(dY, base, sizeof(float) * n * H), lm_cuda_upload(dY2, base, sizeof(float) * n * H);
         poison(dXn, 2 * (size_t)NMAX * H), poison(dS, sizeof(float) * NMAX * NG);
@@ -1030,7 +1036,9 @@ static void test_gemm_link(bool wg) {
         }
         runs++;
     }
-    const char *path = wg ? "wgmma" : "mma.sync";
+    char path[64];
+    snprintf(path, sizeof path, "%s, %s rows a block, %s splits", wg ? "wgmma" : "mma.sync", bm ? "128" : "planned",
+             splits ? "forced" : "planned");
     CHECK(y_bad == 0 && xn_bad == 0 && ss_bad == 0,
           "gemm_linked producer (%s): %d runs' y differ from the plain product, %d xn values and %d sums of squares "
           "from the host's", path, y_bad, xn_bad, ss_bad);
@@ -1042,14 +1050,21 @@ static void test_gemm_link(bool wg) {
     fprintf(stderr, "gemm_linked (%s): %d row counts; against the norm kernel's path: q/k/v worst rel err %.3g, "
             "SwiGLU %.3g; %d + %d + %d + %d + %d + %d differ\n", path, runs, worst_q, worst_h, y_bad, xn_bad, ss_bad,
             q_bad, h_bad, inv_bad);
-    { /* refusals: a producer on the SwiGLU kernel, 65 rows, a misaligned xn */
-        const struct lm_cuda_norm_link prod = {NULL, 0.f, dG, dXn, dS}, odd = {NULL, 0.f, dG, dXn + 1, dS};
+    { /* refusals: a producer on the SwiGLU kernel, 65 rows, a misaligned xn, xn over its own x,
+         * ssq_out over its own ssq_in */
+        const struct lm_cuda_norm_link prod = {NULL, 0.f, dG, dXn, dS}, odd = {NULL, 0.f, dG, dXn + 1, dS},
+                                       both = {dS, eps, dG, dXb, dS};
         CHECK(lm_cuda_gemm_swiglu_linked(g_ctx, dH, dXn, dWgu, 8, H, GU / 2, &prod) == LM_ERR_SHAPE &&
                   lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 65, KO, H, true, &prod) == LM_ERR_SHAPE &&
-                  lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 8, KO, H, true, &odd) == LM_ERR_SHAPE,
-              "gemm_linked: a SwiGLU producer, 65 rows and a misaligned xn must be refused");
+                  lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 8, KO, H, true, &odd) == LM_ERR_SHAPE &&
+                  lm_cuda_gemm_linked(g_ctx, dY, dXn, dWq + 0, 8, H, H, true, &prod) == LM_ERR_SHAPE &&
+                  lm_cuda_gemm_linked(g_ctx, dY, dXn, dWq, 8, H, H, true, &both) == LM_ERR_SHAPE,
+              "gemm_linked: a SwiGLU producer, 65 rows, a misaligned xn and a link writing what it reads must "
+              "be refused");
     }
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm0);
+    lm_cuda_ctx_set_gemm_tc(g_ctx, lm_cuda_gemm_tc_default_rows(), 0);
     free(a), free(base), free(g), free(wf), free(ab), free(wo), free(wq), free(wgu), free(y), free(y2), free(ss);
     free(q), free(q2), free(r), free(xn), free(h), free(h2), free(y64), free(q64), free(h64);
     lm_cuda_free(dA), lm_cuda_free(dWo), lm_cuda_free(dWq), lm_cuda_free(dWgu), lm_cuda_free(dG), lm_cuda_free(dY);
@@ -2150,15 +2165,34 @@ static void test_model_link(void) {
     const int run_differ = memcmp(one, two, sizeof(float) * 3 * V) != 0;
     CHECK(!run_differ, "link model: a run of 3 tokens differs in bits from 3 one-token steps");
     /* one and two sequences (their logits on the GEMV lm_head, as one another's): the same bits,
-     * and within bf16 rounding of the same rows among 20 (the lm_head on cuBLAS there) */
+     * and within bf16 rounding of the same rows among 20 (the lm_head on lm_cuda_gemm there) */
     link_run(m, 1, STEPS, one, V);
     link_run(m, 2, STEPS, two, V);
+    /* one sequence on the GEMV (set_tc_decode off): other bits (float32 activations), within bf16 */
+    float *gv = malloc(lb);
+    lm_cuda_qwen3_set_tc_decode(m, false);
+    lm_cuda_qwen3_info(m, &inf);
+    CHECK(!inf.tc_decode, "link model: set_tc_decode(false) must turn the rule off");
+    link_run(m, 1, STEPS, gv, V);
+    lm_cuda_qwen3_set_tc_decode(m, true);
+    const double egv = rel_l2(gv, one, (long)STEPS * V);
+    CHECK(egv > 0 && egv <= 1e-2, "link model: 1 sequence on the GEMV against the tensor-core path: rel err %.3g "
+          "(0: the tensor-core path did not run)", egv);
+    free(gv);
     lm_cuda_qwen3_set_norm_link(m, true);
     link_run(m, B, STEPS, on, V);
     lm_cuda_qwen3_set_norm_link(m, false);
     link_run(m, B, STEPS, off, V);
     lm_cuda_qwen3_set_norm_link(m, true);
     link_run(m, 5, STEPS, five, V);
+    /* the same 5 steps eagerly (no graphs): the linked path outside a graph, the same bits */
+    float *eager = malloc(lb);
+    lm_cuda_qwen3_set_options(m, false, true, p.gemv_max_rows);
+    link_run(m, 5, STEPS, eager, V);
+    lm_cuda_qwen3_set_options(m, true, true, p.gemv_max_rows);
+    const int eager_differ = memcmp(eager, five, sizeof(float) * (size_t)STEPS * 5 * V) != 0;
+    CHECK(!eager_differ, "link model: 5 sequences without graphs differ in bits from the graphs' steps");
+    free(eager);
     double worst = 0, worst1 = 0;
     int ids_differ = 0, rows_differ = 0, small_differ = 0;
     for (int st = 0; st < STEPS; st++) {
@@ -2178,7 +2212,9 @@ static void test_model_link(void) {
         }
         rows_differ += memcmp(five + (size_t)st * 5 * V, a, sizeof(float) * 5 * V) != 0;
     }
-    CHECK(worst <= 1e-2, "link model: logits with the norm link against without: worst rel err %.3g", worst);
+    CHECK(worst > 0 && worst <= 1e-2,
+          "link model: logits with the norm link against without: worst rel err %.3g (0: the link did not run)",
+          worst);
     CHECK(rows_differ == 0, "link model: %d of %d steps of 5 sequences differ in bits from the same 5 among 20",
           rows_differ, STEPS);
     CHECK(small_differ == 0, "link model: %d of %d steps of 1 sequence differ in bits from the same among 2",
@@ -2556,8 +2592,10 @@ int main(void) {
     test_gemm_tc(false, 128);
     test_gemm_route();
     test_gemm_chain();
-    test_gemm_link(true);
-    test_gemm_link(false);
+    test_gemm_link(true, 0, 0);
+    test_gemm_link(false, 0, 0);
+    test_gemm_link(true, 128, 0);
+    test_gemm_link(true, 0, 8);
     test_rows();
     test_attention();
     test_attention_runs();

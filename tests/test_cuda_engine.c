@@ -564,7 +564,8 @@ static void test_seeded(void) {
  * row's logits (the decode kernel takes the run: lm_cuda_attn.run_prev), against the same 4
  * tokens one step each: the logits must be the same bits, on bf16 and on the Q8_0 GGUF's quants,
  * at a short context and beyond 512 positions (split-KV). Runs of 1..4 tokens stay on the GEMV
- * path (gemv_max_rows 4). */
+ * path (gemv_max_rows 4) on the tiny model, whose shapes the tensor-core GEMM does not take (a
+ * model that it takes runs them there: test_cuda's test_model_link checks that path). */
 static void verify_vs_decode(struct lm_model *m, const char *what, int len) {
     enum { R = 4 };
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)len);

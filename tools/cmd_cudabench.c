@@ -664,18 +664,21 @@ int lm_cmd_cudabench(int argc, char **argv) {
             bool v6attn;
             bool bf16;  /* with --q8: the GEMV ignores the quants (reads the bf16 copy) */
             bool mlp2;  /* the MLP as two GEMV launches, not lm_cuda_mlp1 */
-        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false, false},
-                  {"default, v6 decode attention", true, true, 0, true, false, false},
-                  {"graphs, no PDL", true, false, 0, false, false, false},
-                  {"no graphs, PDL", false, true, 0, false, false, false},
-                  {"no graphs, no PDL", false, false, 0, false, false, false},
-                  {"default, 1 row/warp", true, true, 1, false, false, false},
-                  {"default, 2 rows/warp", true, true, 2, false, false, false},
-                  {"default, MLP as two GEMVs", true, true, 0, false, false, true},
-                  {"default, bf16 GEMV (no quants)", true, true, 0, false, true, false},
-                  {"graphs + PDL (default, again)", true, true, 0, false, false, false}};
+            bool gemv;  /* the GEMV even where decode would take the tensor-core GEMM (tc_decode) */
+        } vs[] = {{"graphs + PDL (default)", true, true, 0, false, false, false, false},
+                  {"GEMV, graphs + PDL", true, true, 0, false, false, false, true},
+                  {"GEMV, v6 decode attention", true, true, 0, true, false, false, true},
+                  {"GEMV, graphs, no PDL", true, false, 0, false, false, false, true},
+                  {"GEMV, no graphs, PDL", false, true, 0, false, false, false, true},
+                  {"GEMV, no graphs, no PDL", false, false, 0, false, false, false, true},
+                  {"GEMV, 1 row/warp", true, true, 1, false, false, false, true},
+                  {"GEMV, 2 rows/warp", true, true, 2, false, false, false, true},
+                  {"GEMV, MLP as two GEMVs", true, true, 0, false, false, true, true},
+                  {"GEMV, bf16 (no quants)", true, true, 0, false, true, false, true},
+                  {"graphs + PDL (default, again)", true, true, 0, false, false, false, false}};
         for (size_t i = 0; i < sizeof vs / sizeof vs[0] && !st; i++) {
             if (vs[i].bf16 && !q8) continue;
+            lm_cuda_qwen3_set_tc_decode(b.m, !vs[i].gemv);
             lm_cuda_qwen3_set_options(b.m, vs[i].graphs, vs[i].pdl, 8);
             lm_cuda_qwen3_set_q8(b.m, !vs[i].bf16);
             lm_cuda_qwen3_set_mlp1(b.m, !vs[i].mlp2 && lm_cuda_qwen3_default_params().mlp1);
@@ -690,7 +693,9 @@ int lm_cmd_cudabench(int argc, char **argv) {
         lm_cuda_ctx_set_attn_dec(lm_cuda_qwen3_ctx(b.m), true);
         lm_cuda_qwen3_set_q8(b.m, true);
         lm_cuda_qwen3_set_mlp1(b.m, lm_cuda_qwen3_default_params().mlp1);
-        /* Small batches: GEMV (float32 activations) against cuBLAS (bf16 activations). */
+        /* Small batches: GEMV (float32 activations) against the batched path (bf16 activations:
+         * the tensor-core GEMM up to 64 rows, cuBLAS above). */
+        lm_cuda_qwen3_set_tc_decode(b.m, false);
         static const int smallb[] = {2, 3, 4, 8};
         for (int k = 0; k < 4 && !st; k++)
             for (int g = 0; g < 2 && !st; g++) {
@@ -707,7 +712,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                 }
                 if (!st) {
                     char name[64];
-                    snprintf(name, sizeof name, "batch %d, %s", B, g ? "cuBLAS path" : "GEMV path");
+                    snprintf(name, sizeof name, "batch %d, %s", B, g ? "batched path" : "GEMV path");
                     double med = median(v, reps);
                     printf("| %-34s | %12.0f | %9.1f | %9s |\n", name, med, B * 1e6 / med, "");
                     fflush(stdout);
@@ -715,6 +720,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
                 free(v);
             }
         lm_cuda_qwen3_set_options(b.m, true, true, 8);
+        lm_cuda_qwen3_set_tc_decode(b.m, true);
     }
     int rc = st ? lm_cmd_fail("cudabench", NULL) : 0;
     if (!rc)

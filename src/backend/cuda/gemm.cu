@@ -500,6 +500,9 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
                              "CUDA gemm_tc: a norm link's producer needs a plain or accumulating product, m %d a "
                              "multiple of 64, xn (8-byte aligned) and ssq_out, and 16-byte aligned weights",
                              m);
+        /* a block's reads of x and ssq_in would race with other clusters' writes of xn and ssq_out */
+        if (link.gamma && ((const void *)link.xn == (const void *)x_bf16 || link.ssq_out == link.ssq_in))
+            return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: a norm link may not write the x or ssq_in it reads");
     }
     if (n < 1 || n > TC_MAX_T || m < 1 || splits < 1 || splits > TC_MAX_S || (splits & (splits - 1)) ||
         k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4) ||

@@ -106,7 +106,7 @@ struct lm_cuda_qwen3 {
     size_t in_cap;
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
     bool tc_decode;  /* decode steps take the tensor-core GEMM from one token (tc_decode_rule) */
-    bool gemv_explicit; /* lm_cuda_qwen3_set_options set the GEMV's rows: tc_decode off */
+    bool tc_decode_off; /* lm_cuda_qwen3_set_tc_decode(false) */
     std::vector<graph_slot> graphs; /* [(((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV] */
     cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
     int last_rows;             /* its bucket */
@@ -258,7 +258,8 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
      * the GEMV at 3 and 4 rows, so plain decode steps leave the GEMV above 2 tokens (gemv_plain,
      * LM_CUDA_GEMV_PLAIN_ROWS); steps carrying speculative runs keep it up to 4, as a verified row
      * must get the bits of one token a step (test_cuda_engine's verify check). LM_CUDA_GEMV_MAX_ROWS
-     * (0-8) sets the 4, for A/B measurements. */
+     * (0-8) sets the 4, for A/B measurements. Since v23 decode steps leave the GEMV altogether
+     * where tc_decode_rule holds (bf16 Qwen3-0.6B); the rule above serves the rest. */
     static const int gemv_rows = (int)lm_env_int("LM_CUDA_GEMV_MAX_ROWS", 4, 0, 8);
     p.gemv_max_rows = gemv_rows;
     static const bool mlp1 = lm_env_flag("LM_CUDA_MLP1", true); /* read (and warned about) once */
@@ -268,20 +269,26 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     return p;
 }
 
+/* True when all four layer GEMMs of a step of n rows take the tensor-core kernel. */
+static bool gemms_on_tc(const lm_cuda_qwen3 *m, int n) {
+    lm_cuda_ctx *c = m->ctx;
+    return m->I % 2 == 0 && lm_cuda_gemm_on_tc(c, n, m->H, m->QKV) && lm_cuda_gemm_on_tc(c, n, m->Q, m->H) &&
+           lm_cuda_gemm_on_tc(c, n, m->H, 2 * m->I) && lm_cuda_gemm_on_tc(c, n, m->I, m->H);
+}
+
 /* Whether decode steps (plain, or carrying speculative runs) take the tensor-core GEMM with the
  * norm link from one token instead of the GEMV (perf-notes v23: tg128 1,355 -> 1,426 tok/s,
- * batch 2 2,537 -> 2,819): where the model's four layer GEMMs all take the kernel at one row, the
- * link is on, and the GEMV would read bf16 rows (a Q8_0 checkpoint's quants halve the GEMV's
- * bytes; it keeps the GEMV). The kernel's rows do not depend on the step's other rows, so a
- * verified row still gets the bits of one token a step. LM_CUDA_GEMV_PLAIN_ROWS set (0-8), or
- * lm_cuda_qwen3_set_options, turns it off for the old rule. */
+ * batch 2 2,537 -> 2,819): where the model's four layer GEMMs take the kernel at every step the
+ * GEMV would otherwise serve (1 to LM_CUDA_DEC_RUN rows, runs included), the link is on, and the
+ * GEMV would read bf16 rows (a Q8_0 checkpoint's quants halve the GEMV's bytes; it keeps the
+ * GEMV). The kernel's rows do not depend on the step's other rows, so a run's rows get the same
+ * layer outputs as one token a step. Off with LM_CUDA_GEMV_PLAIN_ROWS set (0-8: the old rule) or
+ * lm_cuda_qwen3_set_tc_decode(false). */
 static bool tc_decode_rule(const lm_cuda_qwen3 *m) {
     static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
     const bool gemv_q8 = m->q8_use && (m->layers[0].wqkv.q || m->mlp_q8);
-    if (plain >= 0 || m->gemv_explicit || !m->ssq || !m->p.norm_link || m->I % 2 || gemv_q8) return false;
-    lm_cuda_ctx *c = m->ctx;
-    return lm_cuda_gemm_on_tc(c, 1, m->H, m->QKV) && lm_cuda_gemm_on_tc(c, 1, m->Q, m->H) &&
-           lm_cuda_gemm_on_tc(c, 1, m->H, 2 * m->I) && lm_cuda_gemm_on_tc(c, 1, m->I, m->H);
+    if (plain >= 0 || m->tc_decode_off || !m->ssq || !m->p.norm_link || gemv_q8) return false;
+    return gemms_on_tc(m, 1) && gemms_on_tc(m, std::min(LM_CUDA_DEC_RUN, m->MO));
 }
 
 static void drop_graphs(lm_cuda_qwen3 *m) {
@@ -562,8 +569,13 @@ extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, 
     m->ctx->pdl = pdl;
     m->p.gemv_max_rows = gemv_max_rows < 0 ? 0 : gemv_max_rows > 8 ? 8 : gemv_max_rows;
     m->gemv_plain = m->p.gemv_max_rows; /* an explicit setting holds for every step */
-    m->gemv_explicit = true;
-    m->tc_decode = false;
+}
+
+extern "C" void lm_cuda_qwen3_set_tc_decode(struct lm_cuda_qwen3 *m, bool on) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->tc_decode_off = !on;
+    m->tc_decode = tc_decode_rule(m);
 }
 
 extern "C" void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m) {
@@ -763,9 +775,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
      * v23) where all four layer GEMMs take the tensor-core kernel over the step's own rows: o_proj
      * and down_proj write the next norm's input and sums of squares, gate/up and the next q/k/v
      * scale by it; layer 0's q/k/v (after the embedding) and the final norm keep the norm kernel. */
-    const bool link = !gemv && m->ssq && gm == nt && m->p.norm_link && I % 2 == 0 &&
-                      lm_cuda_gemm_on_tc(c, nt, H, QKV) && lm_cuda_gemm_on_tc(c, nt, Q, H) &&
-                      lm_cuda_gemm_on_tc(c, nt, H, 2 * I) && lm_cuda_gemm_on_tc(c, nt, I, H);
+    const bool link = !gemv && m->ssq && gm == nt && m->p.norm_link && gemms_on_tc(m, nt);
     const lm_cuda_norm_link consume = {m->ssq, eps, NULL, NULL, NULL};
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
@@ -912,7 +922,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
      * a step, which only the GEMV's rows give) or is not a decode step; a plain decode step only up
      * to gemv_plain tokens (2), the tensor-core GEMM being faster at 3 and 4 (perf-notes v20);
      * no decode step where tc_decode holds (v23). */
-    const bool gemv = !(decode && m->tc_decode) && rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
+    const bool tc_step = decode && m->tc_decode && gemms_on_tc(m, rows);
+    const bool gemv = !tc_step && rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
     char *h = m->in_host;

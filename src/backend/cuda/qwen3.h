@@ -157,7 +157,7 @@ struct lm_cuda_qwen3_info {
                                             v23), not the GEMV: the model's shapes take it, its
                                             weights are bf16 for the GEMV, params.norm_link is on
                                             and neither LM_CUDA_GEMV_PLAIN_ROWS nor
-                                            lm_cuda_qwen3_set_options chose the GEMV's rows */
+                                            lm_cuda_qwen3_set_tc_decode(false) chose the GEMV */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
@@ -166,6 +166,10 @@ void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info
 void lm_cuda_qwen3_drop_graphs(struct lm_cuda_qwen3 *m);
 /* Changes how later steps run (drops captured graphs): graphs on/off, PDL on/off, GEMV limit. */
 void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, int gemv_max_rows);
+/* Lets decode steps take the tensor-core GEMM from one token where the model allows it
+ * (lm_cuda_qwen3_info.tc_decode; on by default), or keeps them on the GEMV rule (false), for A/B
+ * measurements. Drops the captured graphs. */
+void lm_cuda_qwen3_set_tc_decode(struct lm_cuda_qwen3 *m, bool on);
 /* Turns lm_cuda_qwen3_params.mlp1 on or off for later steps (drops the captured graphs). */
 void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on);
 /* Turns lm_cuda_qwen3_params.norm_link on or off for later steps (drops the captured graphs). */
