@@ -64,9 +64,9 @@ for step in "$@"; do
   synth)
     need_q06 ;;
   trace)
-    # lumen cudabench's timelines (perf-notes v17, v22): the batch-1 step's GEMV blocks, then a
-    # decode step of each batch size in $TRACE_BATCHES (default 16,64) with its GEMV, MLP and
-    # k_gemm_tc blocks (LM_CUDA_TRACE_SYNC=1: when a GEMM block passed its cluster barrier
+    # lumen cudabench's timelines (perf-notes v17, v22, v23): a batch-1 step's blocks (k_gemm_tc's
+    # where the model takes tc_decode, else the GEMV's and the MLP kernel's), then a decode step of
+    # each batch size in $TRACE_BATCHES (default 16,64) with its GEMV, MLP and k_gemm_tc blocks (LM_CUDA_TRACE_SYNC=1: when a GEMM block passed its cluster barrier
     # instead of when its last slice of x landed).
     need_q06
     timeout 200 $LUMEN cudabench --model /tmp/q06 -p 0 -n 16 --batches= -r 1 --trace \

@@ -119,13 +119,15 @@ __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], unsigned long lon
 #endif
 
 /* Writes the 4 sums s of token t, columns col..col+3 (< m, or the row's tail), as `mode` says;
- * with have_pre, pre holds y's 4 values there, read earlier (TC_ADD, m a multiple of 4). */
-__device__ __forceinline__ void tc_store(void *__restrict__ y, float4 s, int t, int col, int m, int mode,
-                                         bool have_pre, float4 pre) {
+ * with have_pre, pre holds y's 4 values there, read earlier (TC_ADD, m a multiple of 4). Returns
+ * the float32 values written to y where m is a multiple of 4 (with the residual for TC_ADD: what
+ * a norm-link producer's xn and sums of squares are of); else s. */
+__device__ __forceinline__ float4 tc_store(void *__restrict__ y, float4 s, int t, int col, int m, int mode,
+                                           bool have_pre, float4 pre) {
     if (mode == TC_SWIGLU) { /* m a multiple of 4: columns col..col+3 are two gate/up pairs */
         const unsigned h2 = (unsigned)f2bf(silu_mul(s.x, s.y)) | (unsigned)f2bf(silu_mul(s.z, s.w)) << 16;
         *reinterpret_cast<unsigned *>(static_cast<uint16_t *>(y) + (size_t)t * (m / 2) + col / 2) = h2;
-        return;
+        return s;
     }
     const bool accumulate = mode == TC_ADD;
     float *dst = static_cast<float *>(y) + (size_t)t * m + col;
@@ -139,6 +141,7 @@ __device__ __forceinline__ void tc_store(void *__restrict__ y, float4 s, int t, 
         const float v[4] = {s.x, s.y, s.z, s.w};
         for (int e = 0; e < 4 && col + e < m; e++) dst[e] = accumulate ? dst[e] + v[e] : v[e];
     }
+    return s;
 }
 
 /* The norm link (cuda.h lm_cuda_norm_link) of a launch, NULL fields unused. */
@@ -338,23 +341,15 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                     const float r = rnorm[t];
                     s.x *= r, s.y *= r, s.z *= r, s.w *= r;
                 }
+                s = tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
             }
-            if (!link.gamma) {
-                if (live[h]) tc_store(y, s, t, col, m, mode, pre && i0 == rank * per + tid, res[h]);
-                continue;
-            }
-            /* A producer (TC_STORE or TC_ADD, m a multiple of 64: the host checks): y as tc_store
-             * writes it, then xn and the group's sum of squares. The 16 items of a 64-column group
-             * are 16 aligned lanes of one warp (per is a multiple of 32), all live or all not, and
-             * every lane of the warp reaches the shuffles. */
+            if (!link.gamma) continue;
+            /* A producer (TC_STORE or TC_ADD, m a multiple of 64: the host checks): from the values
+             * y got, xn and the group's sum of squares. The 16 items of a 64-column group are 16
+             * aligned lanes of one warp (per is a multiple of 32), all live or all not, and every
+             * lane of the warp reaches the shuffles. */
             float q2 = 0.f;
             if (live[h]) {
-                float *dst = static_cast<float *>(y) + (size_t)t * m + col;
-                if (mode == TC_ADD) {
-                    const float4 b = pre && i0 == rank * per + tid ? res[h] : *reinterpret_cast<const float4 *>(dst);
-                    s.x = b.x + s.x, s.y = b.y + s.y, s.z = b.z + s.z, s.w = b.w + s.w;
-                }
-                *reinterpret_cast<float4 *>(dst) = s;
                 const float4 g = __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
                 *reinterpret_cast<uint2 *>(link.xn + (size_t)t * m + col) =
                     make_uint2(f2bf(g.x * s.x) | (unsigned)f2bf(g.y * s.y) << 16,

@@ -269,6 +269,12 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     return p;
 }
 
+/* LM_CUDA_GEMV_PLAIN_ROWS: -1 when unset (the rules below), else 0-8, read once. */
+static int gemv_plain_env() {
+    static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
+    return plain;
+}
+
 /* True when all four layer GEMMs of a step of n rows take the tensor-core kernel. */
 static bool gemms_on_tc(const lm_cuda_qwen3 *m, int n) {
     lm_cuda_ctx *c = m->ctx;
@@ -285,10 +291,20 @@ static bool gemms_on_tc(const lm_cuda_qwen3 *m, int n) {
  * layer outputs as one token a step. Off with LM_CUDA_GEMV_PLAIN_ROWS set (0-8: the old rule) or
  * lm_cuda_qwen3_set_tc_decode(false). */
 static bool tc_decode_rule(const lm_cuda_qwen3 *m) {
-    static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
     const bool gemv_q8 = m->q8_use && (m->layers[0].wqkv.q || m->mlp_q8);
-    if (plain >= 0 || m->tc_decode_off || !m->ssq || !m->p.norm_link || gemv_q8) return false;
+    if (gemv_plain_env() >= 0 || m->tc_decode_off || !m->ssq || !m->p.norm_link || gemv_q8) return false;
     return gemms_on_tc(m, 1) && gemms_on_tc(m, std::min(LM_CUDA_DEC_RUN, m->MO));
+}
+
+/* Whether a step of `rows` rows runs its linear layers on the GEMV path (else the batched path):
+ * a decode step where tc_decode holds and the kernel takes its rows, never (v23); otherwise up to
+ * gemv_max_rows tokens when the step carries runs of one sequence's tokens (speculative
+ * verification: each row must get the bits of one token a step, which the GEMV's rows give) or
+ * is not a decode step, and a plain decode step only up to gemv_plain tokens (2), the tensor-core
+ * GEMM being faster at 3 and 4 (perf-notes v20). */
+static bool step_on_gemv(const lm_cuda_qwen3 *m, int rows, bool decode, bool runs) {
+    if (decode && m->tc_decode && gemms_on_tc(m, rows)) return false;
+    return rows <= (decode && !runs ? m->gemv_plain : m->p.gemv_max_rows);
 }
 
 static void drop_graphs(lm_cuda_qwen3 *m) {
@@ -344,10 +360,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
                                          "must be positive");
     if (p.gemv_max_rows > 8) p.gemv_max_rows = 8;
     if (p.gemv_max_rows < 0) p.gemv_max_rows = 0;
-    {
-        static const int plain = (int)lm_env_int("LM_CUDA_GEMV_PLAIN_ROWS", -1, -1, 8);
-        m->gemv_plain = std::min(plain >= 0 ? plain : 2, p.gemv_max_rows);
-    }
+    m->gemv_plain = std::min(gemv_plain_env() >= 0 ? gemv_plain_env() : 2, p.gemv_max_rows);
     m->W = (p.max_context + p.block_size - 1) / p.block_size;
     m->MO = p.max_seqs;
 
@@ -768,14 +781,13 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
      * graphs off); a step with prefill chunks rounds them up for cuBLAS (gemm_rows) unless the
      * tensor-core kernel takes all four layer GEMMs: it has no per-shape choice to amortise, and
      * rows past nt would only cost it copies and products. */
-    const bool own = decode || (I % 2 == 0 && lm_cuda_gemm_on_tc(c, nt, H, QKV) && lm_cuda_gemm_on_tc(c, nt, Q, H) &&
-                                lm_cuda_gemm_on_tc(c, nt, H, 2 * I) && lm_cuda_gemm_on_tc(c, nt, I, H));
-    const int gm = own ? nt : gemm_rows(nt, m->p.max_tokens);
+    const bool tc4 = gemms_on_tc(m, nt);
+    const int gm = decode || tc4 ? nt : gemm_rows(nt, m->p.max_tokens);
     /* The batched path's norms carried by the GEMMs around them (lm_cuda_norm_link, perf-notes
-     * v23) where all four layer GEMMs take the tensor-core kernel over the step's own rows: o_proj
+     * v23) where all four layer GEMMs take the tensor-core kernel (so over the step's own rows): o_proj
      * and down_proj write the next norm's input and sums of squares, gate/up and the next q/k/v
      * scale by it; layer 0's q/k/v (after the embedding) and the final norm keep the norm kernel. */
-    const bool link = !gemv && m->ssq && gm == nt && m->p.norm_link && gemms_on_tc(m, nt);
+    const bool link = !gemv && m->ssq && m->p.norm_link && tc4;
     const lm_cuda_norm_link consume = {m->ssq, eps, NULL, NULL, NULL};
     for (int l = 0; l < m->NL; l++) {
         const layer_dev &w = m->layers[l];
@@ -917,13 +929,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const int cls = decode ? ctx_class(m, max_len) : 0;
     const bool use_graph = decode && p.graphs && nt <= m->MO;
     const int rows = use_graph ? bucket_of(m, nt) : nt;
-    /* The step's linear layers: the GEMV path up to gemv_max_rows tokens when the step carries runs
-     * of one sequence's tokens (speculative verification: each row must get the bits of one token
-     * a step, which only the GEMV's rows give) or is not a decode step; a plain decode step only up
-     * to gemv_plain tokens (2), the tensor-core GEMM being faster at 3 and 4 (perf-notes v20);
-     * no decode step where tc_decode holds (v23). */
-    const bool tc_step = decode && m->tc_decode && gemms_on_tc(m, rows);
-    const bool gemv = !tc_step && rows <= (decode && !runs ? m->gemv_plain : p.gemv_max_rows);
+    const bool gemv = step_on_gemv(m, rows, decode, runs);
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
     char *h = m->in_host;
@@ -1059,8 +1065,7 @@ static lm_status bench_one(lm_cuda_qwen3 *m, int what, int l, int n) {
     case 5: { /* fused decode attention over the last decode step's inputs (bucket n) */
         const int rows = bucket_of(m, n);
         lm_cuda_attn a = make_attn(m, make_layout(rows, rows, rows, m->W, m->work_max),
-                                   rows <= m->gemv_plain && !m->tc_decode, 0,
-                                   rows, true, attn_lists());
+                                   step_on_gemv(m, rows, true, false), 0, rows, true, attn_lists());
         set_layer(m, &a, l);
         return lm_cuda_attention(c, &a, rows, true);
     }
