@@ -2073,7 +2073,7 @@ static float *cpu_last_logits(struct lm_model *cm, const struct lm_ids *prompt, 
 
 /* The batched path's norm link in a model whose layer GEMMs take the tensor-core kernel (random
  * weights: hidden 256, 2 layers): B sequences prefilled one at a time (4 tokens: the GEMV path),
- * then greedy decode steps of all of them, norm link on and off (within bf16 rounding), and with
+ * then decode steps of all of them over fixed ids, norm link on and off (within bf16 rounding), and with
  * the link on, 20 sequences against their first 5 alone (a row's bits do not depend on the
  * others). */
 static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, int V) {
@@ -2089,7 +2089,10 @@ static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, i
         CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model prefill: %s", lm_error_message());
     }
     for (int st = 0; st < steps; st++) {
-        for (int i = 0; i < B; i++) ids[i] = next[i], pos[i] = P + st, seq[i] = i, out[i] = i;
+        /* fixed ids, not the greedy choices: paths compared against each other (GEMV or tensor
+         * cores, norm link on or off) see the same tokens even where a near tie turns one's choice,
+         * after which their later logits would share nothing */
+        for (int i = 0; i < B; i++) ids[i] = (i * 37 + st * 13 + 5) % V, pos[i] = P + st, seq[i] = i, out[i] = i;
         struct lm_cuda_batch b = {B, ids, pos, seq, B, bt, B, out, NULL, next, logits + (size_t)st * B * V};
         CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model decode: %s", lm_error_message());
     }
