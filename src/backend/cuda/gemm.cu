@@ -49,6 +49,9 @@ enum { TC_STORE, TC_ADD, TC_SWIGLU };
 /* A flag on the mode for the timeline (LM_CUDA_TRACE_SYNC=1): a block's t_mid is when it passed
  * the cluster barrier after writing its partials, instead of when its last slice of x landed. */
 enum { TC_TRACE_SYNC = 8 };
+/* A flag on the mode: a norm-link consumer loads the sums of squares itself instead of copying them
+ * with the first token chunk (k / 64 not a multiple of 4: rows of them are not 16-byte copies). */
+enum { TC_SSQ_LOADS = 16 };
 
 /* wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", sm_90a only): the
  * compute_90 PTX of this file keeps mma.sync. */
@@ -159,8 +162,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                                                         int ks, int mode, tc_link link, unsigned long long *trace) {
     static_assert(BM == 64 || BM == 128, "a block's weight rows: one or two 64-row halves");
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
-    const bool mid_sync = mode & TC_TRACE_SYNC;
-    mode &= ~TC_TRACE_SYNC;
+    const bool mid_sync = mode & TC_TRACE_SYNC, ssq_loads = mode & TC_SSQ_LOADS;
+    mode &= ~(TC_TRACE_SYNC | TC_SSQ_LOADS);
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
     const unsigned long long t0 = trace ? gtime() : 0;
     extern __shared__ __align__(128) uint16_t tc_smraw[];
@@ -186,6 +189,26 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     }
     cp_async_commit();
     pdl_trigger();
+    /* Item i of the tile: token i / (BM / 4), columns 4 (i % (BM / 4)) .. + 3; this block's share is
+     * [rank per, end). A norm-link producer's gamma for this thread's first two items: weights, read
+     * before the wait (the epilogue would otherwise wait for them after its sums). */
+    constexpr int B4 = BM / 4;
+    const int per = TT * B4 / S, end = (rank + 1) * per;
+    float4 gpre[2] = {};
+    if (link.gamma)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = rank * per + tid + h * TC_THREADS, col = r0 + (i % B4) * 4;
+            if (i < end && col < m) gpre[h] = __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
+        }
+    /* A norm-link consumer's copy of the producer's sums of squares ([TT][k / 64], rows past n
+     * zeros), in the first token chunk's copy group: past the slices and the partials. */
+    const int ng = k / 64;
+    float *ssq_sm = reinterpret_cast<float *>(
+        reinterpret_cast<char *>(tc_sm) +
+        ((((size_t)(BM + TT) * ks * 2 > (size_t)TT * PS * 4 ? (size_t)(BM + TT) * ks * 2 : (size_t)TT * PS * 4) + 15) &
+         ~(size_t)15));
+    const bool ssq_copy = link.ssq_in && !ssq_loads;
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
     /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns, so the
@@ -200,13 +223,15 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                           : xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
                        x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
         }
+        if (ch == 0 && ssq_copy)
+            for (int i = tid; i < TT * (ng / 4); i += TC_THREADS) {
+                const int t = i / (ng / 4), c = (i % (ng / 4)) * 4;
+                cp_async16(ssq_sm + t * ng + c, link.ssq_in + (size_t)(t < n ? t : 0) * ng + c, t >= n);
+            }
         cp_async_commit();
     }
     /* The residual the first two of this thread's sums add to (TC_ADD), read now so that its
-     * trip to memory overlaps the products instead of following the cluster's sums. Item i of
-     * the tile: token i / (BM / 4), columns 4 (i % (BM / 4)) .. + 3. */
-    constexpr int B4 = BM / 4;
-    const int per = TT * B4 / S, end = (rank + 1) * per;
+     * trip to memory overlaps the products instead of following the cluster's sums. */
     float4 res[2] = {};
     const bool pre = mode == TC_ADD && (m & 3) == 0;
     if (pre)
@@ -217,12 +242,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                 res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
         }
 
-    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link), read while the
-     * slices land: the producer's sums of squares of 64-column groups, added in group order. */
+    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
+     * of squares of 64-column groups, added in group order, from the copy that landed with the
+     * first token chunk, after the products (ssq_copy: v24, +5% at batch 1 with the producer's
+     * gamma read before its wait), else loaded here while the slices land. */
     __shared__ float rnorm[TT];
-    if (link.ssq_in && tid < TT) {
-        const int ng = k / 64;
-        const float *p = link.ssq_in + (size_t)tid * ng;
+    auto rnorm_from = [&](const float *p) {
         float tot = 0.f;
         if (tid < n)
             for (int g0 = 0; g0 < ng; g0 += 8) {
@@ -234,7 +259,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                     if (g0 + q < ng) tot += v[q];
             }
         rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
-    }
+    };
+    if (link.ssq_in && tid < TT && !ssq_copy) rnorm_from(link.ssq_in + (size_t)tid * ng);
 
     /* Warp wid: rows 64 h + wid*16 .. +15 of each half h (the mma's A, row-major = w's rows),
      * every token (B, col-major = x's rows), k in steps of 16. */
@@ -296,6 +322,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             }
         }
     }
+    if (ssq_copy && tid < TT) rnorm_from(ssq_sm + tid * ng); /* landed with the first chunk */
     __syncthreads(); /* the slices are read no more: the partials take their place */
     const unsigned long long t2 = trace ? gtime() : 0;
     float *part = reinterpret_cast<float *>(tc_sm);
@@ -350,7 +377,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
              * lane of the warp reaches the shuffles. */
             float q2 = 0.f;
             if (live[h]) {
-                const float4 g = __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
+                const float4 g = i0 == rank * per + tid ? gpre[h]
+                                                        : __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
                 *reinterpret_cast<uint2 *>(link.xn + (size_t)t * m + col) =
                     make_uint2(f2bf(g.x * s.x) | (unsigned)f2bf(g.y * s.y) << 16,
                                f2bf(g.z * s.z) | (unsigned)f2bf(g.w * s.w) << 16);
@@ -521,7 +549,13 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
         return b;
     });
     const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
-    const size_t smem = tc_smem(tt, ks, bm);
+    size_t smem = tc_smem(tt, ks, bm);
+    if (link.ssq_in && k % 256 == 0) { /* a consumer's copy of the sums of squares: 16-byte rows */
+        smem += 16 + sizeof(float) * (size_t)tt * (k / 64);
+        lm_cuda_occupancy((const void *)fn, TC_THREADS, smem);
+    } else if (link.ssq_in) {
+        mode |= TC_SSQ_LOADS;
+    }
     const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
