@@ -1051,16 +1051,18 @@ static void test_gemm_link(bool wg, int bm, int splits) {
             "SwiGLU %.3g; %d + %d + %d + %d + %d + %d differ\n", path, runs, worst_q, worst_h, y_bad, xn_bad, ss_bad,
             q_bad, h_bad, inv_bad);
     { /* refusals: a producer on the SwiGLU kernel, 65 rows, a misaligned xn, xn over its own x,
-         * ssq_out over its own ssq_in */
+         * ssq_out over its own ssq_in, a consumer over k 64 (rows of sums that are not 16-byte copies) */
         const struct lm_cuda_norm_link prod = {NULL, 0.f, dG, dXn, dS}, odd = {NULL, 0.f, dG, dXn + 1, dS},
-                                       both = {dS, eps, dG, dXb, dS};
+                                       both = {dS, eps, dG, dXb, dS}, cons = {dS, eps, NULL, NULL, NULL};
         CHECK(lm_cuda_gemm_swiglu_linked(g_ctx, dH, dXn, dWgu, 8, H, GU / 2, &prod) == LM_ERR_SHAPE &&
                   lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 65, KO, H, true, &prod) == LM_ERR_SHAPE &&
                   lm_cuda_gemm_linked(g_ctx, dY, dA, dWo, 8, KO, H, true, &odd) == LM_ERR_SHAPE &&
                   lm_cuda_gemm_linked(g_ctx, dY, dXn, dWq + 0, 8, H, H, true, &prod) == LM_ERR_SHAPE &&
-                  lm_cuda_gemm_linked(g_ctx, dY, dXn, dWq, 8, H, H, true, &both) == LM_ERR_SHAPE,
-              "gemm_linked: a SwiGLU producer, 65 rows, a misaligned xn and a link writing what it reads must "
-              "be refused");
+                  lm_cuda_gemm_linked(g_ctx, dY, dXn, dWq, 8, H, H, true, &both) == LM_ERR_SHAPE &&
+                  lm_cuda_gemm_on_tc(g_ctx, 8, 64, QKV) &&
+                  lm_cuda_gemm_linked(g_ctx, dQ, dXn, dWq, 8, 64, QKV, false, &cons) == LM_ERR_SHAPE,
+              "gemm_linked: a SwiGLU producer, 65 rows, a misaligned xn, a link writing what it reads and a "
+              "consumer over k 64 must be refused");
     }
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);
     lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm0);

@@ -312,7 +312,9 @@ lm_status lm_cuda_gemm_swiglu(struct lm_cuda_ctx *c, uint16_t *h, float *gu, con
  *   group's 16 four-column items, squares summed x, y, z, w, then over the 16 in an xor tree of
  *   offsets 8, 4, 2, 1), m a multiple of 64;
  * - the consumer (q/k/v, gate/up) reads xn as its x and scales each sum of row t by
- *   r_t = 1 / sqrt((sum of ssq[t, 0 .. k / 64 - 1] in order) / k + eps) before its epilogue.
+ *   r_t = 1 / sqrt((sum of ssq[t, 0 .. k / 64 - 1] in order) / k + eps) before its epilogue; it
+ *   copies ssq's rows with its first slice of x, as 16-byte chunks: k a multiple of 256, ssq_in
+ *   16-byte aligned.
  * Fixed orders throughout, so a row's bits still depend on nothing but the row. Against the norm
  * kernel (lm_cuda_rmsnorm_bf16 then the product of bf16(gamma * (x * r))) only the rounding point
  * of r moves: the results agree to bf16 rounding, not in bits. Fields left NULL take no part:
@@ -326,7 +328,8 @@ struct lm_cuda_norm_link {
 };
 /* lm_cuda_gemm_tc (accumulate: y += ...) and lm_cuda_gemm_tc_swiglu with a norm link, in the splits
  * lm_cuda_gemm would take (LM_ERR_SHAPE where it would not take the kernel: lm_cuda_gemm_on_tc;
- * a producer on the SwiGLU kernel, or m not a multiple of 64 for a producer, are refused too). */
+ * a producer on the SwiGLU kernel, m not a multiple of 64 for a producer, or k not a multiple of
+ * 256 for a consumer, are refused too). */
 lm_status lm_cuda_gemm_linked(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16, const uint16_t *w, int n,
                               int k, int m, bool accumulate, const struct lm_cuda_norm_link *link);
 lm_status lm_cuda_gemm_swiglu_linked(struct lm_cuda_ctx *c, uint16_t *h, const uint16_t *x_bf16, const uint16_t *w,

@@ -27,11 +27,19 @@ constexpr int TC_BM = 64, TC_THREADS = 128, TC_MAX_T = 64, TC_DEFAULT_ROWS = 64,
  * bytes, and its descriptors assume the pattern starts aligned (matrix base offset 0). */
 constexpr int TC_ALIGN = 1024;
 
-/* Bytes of shared memory of k_gemm_tc<TT> over ks columns and bm weight rows: the weight and token
- * slices, bf16 rows of ks swizzled in 16-byte chunks; the partials [TT][bm + 4] reuse them. */
-size_t tc_smem(int tt, int ks, int bm = TC_BM) {
-    return std::max(sizeof(uint16_t) * (size_t)(bm + tt) * ks, sizeof(float) * (size_t)tt * (bm + 4)) + TC_ALIGN;
+/* Bytes of k_gemm_tc<TT>'s front area over ks columns and bm weight rows: the weight and token
+ * slices (bf16 rows of ks swizzled in 16-byte chunks), which the partials [TT][bm + 4] float32
+ * reuse, whichever is more; a multiple of 16 (ks is of 64). A norm-link consumer's copy of the
+ * sums of squares follows it (tc_ssq_bytes). */
+__host__ __device__ constexpr size_t tc_front(int tt, int ks, int bm) {
+    return 2 * (size_t)(bm + tt) * ks > 4 * (size_t)tt * (bm + 4) ? 2 * (size_t)(bm + tt) * ks
+                                                                  : 4 * (size_t)tt * (bm + 4);
 }
+/* A norm-link consumer's copy of its rows' sums of squares: [tt][k / 64] float32. */
+constexpr size_t tc_ssq_bytes(int tt, int k) { return 4 * (size_t)tt * (k / 64); }
+/* Bytes of shared memory of k_gemm_tc<TT> without the sums of squares: the front area, and room to
+ * start it on a 1 KiB boundary. */
+size_t tc_smem(int tt, int ks, int bm = TC_BM) { return tc_front(tt, ks, bm) + TC_ALIGN; }
 
 /* k_gemm_tc's TT for n rows: n rounded up to 16, from 16 to TC_MAX_T. */
 int tc_tt(int n) { return std::min(std::max((n + 15) / 16 * 16, 16), TC_MAX_T); }
@@ -49,9 +57,6 @@ enum { TC_STORE, TC_ADD, TC_SWIGLU };
 /* A flag on the mode for the timeline (LM_CUDA_TRACE_SYNC=1): a block's t_mid is when it passed
  * the cluster barrier after writing its partials, instead of when its last slice of x landed. */
 enum { TC_TRACE_SYNC = 8 };
-/* A flag on the mode: a norm-link consumer loads the sums of squares itself instead of copying them
- * with the first token chunk (k / 64 not a multiple of 4: rows of them are not 16-byte copies). */
-enum { TC_SSQ_LOADS = 16 };
 
 /* wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", sm_90a only): the
  * compute_90 PTX of this file keeps mma.sync. */
@@ -162,8 +167,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                                                         int ks, int mode, tc_link link, unsigned long long *trace) {
     static_assert(BM == 64 || BM == 128, "a block's weight rows: one or two 64-row halves");
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
-    const bool mid_sync = mode & TC_TRACE_SYNC, ssq_loads = mode & TC_SSQ_LOADS;
-    mode &= ~(TC_TRACE_SYNC | TC_SSQ_LOADS);
+    const bool mid_sync = mode & TC_TRACE_SYNC;
+    mode &= ~TC_TRACE_SYNC;
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
     const unsigned long long t0 = trace ? gtime() : 0;
     extern __shared__ __align__(128) uint16_t tc_smraw[];
@@ -201,14 +206,11 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             const int i = rank * per + tid + h * TC_THREADS, col = r0 + (i % B4) * 4;
             if (i < end && col < m) gpre[h] = __ldg(reinterpret_cast<const float4 *>(link.gamma + col));
         }
-    /* A norm-link consumer's copy of the producer's sums of squares ([TT][k / 64], rows past n
-     * zeros), in the first token chunk's copy group: past the slices and the partials. */
+    /* A norm-link consumer's copy of the producer's sums of squares ([n][k / 64], 16-byte rows:
+     * k a multiple of 256, the host checks), in the first token chunk's copy group, after the
+     * front area. */
     const int ng = k / 64;
-    float *ssq_sm = reinterpret_cast<float *>(
-        reinterpret_cast<char *>(tc_sm) +
-        ((((size_t)(BM + TT) * ks * 2 > (size_t)TT * PS * 4 ? (size_t)(BM + TT) * ks * 2 : (size_t)TT * PS * 4) + 15) &
-         ~(size_t)15));
-    const bool ssq_copy = link.ssq_in && !ssq_loads;
+    float *ssq_sm = reinterpret_cast<float *>(reinterpret_cast<char *>(tc_sm) + tc_front(TT, ks, BM));
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
     /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns, so the
@@ -223,11 +225,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                           : xs + (size_t)t * ks + ch * TC_CH + tc_chunk(t, c8),
                        x + (size_t)(in ? t : 0) * k + k0 + ch * TC_CH + c8 * 8, !in);
         }
-        if (ch == 0 && ssq_copy)
-            for (int i = tid; i < TT * (ng / 4); i += TC_THREADS) {
-                const int t = i / (ng / 4), c = (i % (ng / 4)) * 4;
-                cp_async16(ssq_sm + t * ng + c, link.ssq_in + (size_t)(t < n ? t : 0) * ng + c, t >= n);
-            }
+        if (ch == 0 && link.ssq_in)
+            for (int i = tid; i < n * (ng / 4); i += TC_THREADS) cp_async16(ssq_sm + i * 4, link.ssq_in + i * 4);
         cp_async_commit();
     }
     /* The residual the first two of this thread's sums add to (TC_ADD), read now so that its
@@ -241,26 +240,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             if (i < end && t < n && col < m)
                 res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
         }
-
-    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
-     * of squares of 64-column groups, added in group order, from the copy that landed with the
-     * first token chunk, after the products (ssq_copy: v24, +5% at batch 1 with the producer's
-     * gamma read before its wait), else loaded here while the slices land. */
-    __shared__ float rnorm[TT];
-    auto rnorm_from = [&](const float *p) {
-        float tot = 0.f;
-        if (tid < n)
-            for (int g0 = 0; g0 < ng; g0 += 8) {
-                float v[8];
-#pragma unroll
-                for (int q = 0; q < 8; q++) v[q] = g0 + q < ng ? p[g0 + q] : 0.f;
-#pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (g0 + q < ng) tot += v[q];
-            }
-        rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
-    };
-    if (link.ssq_in && tid < TT && !ssq_copy) rnorm_from(link.ssq_in + (size_t)tid * ng);
 
     /* Warp wid: rows 64 h + wid*16 .. +15 of each half h (the mma's A, row-major = w's rows),
      * every token (B, col-major = x's rows), k in steps of 16. */
@@ -322,7 +301,15 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             }
         }
     }
-    if (ssq_copy && tid < TT) rnorm_from(ssq_sm + tid * ng); /* landed with the first chunk */
+    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
+     * of squares of 64-column groups, added in group order, from the copy that landed with the
+     * first chunk (not a trip of their own beside the slices: perf-notes v24). */
+    __shared__ float rnorm[TT];
+    if (link.ssq_in && tid < n) {
+        float tot = 0.f;
+        for (int g = 0; g < ng; g++) tot += ssq_sm[tid * ng + g];
+        rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
+    }
     __syncthreads(); /* the slices are read no more: the partials take their place */
     const unsigned long long t2 = trace ? gtime() : 0;
     float *part = reinterpret_cast<float *>(tc_sm);
@@ -526,6 +513,10 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
         /* a block's reads of x and ssq_in would race with other clusters' writes of xn and ssq_out */
         if (link.gamma && ((const void *)link.xn == (const void *)x_bf16 || link.ssq_out == link.ssq_in))
             return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: a norm link may not write the x or ssq_in it reads");
+        /* the consumer copies its rows' sums of squares as 16-byte chunks */
+        if (link.ssq_in && (k % 256 || ((uintptr_t)link.ssq_in & 15)))
+            return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: a norm link's consumer needs k %d a multiple of 256 and "
+                             "ssq_in 16-byte aligned", k);
     }
     if (n < 1 || n > TC_MAX_T || m < 1 || splits < 1 || splits > TC_MAX_S || (splits & (splits - 1)) ||
         k % (64 * splits) || k / splits > TC_MAX_KS || (mode == TC_SWIGLU && m % 4) ||
@@ -541,21 +532,18 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
     if (tc_smem(tt, ks) > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: %d splits of k %d need %zu bytes of shared memory a block; "
                          "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
-    /* The block height for this launch's shape, and the kernel's shared-memory limit raised, once
-     * per shape and settings. */
+    /* The block height for this launch's shape, and the kernel's shared-memory limit raised (to the
+     * device's maximum: lm_cuda_occupancy), once per shape and settings. */
     const int bm = tc_memo(c, TC_MEMO_BM, k, m, splits * 1024 + tt, [&] {
         const int b = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
         lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b), TC_THREADS, tc_smem(tt, ks, b));
         return b;
     });
     const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
-    size_t smem = tc_smem(tt, ks, bm);
-    if (link.ssq_in && k % 256 == 0) { /* a consumer's copy of the sums of squares: 16-byte rows */
-        smem += 16 + sizeof(float) * (size_t)tt * (k / 64);
-        lm_cuda_occupancy((const void *)fn, TC_THREADS, smem);
-    } else if (link.ssq_in) {
-        mode |= TC_SSQ_LOADS;
-    }
+    const size_t smem = tc_smem(tt, ks, bm) + (link.ssq_in ? tc_ssq_bytes(tt, k) : 0);
+    if (smem > (size_t)c->smem_optin)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: a norm link's consumer of [%d, %d]^T needs %zu bytes of "
+                         "shared memory a block; this device allows %d", m, k, smem, c->smem_optin);
     const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;

@@ -93,7 +93,8 @@ struct lm_cuda_qwen3 {
     /* activations */
     float *x, *qkv, *att, *gu, *h, *xo, *logits;
     uint16_t *xb, *attb, *hb;
-    float *ssq; /* [rows][H / 64] the norm link's sums of squares (lm_cuda_norm_link), NULL when H % 64 */
+    float *ssq; /* [rows][H / 64] the norm link's sums of squares (lm_cuda_norm_link), NULL (no link)
+                 * when H is not a multiple of 256, which its consumers need */
     int32_t *ids_dev;
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
@@ -453,7 +454,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
         m->mlp1_q8_fits = m->mlp1_q8_fits && d.wgu.q && d.wd.q;
     }
     LM_TRY(dev_alloc_t(m, &m->xb, R * m->H));
-    if (m->H % 64 == 0) LM_TRY(dev_alloc_t(m, &m->ssq, R * (m->H / 64)));
+    if (m->H % 256 == 0) LM_TRY(dev_alloc_t(m, &m->ssq, R * (m->H / 64)));
     m->tc_decode = tc_decode_rule(m);
     LM_TRY(dev_alloc_t(m, &m->qkv, T * m->QKV));
     LM_TRY(dev_alloc_t(m, &m->att, T * m->Q));
