@@ -2569,6 +2569,79 @@ static void test_model(void) {
     lm_cuda_qwen3_destroy(g_m);
 }
 
+/* lm_cuda_gemm_tc's pushed partials (lm_cuda_ctx_set_gemm_push) against the cluster barrier's
+ * reads: the same bits at 1 to 32 rows, plain and accumulating, in 2 to 8 splits, and on the norm
+ * link's consumer (q/k/v, SwiGLU gate/up) and producer (o_proj, down_proj with xn and sums of
+ * squares) at Qwen3-0.6B's shapes. */
+static void test_gemm_push(void) {
+    struct push_case {
+        int k, m, splits, kind; /* kind 0 plain/acc via lm_cuda_gemm_tc, 1 consumer, 2 SwiGLU consumer, 3 producer */
+    };
+    static const struct push_case cases[] = {{512, 200, 2, 0},   {1024, 320, 4, 0},   {2048, 256, 8, 0},
+                                             {1024, 4096, 0, 1}, {1024, 6144, 0, 2},  {2048, 1024, 0, 3},
+                                             {3072, 1024, 0, 3}};
+    static const int rows[] = {1, 3, 16, 32};
+    int n_cmp = 0, worst = 0;
+    const bool was = lm_cuda_ctx_gemm_push(g_ctx);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
+            const struct push_case *pc = &cases[ci];
+            const int k = pc->k, m = pc->m, n = rows[ri], ym = pc->kind == 2 ? m / 2 : m;
+            uint16_t *w = malloc(2 * (size_t)m * k), *x = malloc(2 * (size_t)n * k);
+            float *y0 = malloc(sizeof(float) * (size_t)n * m), *ssq = malloc(sizeof(float) * (size_t)n * (k / 64));
+            float *gamma = malloc(sizeof(float) * m);
+            for (size_t i = 0; i < (size_t)m * k; i++) w[i] = lm_f32_to_bf16(frand() * 0.05f);
+            for (size_t i = 0; i < (size_t)n * k; i++) x[i] = lm_f32_to_bf16(frand());
+            fill(y0, (long)n * m, 1.0f);
+            for (int i = 0; i < n * (k / 64); i++) ssq[i] = 20.0f + 10.0f * frand();
+            for (int i = 0; i < m; i++) gamma[i] = 1.0f + 0.3f * frand();
+            uint16_t *dw = dev_from(w, 2 * (size_t)m * k), *dx = dev_from(x, 2 * (size_t)n * k);
+            float *dy = dev(sizeof(float) * (size_t)n * m), *dssq = dev_from(ssq, sizeof(float) * (size_t)n * (k / 64));
+            float *dg = dev_from(gamma, sizeof(float) * m), *dso = dev(sizeof(float) * (size_t)n * (m / 64 + 1));
+            uint16_t *dxn = dev(2 * (size_t)n * m);
+            const size_t yb = pc->kind == 2 ? 2 * (size_t)n * ym : sizeof(float) * (size_t)n * m;
+            unsigned char *out[2] = {malloc(yb + 2 * (size_t)n * m + sizeof(float) * n * (m / 64 + 1)),
+                                     malloc(yb + 2 * (size_t)n * m + sizeof(float) * n * (m / 64 + 1))};
+            for (int push = 0; push < 2; push++) {
+                lm_cuda_ctx_set_gemm_push(g_ctx, push);
+                lm_cuda_upload(dy, y0, sizeof(float) * (size_t)n * m);
+                poison(dxn, 2 * (size_t)n * m), poison(dso, sizeof(float) * (size_t)n * (m / 64 + 1));
+                const struct lm_cuda_norm_link cons = {dssq, 1e-6f, NULL, NULL, NULL};
+                const struct lm_cuda_norm_link prod = {NULL, 0.f, dg, dxn, dso};
+                lm_status rc;
+                if (pc->kind == 0)
+                    rc = lm_cuda_gemm_tc(g_ctx, dy, dx, dw, n, k, m, ri % 2 == 1, pc->splits);
+                else if (pc->kind == 1)
+                    rc = lm_cuda_gemm_linked(g_ctx, dy, dx, dw, n, k, m, false, &cons);
+                else if (pc->kind == 2)
+                    rc = lm_cuda_gemm_swiglu_linked(g_ctx, (uint16_t *)dy, dx, dw, n, k, m / 2, &cons);
+                else
+                    rc = lm_cuda_gemm_linked(g_ctx, dy, dx, dw, n, k, m, true, &prod);
+                CHECK(rc == LM_OK, "gemm push k %d m %d n %d kind %d: %s", k, m, n, pc->kind, lm_error_message());
+                sync_ok("gemm push");
+                lm_cuda_download(out[push], dy, yb);
+                lm_cuda_download(out[push] + yb, dxn, 2 * (size_t)n * m);
+                lm_cuda_download(out[push] + yb + 2 * (size_t)n * m, dso, sizeof(float) * (size_t)n * (m / 64 + 1));
+            }
+            const size_t cmp = pc->kind == 3 ? yb + 2 * (size_t)n * m + sizeof(float) * n * (m / 64) : yb;
+            int bad = 0;
+            for (size_t i = 0; i < cmp; i++) bad += out[0][i] != out[1][i];
+            float yf = 0;
+            memcpy(&yf, out[1], sizeof yf);
+            bad += pc->kind != 2 && !isfinite(yf);
+            worst = bad > worst ? bad : worst;
+            n_cmp++;
+            CHECK(bad == 0, "gemm push k %d m %d n %d kind %d: %d bytes differ from the cluster barrier's reads", k,
+                  m, n, pc->kind, bad);
+            free(w), free(x), free(y0), free(ssq), free(gamma), free(out[0]), free(out[1]);
+            lm_cuda_free(dw), lm_cuda_free(dx), lm_cuda_free(dy), lm_cuda_free(dssq), lm_cuda_free(dg),
+                lm_cuda_free(dso), lm_cuda_free(dxn);
+        }
+    lm_cuda_ctx_set_gemm_push(g_ctx, was);
+    fprintf(stderr, "gemm push: %d comparisons of pushed partials against the cluster barrier's reads, worst %d "
+            "bytes differing\n", n_cmp, worst);
+}
+
 int main(void) {
     test_plan_work(); /* host-only: runs without a device too */
     test_plan_tiles();
@@ -2607,6 +2680,7 @@ int main(void) {
     test_sample();
     test_model_link();
     test_model();
+    test_gemm_push(); /* last: tests added before others would shift their random inputs */
     lm_cuda_ctx_destroy(g_ctx);
     return check_exit("test_cuda");
 }

@@ -41,6 +41,7 @@ struct lm_cuda_ctx {
     int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
     bool gemm_wgmma;     /* k_gemm_tc's products on wgmma where the device code has it (gemm.cu) */
     int gemm_tc_bm;      /* k_gemm_tc's weight rows a block: 64 or 128 forced, 0 its rule (gemm.cu) */
+    bool gemm_push;      /* k_gemm_tc pushes its cluster's partials at 32 rows and fewer (gemm.cu tc_push) */
     /* gemm.cu's memo of k_gemm_tc's plans under this context's settings, so that an eager step's
      * GEMMs do not redo the occupancy lookups each launch: (kind, k, m, x) -> v; emptied by the
      * settings' setters. */
@@ -181,6 +182,45 @@ static __device__ __forceinline__ void cp_async_wait_pending(int n) {
     case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
     }
+}
+
+/* ---- thread-block clusters: pushes into a peer's shared memory (PTX ISA "mbarrier", "st.async",
+ * "mapa"; sm_90). A block's mbarrier counts the bytes its peers' st.async stores bring; the
+ * owner waits on it locally instead of a cluster-wide barrier. ---- */
+static __device__ __forceinline__ void mbar_init(void *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+/* Makes this thread's mbarrier.init visible to the cluster's later (relaxed-barrier-ordered) uses. */
+static __device__ __forceinline__ void fence_mbar_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* One arrival on the barrier, with `bytes` more expected from complete_tx operations. */
+static __device__ __forceinline__ void mbar_arrive_expect(void *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+/* Waits until the barrier's phase `parity` has completed (acquire: the bytes it counted are
+ * visible). */
+static __device__ __forceinline__ void mbar_wait(void *bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* The shared::cluster address of this block's shared-memory address p in the block of rank r. */
+static __device__ __forceinline__ unsigned cluster_addr(const void *p, unsigned r) {
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
+    return a;
+}
+/* 16 bytes into a peer's shared memory (cluster addresses), counted on the peer's mbarrier. */
+static __device__ __forceinline__ void st_async16(unsigned addr, float4 v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+                 : "memory");
 }
 
 /* ldmatrix .x4: four 8 x 8 b16 matrices from shared memory; lane l gives the address of row l % 8

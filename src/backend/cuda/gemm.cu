@@ -36,7 +36,7 @@ __host__ __device__ constexpr size_t tc_front(int tt, int ks, int bm) {
                                                                   : 4 * (size_t)tt * (bm + 4);
 }
 /* A norm-link consumer's copy of its rows' sums of squares: [tt][k / 64] float32. */
-constexpr size_t tc_ssq_bytes(int tt, int k) { return 4 * (size_t)tt * (k / 64); }
+__host__ __device__ constexpr size_t tc_ssq_bytes(int tt, int k) { return 4 * (size_t)tt * (k / 64); }
 /* Bytes of shared memory of k_gemm_tc<TT> without the sums of squares: the front area, and room to
  * start it on a 1 KiB boundary. */
 size_t tc_smem(int tt, int ks, int bm = TC_BM) { return tc_front(tt, ks, bm) + TC_ALIGN; }
@@ -55,8 +55,18 @@ __device__ __forceinline__ int tc_chunk(int r, int c) { return (c ^ (r & 7)) << 
  * arithmetic on the same float32 sums). */
 enum { TC_STORE, TC_ADD, TC_SWIGLU };
 /* A flag on the mode for the timeline (LM_CUDA_TRACE_SYNC=1): a block's t_mid is when it passed
- * the cluster barrier after writing its partials, instead of when its last slice of x landed. */
+ * the cluster barrier after writing its partials (k_gemm_tc<..., PUSH>: when its peers' partials had
+ * landed), instead of when its last slice of x landed. */
 enum { TC_TRACE_SYNC = 8 };
+/* k_gemm_tc<..., PUSH = true> (perf-notes v25): the cluster's partials travel as pushes. Each
+ * block stores the items of every peer's share into that peer's shared memory (st.async, counted
+ * on the peer's mbarrier: TT x BM x 4 bytes, past the front area and the sums of squares) and
+ * waits on its own mbarrier, instead of a cluster barrier, reads of its peers' memory, and a last
+ * barrier that keeps its memory alive for them; the same values summed in the same order. Used at
+ * TT = 16 and 32 with 2 or more splits (tc_push): separate instantiations, so the others keep their
+ * registers. */
+/* Bytes of k_gemm_tc's push buffer: [S][TT x BM / S] float4 items, a peer's share of each. */
+__host__ __device__ constexpr size_t tc_push_bytes(int tt, int bm) { return 4 * (size_t)tt * bm; }
 
 /* wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", sm_90a only): the
  * compute_90 PTX of this file keeps mma.sync. */
@@ -161,7 +171,7 @@ struct tc_link {
     float *ssq_out;
 };
 
-template <int TT, bool WG, int BM>
+template <int TT, bool WG, int BM, bool PUSH = false>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
                                                         int ks, int mode, tc_link link, unsigned long long *trace) {
@@ -169,6 +179,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
     const bool mid_sync = mode & TC_TRACE_SYNC;
     mode &= ~TC_TRACE_SYNC;
+    constexpr bool push = PUSH;
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
     const unsigned long long t0 = trace ? gtime() : 0;
     extern __shared__ __align__(128) uint16_t tc_smraw[];
@@ -179,6 +190,18 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     uint16_t *ws = tc_sm, *xs = tc_sm + (size_t)BM * ks;
     /* Copies: thread tid moves 16-byte chunk tid % 8 of each 8-chunk group of rows tid / 8 + 16 i. */
     const int c8 = tid & 7, rg = tid >> 3;
+    /* Pushes: the barrier that counts the peers' bytes, expected from the start, and this block's
+     * arrival on the cluster barrier that tells the peers it is initialised (they wait on it before
+     * their first push; by then every block arrived long ago). */
+    __shared__ __align__(8) unsigned long long push_bar;
+    if constexpr (push) {
+        if (tid == 0) {
+            mbar_init(&push_bar, 1);
+            fence_mbar_init_cluster();
+            mbar_arrive_expect(&push_bar, (unsigned)tc_push_bytes(TT, BM));
+        }
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    }
 
     /* The weights do not depend on the previous kernel: all of the block's slice is in flight
      * before the wait (rows past m read as zeros), one copy group. wgmma's A: chunk ch of the
@@ -325,7 +348,22 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             part[(t + 1) * PS + row + 8] = acc[h][j][3];
         }
     }
-    cl.sync(); /* every partial of the cluster written */
+    /* Item i's partials from rank q: with pushes, recv[q][i - rank per] (float4); else rank q's part. */
+    const float4 *recv = reinterpret_cast<const float4 *>(reinterpret_cast<const char *>(tc_sm) + tc_front(TT, ks, BM) +
+                                                          (link.ssq_in ? tc_ssq_bytes(TT, k) : 0));
+    if constexpr (push) {
+        __syncthreads(); /* this block's partials written */
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer's barrier initialised */
+        for (int i = tid; i < TT * B4; i += TC_THREADS) { /* item i to its owner q, slot [rank][i - q per] */
+            const int q = i / per, t = i / B4, c = (i % B4) * 4;
+            const float4 v = *reinterpret_cast<const float4 *>(part + t * PS + c);
+            st_async16(cluster_addr(recv + rank * per + (i - q * per), (unsigned)q), v,
+                       cluster_addr(&push_bar, (unsigned)q));
+        }
+        mbar_wait(&push_bar, 0);
+    } else {
+        cl.sync(); /* every partial of the cluster written */
+    }
     if (trace && mid_sync) tx = gtime();
 
     /* This block's share of the tile's TT x BM outputs, 4 at a time, two items a thread at once
@@ -341,7 +379,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 #pragma unroll
             for (int q = 0; q < TC_MAX_S; q++)
                 if (live[h] && q < S)
-                    v[h][q] = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * PS + c);
+                    v[h][q] = push ? recv[q * per + (i - rank * per)]
+                                   : *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * PS + c);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -385,8 +424,10 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
      * has completed when the warp, issuing in order, reaches the arrive; the SASS keeps that
      * order). A release arrive after the loads and before the stores, which the model does order,
      * cost 13-20% of decode throughput at 8-64 sequences (perf-notes v22, call 11). */
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if constexpr (!push) {
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    }
     if (trace && tid == 0) trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx);
 }
 
@@ -394,16 +435,33 @@ using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int,
                            unsigned long long *);
 
 template <int BM>
-tc_kernel tc_kernel_bm(int tt, bool wg) {
+tc_kernel tc_kernel_bm(int tt, bool wg, bool push) {
     switch (tt) {
-    case 16: return wg ? k_gemm_tc<16, true, BM> : k_gemm_tc<16, false, BM>;
-    case 32: return wg ? k_gemm_tc<32, true, BM> : k_gemm_tc<32, false, BM>;
+    case 16:
+        if (push) return wg ? k_gemm_tc<16, true, BM, true> : k_gemm_tc<16, false, BM, true>;
+        return wg ? k_gemm_tc<16, true, BM> : k_gemm_tc<16, false, BM>;
+    case 32:
+        if (push) return wg ? k_gemm_tc<32, true, BM, true> : k_gemm_tc<32, false, BM, true>;
+        return wg ? k_gemm_tc<32, true, BM> : k_gemm_tc<32, false, BM>;
     case 48: return wg ? k_gemm_tc<48, true, BM> : k_gemm_tc<48, false, BM>;
     default: return wg ? k_gemm_tc<64, true, BM> : k_gemm_tc<64, false, BM>;
     }
 }
-tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM) {
-    return bm == 128 ? tc_kernel_bm<128>(tt, wg) : tc_kernel_bm<64>(tt, wg);
+/* Whether a launch of TT rows in s splits pushes its partials (k_gemm_tc's PUSH; the context's
+ * gemm_push, lm_cuda_ctx_set_gemm_push): TT up to LM_CUDA_GEMM_PUSH_ROWS (32, or 16; v25 call 9:
+ * at 32 rows +5.5%; 48 and 64 not tried, where the pushed buffer would cost occupancy).
+ * A launch without a cluster (s = 1) has no peers. */
+bool tc_push(const lm_cuda_ctx *c, int tt, int s) {
+    static const int upto = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
+    return c->gemm_push && tt <= upto && s > 1;
+}
+tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM, bool push = false) {
+    return bm == 128 ? tc_kernel_bm<128>(tt, wg, push) : tc_kernel_bm<64>(tt, wg, push);
+}
+/* k_gemm_tc's dynamic shared memory for a launch: the front area and its alignment, the norm-link
+ * consumer's sums of squares, the pushed partials. */
+size_t tc_launch_smem(const lm_cuda_ctx *c, int tt, int k, int s, int bm, bool consumer) {
+    return tc_smem(tt, k / s, bm) + (consumer ? tc_ssq_bytes(tt, k) : 0) + (tc_push(c, tt, s) ? tc_push_bytes(tt, bm) : 0);
 }
 
 /* Clusters of s blocks of fn (TC_THREADS threads, smem bytes each) the device holds at once
@@ -536,14 +594,16 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
      * device's maximum: lm_cuda_occupancy), once per shape and settings. */
     const int bm = tc_memo(c, TC_MEMO_BM, k, m, splits * 1024 + tt, [&] {
         const int b = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
-        lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b), TC_THREADS, tc_smem(tt, ks, b));
+        lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b, tc_push(c, tt, splits)), TC_THREADS,
+                          tc_launch_smem(c, tt, k, splits, b, true));
         return b;
     });
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
-    const size_t smem = tc_smem(tt, ks, bm) + (link.ssq_in ? tc_ssq_bytes(tt, k) : 0);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, tc_push(c, tt, splits));
+    const size_t smem = tc_launch_smem(c, tt, k, splits, bm, link.ssq_in);
     if (smem > (size_t)c->smem_optin)
-        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: a norm link's consumer of [%d, %d]^T needs %zu bytes of "
-                         "shared memory a block; this device allows %d", m, k, smem, c->smem_optin);
+        return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: [%d, %d]^T in %d splits at %d rows needs %zu bytes of shared "
+                         "memory a block (slices, the norm link's sums of squares, pushed partials); this device "
+                         "allows %d", m, k, splits, n, smem, c->smem_optin);
     const dim3 grid((unsigned)splits, (unsigned)((m + bm - 1) / bm));
     static const bool trace_sync = lm_env_flag("LM_CUDA_TRACE_SYNC", false);
     if (c->trace && trace_sync) mode |= TC_TRACE_SYNC;
@@ -568,8 +628,8 @@ extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s,
     const int tt = tc_tt(n);
     if (!lm_cuda_gemm_tc_fits(c, k, s) || (bm != 64 && bm != 128) || tc_smem(tt, k / s, bm) > (size_t)c->smem_optin)
         return 0;
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm);
-    return tc_clusters((const void *)fn, tc_smem(tt, k / s, bm), s);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, tc_push(c, tt, s));
+    return tc_clusters((const void *)fn, tc_launch_smem(c, tt, k, s, bm, false), s);
 }
 
 /* The weight rows a block of lm_cuda_gemm_tc takes for n rows of [*, k] x [m, k]^T in s splits:

@@ -146,6 +146,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemm_tc_rows = lm_cuda_gemm_tc_default_rows();
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
     c->gemm_wgmma = lm_env_flag("LM_CUDA_GEMM_WGMMA", true);
+    c->gemm_push = lm_env_flag("LM_CUDA_GEMM_PUSH", true);
     c->gemm_tc_bm = (int)lm_env_int("LM_CUDA_GEMM_TC_BM", 0, 0, 128);
     if (c->gemm_tc_bm != 0 && c->gemm_tc_bm != 64 && c->gemm_tc_bm != 128) {
         fprintf(stderr, "lumen: LM_CUDA_GEMM_TC_BM=%d is not 0, 64 or 128; using 0 (the rule)\n", c->gemm_tc_bm);
@@ -197,6 +198,11 @@ extern "C" void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on) {
     c->n_tc_memo = 0;
 }
 extern "C" bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c) { return c->gemm_wgmma; }
+extern "C" void lm_cuda_ctx_set_gemm_push(struct lm_cuda_ctx *c, bool on) {
+    c->gemm_push = on;
+    c->n_tc_memo = 0;
+}
+extern "C" bool lm_cuda_ctx_gemm_push(const struct lm_cuda_ctx *c) { return c->gemm_push; }
 extern "C" void lm_cuda_ctx_set_gemm_tc_bm(struct lm_cuda_ctx *c, int bm) {
     c->gemm_tc_bm = bm == 64 || bm == 128 ? bm : 0;
     c->n_tc_memo = 0;
