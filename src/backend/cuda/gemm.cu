@@ -449,7 +449,7 @@ tc_kernel tc_kernel_bm(int tt, bool wg, bool push) {
 }
 /* Whether a launch of TT rows in s splits pushes its partials (k_gemm_tc's PUSH; the context's
  * gemm_push, lm_cuda_ctx_set_gemm_push): TT up to LM_CUDA_GEMM_PUSH_ROWS (32, or 16; v25 call 9:
- * at 32 rows +5.5%; 48 and 64 not tried, where the pushed buffer would cost occupancy).
+ * at 32 rows +5.5%; call 11: at 64 rows -10%, the pushed buffer costing occupancy).
  * A launch without a cluster (s = 1) has no peers. */
 bool tc_push(const lm_cuda_ctx *c, int tt, int s) {
     static const int upto = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
