@@ -2581,11 +2581,14 @@ static void test_gemm_push(void) {
                                              {1024, 4096, 0, 1}, {1024, 6144, 0, 2},  {2048, 1024, 0, 3},
                                              {3072, 1024, 0, 3}};
     static const int rows[] = {1, 3, 16, 32};
-    int n_cmp = 0, worst = 0;
+    int n_cmp = 0, worst = 0, pushed = 0, small = 0;
     const bool was = lm_cuda_ctx_gemm_push(g_ctx);
+    const int bm_was = lm_cuda_ctx_gemm_tc_bm(g_ctx);
+    for (int bm = 0; bm <= 128; bm += 128) /* the rule's 64-row blocks, and 128 forced */
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
         for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
             const struct push_case *pc = &cases[ci];
+            lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm);
             const int k = pc->k, m = pc->m, n = rows[ri], ym = pc->kind == 2 ? m / 2 : m;
             uint16_t *w = malloc(2 * (size_t)m * k), *x = malloc(2 * (size_t)n * k);
             float *y0 = malloc(sizeof(float) * (size_t)n * m), *ssq = malloc(sizeof(float) * (size_t)n * (k / 64));
@@ -2602,8 +2605,10 @@ static void test_gemm_push(void) {
             const size_t yb = pc->kind == 2 ? 2 * (size_t)n * ym : sizeof(float) * (size_t)n * m;
             unsigned char *out[2] = {malloc(yb + 2 * (size_t)n * m + sizeof(float) * n * (m / 64 + 1)),
                                      malloc(yb + 2 * (size_t)n * m + sizeof(float) * n * (m / 64 + 1))};
+            const int splits = pc->kind == 0 ? pc->splits : lm_cuda_gemm_tc_splits(g_ctx, k, m);
             for (int push = 0; push < 2; push++) {
                 lm_cuda_ctx_set_gemm_push(g_ctx, push);
+                if (push) pushed += lm_cuda_gemm_tc_pushes(g_ctx, n, splits), small += n <= 16;
                 lm_cuda_upload(dy, y0, sizeof(float) * (size_t)n * m);
                 poison(dxn, 2 * (size_t)n * m), poison(dso, sizeof(float) * (size_t)n * (m / 64 + 1));
                 const struct lm_cuda_norm_link cons = {dssq, 1e-6f, NULL, NULL, NULL};
@@ -2638,8 +2643,12 @@ static void test_gemm_push(void) {
                 lm_cuda_free(dso), lm_cuda_free(dxn);
         }
     lm_cuda_ctx_set_gemm_push(g_ctx, was);
-    fprintf(stderr, "gemm push: %d comparisons of pushed partials against the cluster barrier's reads, worst %d "
-            "bytes differing\n", n_cmp, worst);
+    lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm_was);
+    /* every launch of up to 16 rows here has 2 or more splits: it must have pushed (32 rows too,
+     * unless LM_CUDA_GEMM_PUSH_ROWS=16) */
+    CHECK(pushed >= small, "gemm push: %d of the %d launches of up to 16 rows pushed", pushed, small);
+    fprintf(stderr, "gemm push: %d comparisons (64- and 128-row blocks) of pushed partials against the cluster "
+            "barrier's reads, %d of them pushing, worst %d bytes differing\n", n_cmp, pushed, worst);
 }
 
 int main(void) {

@@ -199,12 +199,13 @@ static __device__ __forceinline__ void mbar_arrive_expect(void *bar, unsigned by
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                  : "memory");
 }
-/* Waits until the barrier's phase `parity` has completed (acquire: the bytes it counted are
- * visible). */
+/* Waits until the barrier's phase `parity` has completed, acquiring at cluster scope: the bytes it
+ * counted, stored by the cluster's other blocks (st.async's complete_tx releases at cluster
+ * scope), are visible. */
 static __device__ __forceinline__ void mbar_wait(void *bar, unsigned parity) {
     unsigned done;
     do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done)
                      : "r"(smem_u32(bar)), "r"(parity)
                      : "memory");
@@ -216,7 +217,10 @@ static __device__ __forceinline__ unsigned cluster_addr(const void *p, unsigned 
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
     return a;
 }
-/* 16 bytes into a peer's shared memory (cluster addresses), counted on the peer's mbarrier. */
+/* 16 bytes into a block's shared memory (cluster addresses), counted on that block's mbarrier.
+ * PTX: only in a cluster of more than one block. k_gemm_tc also pushes into its own block this
+ * way, which st.async's text allows (red.async's forbids it; perf-notes v25 call 13: reading the
+ * own share locally instead measured 5% slower). */
 static __device__ __forceinline__ void st_async16(unsigned addr, float4 v, unsigned bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
                  "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)

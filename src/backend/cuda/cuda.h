@@ -121,11 +121,14 @@ void lm_cuda_ctx_set_gemm_wgmma(struct lm_cuda_ctx *c, bool on);
 bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c);
 /* Whether lm_cuda_gemm_tc's launches of 1 to 32 rows in 2 or more splits move their cluster's
  * partial sums as pushes into the peers' shared memory counted on an mbarrier (st.async), instead
- * of a cluster barrier, reads of the peers' memory and a last barrier (perf-notes v25): the same
- * sums in the same order, so the same bits either way. Default on; LM_CUDA_GEMM_PUSH=0 turns it
- * off, for A/B runs. Set it before a model captures its step graphs. */
+ * of the cluster barrier after the partials, reads of the peers' memory and a last barrier
+ * (perf-notes v25): the same sums in the same order, so the same bits either way. Default on;
+ * LM_CUDA_GEMM_PUSH=0 turns it off, LM_CUDA_GEMM_PUSH_ROWS=16 limits it to 16 rows, for A/B runs.
+ * Set it before a model captures its step graphs. */
 void lm_cuda_ctx_set_gemm_push(struct lm_cuda_ctx *c, bool on);
 bool lm_cuda_ctx_gemm_push(const struct lm_cuda_ctx *c);
+/* True when a launch of lm_cuda_gemm_tc over n rows in `splits` splits pushes its partials. */
+bool lm_cuda_gemm_tc_pushes(const struct lm_cuda_ctx *c, int n, int splits);
 /* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 (or any other
  * value) for its rule (lm_cuda_gemm_tc_rows_per_block). LM_CUDA_GEMM_TC_BM sets the start value,
  * for A/B runs. */

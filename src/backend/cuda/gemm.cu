@@ -60,12 +60,13 @@ enum { TC_STORE, TC_ADD, TC_SWIGLU };
 enum { TC_TRACE_SYNC = 8 };
 /* k_gemm_tc<..., PUSH = true> (perf-notes v25): the cluster's partials travel as pushes. Each
  * block stores the items of every peer's share into that peer's shared memory (st.async, counted
- * on the peer's mbarrier: TT x BM x 4 bytes, past the front area and the sums of squares) and
- * waits on its own mbarrier, instead of a cluster barrier, reads of its peers' memory, and a last
- * barrier that keeps its memory alive for them; the same values summed in the same order. Used at
- * TT = 16 and 32 with 2 or more splits (tc_push): separate instantiations, so the others keep their
- * registers. */
-/* Bytes of k_gemm_tc's push buffer: [S][TT x BM / S] float4 items, a peer's share of each. */
+ * on the peer's mbarrier, its own share into its own memory the same way: TT x BM x 4 bytes,
+ * into a buffer past the front area and the sums of squares) and waits on its own mbarrier, instead of the cluster barrier after the
+ * partials, reads of its peers' memory, and a last barrier that keeps its memory alive for them
+ * (what remains is one cluster barrier arrived at the start and waited on before the first push,
+ * for the mbarriers' initialisation); the same values summed in the same order. Used at TT = 16 and
+ * 32 with 2 or more splits (tc_push): separate instantiations, so the others keep their registers. */
+/* Bytes of k_gemm_tc's push buffer: S slots of TT x BM / S floats (each rank's share of the tile). */
 __host__ __device__ constexpr size_t tc_push_bytes(int tt, int bm) { return 4 * (size_t)tt * bm; }
 
 /* wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", sm_90a only): the
@@ -348,7 +349,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             part[(t + 1) * PS + row + 8] = acc[h][j][3];
         }
     }
-    /* Item i's partials from rank q: with pushes, recv[q][i - rank per] (float4); else rank q's part. */
+    /* Item i's partials from rank q: with pushes, recv[q][i - rank per] (float4; its own share too,
+     * pushed to itself: perf-notes v25 call 13); else in rank q's part. */
     const float4 *recv = reinterpret_cast<const float4 *>(reinterpret_cast<const char *>(tc_sm) + tc_front(TT, ks, BM) +
                                                           (link.ssq_in ? tc_ssq_bytes(TT, k) : 0));
     if constexpr (push) {
@@ -449,8 +451,8 @@ tc_kernel tc_kernel_bm(int tt, bool wg, bool push) {
 }
 /* Whether a launch of TT rows in s splits pushes its partials (k_gemm_tc's PUSH; the context's
  * gemm_push, lm_cuda_ctx_set_gemm_push): TT up to LM_CUDA_GEMM_PUSH_ROWS (32, or 16; v25 call 9:
- * at 32 rows +5.5%; call 11: at 64 rows -10%, the pushed buffer costing occupancy).
- * A launch without a cluster (s = 1) has no peers. */
+ * at 32 rows +5.5%; call 11: at 64 rows -10%, the pushed buffer costing occupancy). A launch
+ * without a cluster (s = 1) has no peers, and st.async needs a cluster of more than one block. */
 bool tc_push(const lm_cuda_ctx *c, int tt, int s) {
     static const int upto = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
     return c->gemm_push && tt <= upto && s > 1;
@@ -657,6 +659,9 @@ static int tc_route(struct lm_cuda_ctx *c, int n, int k, int m) {
 }
 
 extern "C" bool lm_cuda_gemm_on_tc(struct lm_cuda_ctx *c, int n, int k, int m) { return tc_route(c, n, k, m) != 0; }
+extern "C" bool lm_cuda_gemm_tc_pushes(const struct lm_cuda_ctx *c, int n, int splits) {
+    return n >= 1 && n <= TC_MAX_T && tc_push(c, tc_tt(n), splits);
+}
 
 extern "C" lm_status lm_cuda_gemm(struct lm_cuda_ctx *c, float *y, const uint16_t *x_bf16,
                                   const uint16_t *w, int n, int k, int m, bool accumulate) {
