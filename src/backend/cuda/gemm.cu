@@ -60,12 +60,13 @@ enum { TC_STORE, TC_ADD, TC_SWIGLU };
 enum { TC_TRACE_SYNC = 8 };
 /* k_gemm_tc<..., PUSH = true> (perf-notes v25): the cluster's partials travel as pushes. Each
  * block stores the items of every peer's share into that peer's shared memory (st.async, counted
- * on the peer's mbarrier, its own share into its own memory the same way: TT x BM x 4 bytes,
- * into a buffer past the front area and the sums of squares) and waits on its own mbarrier, instead of the cluster barrier after the
- * partials, reads of its peers' memory, and a last barrier that keeps its memory alive for them
- * (what remains is one cluster barrier arrived at the start and waited on before the first push,
- * for the mbarriers' initialisation); the same values summed in the same order. Used at TT = 16 and
- * 32 with 2 or more splits (tc_push): separate instantiations, so the others keep their registers. */
+ * on the peer's mbarrier; its own share into its own memory the same way: TT x BM x 4 bytes, in a
+ * buffer past the front area and the sums of squares) and waits on its own mbarrier, instead of
+ * the cluster barrier after the partials, reads of its peers' memory, and a last barrier that
+ * keeps its memory alive for them (what remains is one cluster barrier arrived at the start and
+ * waited on before the first push, for the mbarriers' initialisation); the same values summed in
+ * the same order. Used at TT = 16 and 32 with 2 or more splits (tc_push): separate
+ * instantiations, so the others keep their registers. */
 /* Bytes of k_gemm_tc's push buffer: S slots of TT x BM / S floats (each rank's share of the tile). */
 __host__ __device__ constexpr size_t tc_push_bytes(int tt, int bm) { return 4 * (size_t)tt * bm; }
 
@@ -180,7 +181,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
     const bool mid_sync = mode & TC_TRACE_SYNC;
     mode &= ~TC_TRACE_SYNC;
-    constexpr bool push = PUSH;
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
     const unsigned long long t0 = trace ? gtime() : 0;
     extern __shared__ __align__(128) uint16_t tc_smraw[];
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
      * arrival on the cluster barrier that tells the peers it is initialised (they wait on it before
      * their first push; by then every block arrived long ago). */
     __shared__ __align__(8) unsigned long long push_bar;
-    if constexpr (push) {
+    if constexpr (PUSH) {
         if (tid == 0) {
             mbar_init(&push_bar, 1);
             fence_mbar_init_cluster();
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
      * pushed to itself: perf-notes v25 call 13); else in rank q's part. */
     const float4 *recv = reinterpret_cast<const float4 *>(reinterpret_cast<const char *>(tc_sm) + tc_front(TT, ks, BM) +
                                                           (link.ssq_in ? tc_ssq_bytes(TT, k) : 0));
-    if constexpr (push) {
+    if constexpr (PUSH) {
         __syncthreads(); /* this block's partials written */
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer's barrier initialised */
         for (int i = tid; i < TT * B4; i += TC_THREADS) { /* item i to its owner q, slot [rank][i - q per] */
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 #pragma unroll
             for (int q = 0; q < TC_MAX_S; q++)
                 if (live[h] && q < S)
-                    v[h][q] = push ? recv[q * per + (i - rank * per)]
+                    v[h][q] = PUSH ? recv[q * per + (i - rank * per)]
                                    : *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, q) + t * PS + c);
         }
 #pragma unroll
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
      * has completed when the warp, issuing in order, reaches the arrive; the SASS keeps that
      * order). A release arrive after the loads and before the stores, which the model does order,
      * cost 13-20% of decode throughput at 8-64 sequences (perf-notes v22, call 11). */
-    if constexpr (!push) {
+    if constexpr (!PUSH) {
         asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     }
@@ -451,7 +451,7 @@ tc_kernel tc_kernel_bm(int tt, bool wg, bool push) {
 }
 /* Whether a launch of TT rows in s splits pushes its partials (k_gemm_tc's PUSH; the context's
  * gemm_push, lm_cuda_ctx_set_gemm_push): TT up to LM_CUDA_GEMM_PUSH_ROWS (32, or 16; v25 call 9:
- * at 32 rows +5.5%; call 11: at 64 rows -10%, the pushed buffer costing occupancy). A launch
+ * at 32 rows +5-6%; call 11: at 64 rows -9 to -11%, the pushed buffer costing occupancy). A launch
  * without a cluster (s = 1) has no peers, and st.async needs a cluster of more than one block. */
 bool tc_push(const lm_cuda_ctx *c, int tt, int s) {
     static const int upto = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
@@ -462,8 +462,8 @@ tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM, bool push = false) {
 }
 /* k_gemm_tc's dynamic shared memory for a launch: the front area and its alignment, the norm-link
  * consumer's sums of squares, the pushed partials. */
-size_t tc_launch_smem(const lm_cuda_ctx *c, int tt, int k, int s, int bm, bool consumer) {
-    return tc_smem(tt, k / s, bm) + (consumer ? tc_ssq_bytes(tt, k) : 0) + (tc_push(c, tt, s) ? tc_push_bytes(tt, bm) : 0);
+size_t tc_launch_smem(int tt, int k, int s, int bm, bool consumer, bool push) {
+    return tc_smem(tt, k / s, bm) + (consumer ? tc_ssq_bytes(tt, k) : 0) + (push ? tc_push_bytes(tt, bm) : 0);
 }
 
 /* Clusters of s blocks of fn (TC_THREADS threads, smem bytes each) the device holds at once
@@ -594,14 +594,15 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
                          "this device allows %d", splits, k, tc_smem(tt, ks), c->smem_optin);
     /* The block height for this launch's shape, and the kernel's shared-memory limit raised (to the
      * device's maximum: lm_cuda_occupancy), once per shape and settings. */
+    const bool push = tc_push(c, tt, splits);
     const int bm = tc_memo(c, TC_MEMO_BM, k, m, splits * 1024 + tt, [&] {
         const int b = lm_cuda_gemm_tc_rows_per_block(c, k, m, splits, n);
-        lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b, tc_push(c, tt, splits)), TC_THREADS,
-                          tc_launch_smem(c, tt, k, splits, b, true));
+        lm_cuda_occupancy((const void *)tc_kernel_for(tt, c->gemm_wgmma, b, push), TC_THREADS,
+                          tc_launch_smem(tt, k, splits, b, false, push));
         return b;
     });
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, tc_push(c, tt, splits));
-    const size_t smem = tc_launch_smem(c, tt, k, splits, bm, link.ssq_in);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, push);
+    const size_t smem = tc_launch_smem(tt, k, splits, bm, link.ssq_in, push);
     if (smem > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: [%d, %d]^T in %d splits at %d rows needs %zu bytes of shared "
                          "memory a block (slices, the norm link's sums of squares, pushed partials); this device "
@@ -630,8 +631,9 @@ extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s,
     const int tt = tc_tt(n);
     if (!lm_cuda_gemm_tc_fits(c, k, s) || (bm != 64 && bm != 128) || tc_smem(tt, k / s, bm) > (size_t)c->smem_optin)
         return 0;
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, tc_push(c, tt, s));
-    return tc_clusters((const void *)fn, tc_launch_smem(c, tt, k, s, bm, false), s);
+    const bool push = tc_push(c, tt, s);
+    return tc_clusters((const void *)tc_kernel_for(tt, c->gemm_wgmma, bm, push), tc_launch_smem(tt, k, s, bm, false, push),
+                       s);
 }
 
 /* The weight rows a block of lm_cuda_gemm_tc takes for n rows of [*, k] x [m, k]^T in s splits:
