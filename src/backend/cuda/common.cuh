@@ -166,6 +166,20 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bo
                  "r"(zfill ? 0 : 16)
                  : "memory");
 }
+/* An L2 cache policy (PTX ISA "createpolicy") under which the lines a load brings in are the
+ * first to be evicted: for weights, read once a step, so that they do not push out what the
+ * step's kernels share through L2 (activations, partial sums, the KV cache). */
+static __device__ __forceinline__ unsigned long long l2_evict_first() {
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+/* cp_async16 with an L2 cache policy (l2_evict_first). */
+static __device__ __forceinline__ void cp_async16_hint(void *dst, const void *src, bool zfill, unsigned long long pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(zfill ? 0 : 16), "l"(pol)
+                 : "memory");
+}
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 /* Closes this thread's current group of cp.async copies. */
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

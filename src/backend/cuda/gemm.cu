@@ -205,8 +205,10 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     }
 
     /* The weights do not depend on the previous kernel: all of the block's slice is in flight
-     * before the wait (rows past m read as zeros), one copy group. wgmma's A: chunk ch of the
-     * columns is a tile of BM rows of 128 bytes (see tc_chunk); mma.sync's: rows of ks. */
+     * before the wait (rows past m read as zeros), one copy group, marked first to leave L2 (read
+     * once a step; v26: +3-4% at batch 1). wgmma's A: chunk ch of the columns is a tile of BM rows
+     * of 128 bytes (see tc_chunk); mma.sync's: rows of ks. */
+    const unsigned long long evict_first = l2_evict_first();
 #pragma unroll
     for (int i = 0; i < BM / 16; i++) {
         const int r = rg + 16 * i;
@@ -214,7 +216,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         const uint16_t *src = w + (size_t)(in ? r0 + r : 0) * k + k0 + c8 * 8;
         uint16_t *dst = wg ? ws + r * TC_CH + tc_chunk(r, c8) : ws + (size_t)r * ks + tc_chunk(r, c8);
         for (int ch = 0; ch < nch; ch++)
-            cp_async16(dst + ch * (wg ? BM * TC_CH : TC_CH), src + ch * TC_CH, !in);
+            cp_async16_hint(dst + ch * (wg ? BM * TC_CH : TC_CH), src + ch * TC_CH, !in, evict_first);
     }
     cp_async_commit();
     pdl_trigger();
@@ -272,19 +274,19 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     unsigned long long tx = 0;
     if constexpr (wg) {
         /* The warpgroup's products, A and B read by the tensor cores from shared memory (each
-         * once a block, where mma.sync has every warp read all of B): a chunk's four k-steps are
-         * issued as it lands, and the products are waited for once, at the end (perf-notes v22). */
+         * once a block, where mma.sync has every warp read all of B), issued back to back once
+         * every slice has landed and waited for once, at the end. A wait, proxy fence and barrier
+         * a chunk, so that a chunk's products start as it lands (perf-notes v22), cost ~0.2 us a
+         * chunk at 1-64 rows, where the slices land together (v26: +3-7%). */
         const unsigned ws_addr = smem_u32(ws), xs_addr = smem_u32(xs);
-        for (int ch = 0; ch < nch; ch++) {
-            cp_async_wait_pending(nch - 1 - ch);
-            fence_proxy_async_smem();
-            __syncthreads(); /* every thread's copies of the chunk have landed */
-            if (trace && !mid_sync && ch == nch - 1) tx = gtime();
-            if (ch == 0) {
+        cp_async_wait_all();
+        fence_proxy_async_smem();
+        __syncthreads(); /* every thread's copies have landed */
+        if (trace && !mid_sync) tx = gtime();
 #pragma unroll
-                for (int h = 0; h < NH; h++) wg_pin(acc[h]);
-                wg_fence();
-            }
+        for (int h = 0; h < NH; h++) wg_pin(acc[h]);
+        wg_fence();
+        for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
             for (int s2 = 0; s2 < TC_CH / 16; s2++) {
                 const unsigned long long b = wg_desc(xs_addr + (unsigned)(ch * TT * TC_CH * 2 + s2 * 32));
@@ -292,8 +294,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                 for (int h = 0; h < NH; h++) /* half h: rows 64 h .., 64 rows of 128 bytes further */
                     wgmma_ss<TT>(acc[h], wg_desc(ws_addr + (unsigned)((ch * BM + 64 * h) * TC_CH * 2 + s2 * 32)), b);
             }
-            wg_commit();
         }
+        wg_commit();
         wg_wait0();
 #pragma unroll
         for (int h = 0; h < NH; h++) wg_pin(acc[h]);
