@@ -30,7 +30,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cuda/common.cuh" /* ld_stream16: the GEMV's weight load */
+#include "backend/cuda/common.cuh" /* ld_stream16 (the GEMV's weight load), gtime, smem_u32 */
 
 #define CK(x)                                                                                     \
     do {                                                                                          \
@@ -41,11 +41,6 @@
         }                                                                                         \
     } while (0)
 
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -53,9 +48,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
 }
 __device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
 }
 __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
