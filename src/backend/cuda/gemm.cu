@@ -239,9 +239,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     float *ssq_sm = reinterpret_cast<float *>(reinterpret_cast<char *>(tc_sm) + tc_front(TT, ks, BM));
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
-    /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns, so the
-     * products of a chunk start when it lands. wgmma's B: chunk ch is a tile of TT rows of 128
-     * bytes; mma.sync's: rows of ks. */
+    /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns (mma.sync
+     * starts a chunk's products when it lands; wgmma waits for all of them). wgmma's B: chunk ch
+     * is a tile of TT rows of 128 bytes; mma.sync's: rows of ks. */
     for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
         for (int i = 0; i < TT / 16; i++) {
