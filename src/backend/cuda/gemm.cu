@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 
     /* The weights do not depend on the previous kernel: all of the block's slice is in flight
      * before the wait (rows past m read as zeros), one copy group, marked first to leave L2 (read
-     * once a step; v26: +3-4% at batch 1). wgmma's A: chunk ch of the columns is a tile of BM rows
-     * of 128 bytes (see tc_chunk); mma.sync's: rows of ks. */
+     * once a step; perf-notes v26). wgmma's A: chunk ch of the columns is a tile of BM rows of 128
+     * bytes (see tc_chunk); mma.sync's: rows of ks. */
     const unsigned long long evict_first = l2_evict_first();
 #pragma unroll
     for (int i = 0; i < BM / 16; i++) {
@@ -276,8 +276,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         /* The warpgroup's products, A and B read by the tensor cores from shared memory (each
          * once a block, where mma.sync has every warp read all of B), issued back to back once
          * every slice has landed and waited for once, at the end. A wait, proxy fence and barrier
-         * a chunk, so that a chunk's products start as it lands (perf-notes v22), cost ~0.2 us a
-         * chunk at 1-64 rows, where the slices land together (v26: +3-7%). */
+         * a chunk, so that a chunk's products start as it lands (perf-notes v22), cost ~0.25 us a
+         * chunk at 1-64 rows, where the slices land together (v26: with the evict-first weights,
+         * +5.8% at batch 1, +1.7% at 64 rows). */
         const unsigned ws_addr = smem_u32(ws), xs_addr = smem_u32(xs);
         cp_async_wait_all();
         fence_proxy_async_smem();
