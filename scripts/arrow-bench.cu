@@ -30,7 +30,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cuda/common.cuh" /* ld_stream16 (the GEMV's weight load), gtime, smem_u32 */
+#include "backend/cuda/common.cuh" /* ld_stream16 (the GEMV's weight load), gtime, smem_u32, mbar_* */
 
 #define CK(x)                                                                                     \
     do {                                                                                          \
@@ -49,24 +49,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
 __device__ __forceinline__ void red_release(unsigned *p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
-}
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *b) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
-                 : "memory");
+    mbar_arrive_expect(b, bytes);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(smem_u32(b))
                  : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
-    unsigned ok = 0;
-    while (!ok)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(ok)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
 }
 
 constexpr int THREADS = 256, STAGE = 16384, MAXU = 16, MAXS = 12;

@@ -27,6 +27,7 @@ int main(void) {
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/qwen3.h"
 #include "base/buf.h"
+#include "base/env.h"
 #include "base/file.h"
 #include "base/json.h"
 #include "family/model.h"
@@ -2582,6 +2583,8 @@ static void test_gemm_push(void) {
                                              {3072, 1024, 0, 3}};
     static const int rows[] = {1, 3, 16, 32};
     int n_cmp = 0, worst = 0, pushed = 0, unpushed = 0;
+    /* the rows pushes go up to (gemm.cu tc_push): 32, or 16 where LM_CUDA_GEMM_PUSH_ROWS says so */
+    const int push_rows = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
     const bool was = lm_cuda_ctx_gemm_push(g_ctx);
     const int bm_was = lm_cuda_ctx_gemm_tc_bm(g_ctx);
     for (int bm = 0; bm <= 128; bm += 128) /* the rule's 64-row blocks, and 128 forced */
@@ -2613,7 +2616,7 @@ static void test_gemm_push(void) {
                 if (push) {
                     const bool p = lm_cuda_gemm_tc_pushes(g_ctx, n, splits);
                     pushed += p;
-                    unpushed += !p && n <= 16; /* every launch here has 2+ splits: up to 16 rows it must push */
+                    unpushed += !p && n <= push_rows; /* every launch here has 2+ splits: it must push */
                 }
                 if (acc)
                     lm_cuda_upload(dy, y0, sizeof(float) * (size_t)n * m);
@@ -2663,8 +2666,7 @@ static void test_gemm_push(void) {
         }
     lm_cuda_ctx_set_gemm_push(g_ctx, was);
     lm_cuda_ctx_set_gemm_tc_bm(g_ctx, bm_was);
-    /* 32 rows push too unless LM_CUDA_GEMM_PUSH_ROWS=16 */
-    CHECK(unpushed == 0, "gemm push: %d launches of up to 16 rows in 2+ splits did not push", unpushed);
+    CHECK(unpushed == 0, "gemm push: %d launches of up to %d rows in 2+ splits did not push", unpushed, push_rows);
     fprintf(stderr, "gemm push: %d comparisons (64- and 128-row blocks) of pushed partials against the cluster "
             "barrier's reads, %d of them pushing, worst %d bytes differing or not finite\n", n_cmp, pushed, worst);
 }

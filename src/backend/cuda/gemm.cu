@@ -239,9 +239,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     float *ssq_sm = reinterpret_cast<float *>(reinterpret_cast<char *>(tc_sm) + tc_front(TT, ks, BM));
     pdl_wait();
     const unsigned long long t1 = trace ? gtime() : 0;
-    /* The tokens (rows past n read as zeros), one copy group a chunk of TC_CH columns (mma.sync
-     * starts a chunk's products when it lands; wgmma waits for all of them). wgmma's B: chunk ch
-     * is a tile of TT rows of 128 bytes; mma.sync's: rows of ks. */
+    /* The tokens (rows past n read as zeros): for mma.sync one copy group a chunk of TC_CH
+     * columns, whose products start when it lands; for wgmma one group, waited for whole.
+     * wgmma's B: chunk ch is a tile of TT rows of 128 bytes; mma.sync's: rows of ks. */
     for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
         for (int i = 0; i < TT / 16; i++) {
@@ -253,8 +253,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         }
         if (ch == 0 && link.ssq_in)
             for (int i = tid; i < n * (ng / 4); i += TC_THREADS) cp_async16(ssq_sm + i * 4, link.ssq_in + i * 4);
-        cp_async_commit();
+        if (!wg) cp_async_commit();
     }
+    if (wg) cp_async_commit();
     /* The residual the first two of this thread's sums add to (TC_ADD), read now so that its
      * trip to memory overlaps the products instead of following the cluster's sums. */
     float4 res[2] = {};
@@ -277,8 +278,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
          * once a block, where mma.sync has every warp read all of B), issued back to back once
          * every slice has landed and waited for once, at the end. A wait, proxy fence and barrier
          * a chunk, so that a chunk's products start as it lands (perf-notes v22), cost ~0.25 us a
-         * chunk at 1-64 rows, where the slices land together (v26: with the evict-first weights,
-         * +5.8% at batch 1, +1.7% at 64 rows). */
+         * chunk at 1-64 rows, where the slices land together (perf-notes v26, derived from its
+         * trace; with the evict-first weights +5.8% at batch 1, +1.7% at 64 rows, derived from
+         * its call 9). */
         const unsigned ws_addr = smem_u32(ws), xs_addr = smem_u32(xs);
         cp_async_wait_all();
         fence_proxy_async_smem();
