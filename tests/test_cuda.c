@@ -2570,6 +2570,61 @@ static void test_model(void) {
     lm_cuda_qwen3_destroy(g_m);
 }
 
+/* lm_cuda_gemv over an lm_head-sized matrix with its last row groups dealt out from counters
+ * (lm_cuda_ctx_set_gemv_dyn_rows) against the fixed share each (0): the same bits, launch after
+ * launch (the last block resets the counters), and the scalar reference within 1e-5. Its own
+ * random state, so that no earlier test's inputs move. */
+static void test_gemv_dyn(void) {
+    const uint64_t saved = g_rng;
+    g_rng = 0x5eed0d1full;
+    const int k = 1024, m = 50000, nmax = 3;
+    float *x = malloc(sizeof(float) * nmax * k), *nw = malloc(sizeof(float) * k);
+    uint16_t *w = malloc(2 * (size_t)m * k);
+    fill(x, (long)nmax * k, 1.0f);
+    for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.2f * frand();
+    for (size_t i = 0; i < (size_t)m * k; i++) w[i] = lm_f32_to_bf16(frand() * 0.05f);
+    float *dx = dev_from(x, sizeof(float) * nmax * k), *dnw = dev_from(nw, sizeof(float) * k);
+    uint16_t *dw = dev_from(w, 2 * (size_t)m * k);
+    float *dy = dev(sizeof(float) * (size_t)nmax * m);
+    float *off = malloc(sizeof(float) * (size_t)nmax * m), *on = malloc(sizeof(float) * (size_t)nmax * m);
+    float *ref = malloc(sizeof(float) * (size_t)nmax * m);
+    int launches = 0, differ = 0;
+    double worst = 0;
+    for (int n = 1; n <= nmax; n += 2) {
+        const size_t bytes = sizeof(float) * (size_t)n * m;
+        ref_gemv(ref, m, x, w, n, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
+        lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, 0);
+        poison(dy, bytes);
+        CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, n, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, NULL) == LM_OK,
+              "gemv dyn off: %s", lm_error_message());
+        sync_ok("gemv dyn off");
+        lm_cuda_download(off, dy, bytes);
+        lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, 32768);
+        for (int rep = 0; rep < 3; rep++) {
+            poison(dy, bytes);
+            CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, n, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, NULL) == LM_OK,
+                  "gemv dyn on: %s", lm_error_message());
+            sync_ok("gemv dyn on");
+            lm_cuda_download(on, dy, bytes);
+            launches++;
+            const bool same = !memcmp(on, off, bytes);
+            differ += !same;
+            CHECK(same, "gemv dyn: n=%d launch %d: the dealt-out rows differ from the fixed shares", n, rep + 1);
+            for (int t = 0; t < n; t++) {
+                const double e = rel_l2(on + (size_t)t * m, ref + (size_t)t * m, m);
+                if (e > worst) worst = e;
+                CHECK(e <= 1e-5, "gemv dyn: n=%d row %d: rel err %.3g", n, t, e);
+            }
+        }
+    }
+    lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, (int)lm_env_int("LM_CUDA_GEMV_DYN_ROWS", 32768, 0, 1 << 30));
+    fprintf(stderr, "gemv dyn: %d launches of %d x %d rows dealt out, %d differing from fixed shares, worst rel err %.3g\n",
+            launches, m, k, differ, worst);
+    free(x), free(nw), free(w), free(off), free(on), free(ref);
+    lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dw), lm_cuda_free(dy);
+    g_rng = saved;
+}
+
 /* lm_cuda_gemm_tc's pushed partials (lm_cuda_ctx_set_gemm_push) against the cluster barrier's
  * reads: the same bits at 1 to 32 rows, plain and accumulating, in 2 to 8 splits, and on the norm
  * link's consumer (q/k/v, SwiGLU gate/up) and producer (o_proj, down_proj with xn and sums of
@@ -2709,7 +2764,8 @@ int main(void) {
     test_sample();
     test_model_link();
     test_model();
-    test_gemm_push(); /* last: tests added before others would shift their random inputs */
+    test_gemm_push(); /* after the others: tests added before them would shift their random inputs */
+    test_gemv_dyn();  /* its own random state */
     lm_cuda_ctx_destroy(g_ctx);
     return check_exit("test_cuda");
 }

@@ -50,11 +50,16 @@ struct lm_cuda_ctx {
     } tc_memo[64];
     int n_tc_memo;
     int max_rows;        /* sampler scratch capacity */
+    int gemv_dyn_rows;   /* k_gemv hands out its last row groups from counters from this many
+                          * weight rows up (the lm_head; 0: off; gemv.cu, perf-notes v27) */
+    unsigned *gemv_ctr;  /* those counters and the blocks done, LM_CUDA_GEMV_CLASSES + 1 of them, one
+                          * a 128-byte line (LM_CUDA_GEMV_CTR_STRIDE words apart), zero between
+                          * launches (the last block resets them) */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
 };
 
-enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128 };
+enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128, LM_CUDA_GEMV_CLASSES = 32, LM_CUDA_GEMV_CTR_STRIDE = 32 };
 
 /* Launches kernel k on the context's stream, with the programmatic-stream-serialization
  * attribute when c->pdl (kernels then call pdl_wait() before touching a predecessor's output). */
@@ -159,6 +164,18 @@ static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_flo
 static __device__ __forceinline__ unsigned smem_u32(const void *p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
+/* wgmma (sm_90a) helpers, used by gemm.cu and scripts/wgmma-bench.cu.
+ * A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major operand in
+ * the 128-byte swizzle: rows of 64 bf16 (128 bytes) with 16-byte chunk c of row r at c ^ (r % 8),
+ * 8-row groups 1,024 bytes apart (the stride byte offset; the leading one is unused), the
+ * pattern starting 1 KiB-aligned. A k-step of 16 columns inside the row is 32 bytes on addr. */
+static __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 |
+           1ull << 62;
+}
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 /* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+); with zfill, the
  * 16 bytes are zeros and src is not read. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool zfill = false) {

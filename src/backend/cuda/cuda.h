@@ -98,6 +98,11 @@ void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c);
 /* Turns programmatic dependent launch on or off for later launches. */
 void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on);
 void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4 */
+/* lm_cuda_gemv(_q8) launches over at least `rows` weight rows (default 32768, the lm_head:
+ * LM_CUDA_GEMV_DYN_ROWS; 0 turns it off) hand out their last quarter of row groups from
+ * counters, a warp taking the next group as it finishes one, instead of a fixed share each: the
+ * same sums, in the same order, for every row (perf-notes v27). */
+void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows);
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,

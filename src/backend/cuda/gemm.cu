@@ -78,17 +78,7 @@ __host__ __device__ constexpr size_t tc_push_bytes(int tt, int bm) { return 4 * 
 #define TC_HAVE_WGMMA 0
 #endif
 
-/* A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major operand in
- * the 128-byte swizzle: rows of 64 bf16 (128 bytes) with 16-byte chunk c of row r at c ^ (r % 8),
- * 8-row groups 1,024 bytes apart (the stride byte offset; the leading one is unused), the
- * pattern starting 1 KiB-aligned. A k-step of 16 columns inside the row is 32 bytes on addr. */
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 |
-           1ull << 62;
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* wg_desc, wg_fence, wg_commit, wg_wait0: common.cuh. */
 /* Makes this thread's generic-proxy writes to shared memory (cp.async) visible to the async proxy
  * that wgmma reads its descriptor operands through. */
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

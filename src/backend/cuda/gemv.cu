@@ -274,7 +274,7 @@ template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
-           gemv_fix fix, unsigned long long *trace) {
+           gemv_fix fix, unsigned *dyn, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
     constexpr bool Q8 = F == GEMV_Q8, FX = EPI == LM_CUDA_EPI_ADD_FIX, ADDY = EPI == LM_CUDA_EPI_ADD || FX;
     static_assert(!FX || Q8, "the fixed-point sum is over Q8_0 blocks");
@@ -285,9 +285,26 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int nch = (K + CH - 1) / CH, Kp = nch * CH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
-    /* Row groups of this warp: strided over the whole grid. */
+    /* Row groups of this warp: strided over the whole grid. With dyn (lm_cuda_ctx's gemv_dyn_rows),
+     * only the first three quarters of the rounds: the groups from dyn_from on are dealt out in
+     * LM_CUDA_GEMV_CLASSES interleaved classes, group dyn_from + j + C i being counter j's ticket i
+     * (the counters a 128-byte line each: one line took every atomic to one L2 slice, 8 counters
+     * there made the lm_head 8 us slower, perf-notes v27),
+     * and a warp of class j takes its next ticket as it starts a group, so that warps whose memory
+     * came slower (a late start, a busier path) take fewer (perf-notes v27: the lm_head's last
+     * block ended ~12 us after its median one). Each row's sums are the same whoever takes it. */
     int rg = blockIdx.x * GEMV_WARPS + warp;
     const int stride = gridDim.x * GEMV_WARPS, end = n_rg;
+    constexpr int NC = LM_CUDA_GEMV_CLASSES, CS = LM_CUDA_GEMV_CTR_STRIDE;
+    int dyn_from = end;
+    if (dyn) {
+        const int rounds = end / stride;
+        if (rounds >= 4)
+            dyn_from = rounds * 3 / 4 * stride;
+        else
+            dyn = nullptr; /* too few rounds to balance: every group as before (uniform per launch) */
+    }
+    const int cls = (blockIdx.x + warp) % NC;
     uint4 wv[U][R];
     uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
     auto load = [&](int g, int c0) {
@@ -333,7 +350,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_inv(inv, ss_part, K, nw, eps);
 
     bool have = rg < end, first = true;
-    for (; rg < end; rg += stride) {
+    for (int next; rg < end; rg = next) {
+        /* The next group: the next round's, or a ticket whose atomic is issued now and read at the
+         * end of this group (its trip overlaps the weights'). */
+        next = rg + stride;
+        unsigned ticket = 0;
+        const bool take = dyn && next >= dyn_from;
+        if (take && lane == 0) ticket = atomicAdd(dyn + cls * CS, 1u);
         float acc[T][R];
         long long accf[FX ? T : 1][FX ? R : 1]; /* LM_CUDA_EPI_ADD_FIX: the sums in fixed point */
 #pragma unroll
@@ -388,6 +411,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                     }
                 }
         first = false;
+        if (take) {
+            const long long g = dyn_from + cls + (long long)NC * __shfl_sync(0xffffffffu, ticket, 0);
+            next = g < end ? (int)g : end;
+        }
+    }
+    /* The last block out puts the counters back to zero for the next launch (every warp's last
+     * ticket was past the end before its block got here). */
+    if (dyn) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(dyn + NC * CS, 1u) == gridDim.x - 1) {
+                for (int j = 0; j <= NC; j++) dyn[j * CS] = 0;
+                __threadfence();
+            }
+        }
     }
     if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, blockIdx.x, t0, t1, t2);
 }
@@ -697,8 +736,9 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
     const int grid = need < cap ? need : cap;
+    unsigned *dyn = c->gemv_dyn_rows > 0 && m >= c->gemv_dyn_rows ? c->gemv_ctr : nullptr;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, fix, c->trace);
+                     eps, fix, dyn, c->trace);
 }
 
 template <int T, int R, int EPI, int F>

@@ -116,6 +116,7 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->am_part);
     cudaFree(c->am_count);
+    cudaFree(c->gemv_ctr);
     cudaFree(c->trace);
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
@@ -152,6 +153,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
         fprintf(stderr, "lumen: LM_CUDA_GEMM_TC_BM=%d is not 0, 64 or 128; using 0 (the rule)\n", c->gemm_tc_bm);
         c->gemm_tc_bm = 0;
     }
+    c->gemv_dyn_rows = (int)lm_env_int("LM_CUDA_GEMV_DYN_ROWS", 32768, 0, 1 << 30);
     c->max_rows = p.max_rows > 0 ? p.max_rows : 1;
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     const size_t ws_bytes = 32u << 20;
@@ -159,6 +161,8 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
+    if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE);
+    if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy); /* see lm_cuda_upload */
     if (e != cudaSuccess) {
         rc = lm_cuda_fail(e, "context setup");
@@ -185,6 +189,7 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
+extern "C" void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows) { c->gemv_dyn_rows = rows > 0 ? rows : 0; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
 extern "C" void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on) { c->attn_batch = on; }
 extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->attn_batch; }

@@ -1,0 +1,297 @@
+/* wgmma-bench.cu: what the tensor cores take for a block's products at batch 1, by operand shape
+ * (perf-notes v27). Standalone: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iscripts -o /tmp/wgmma-bench
+ * scripts/wgmma-bench.cu && /tmp/wgmma-bench
+ *
+ * Each block holds 32 KiB of weights (bf16, K-major, 128-byte swizzle) times --tiles and 64 rows
+ * of tokens in shared memory and issues the wgmma that multiply them, back to back, waited for
+ * once (k_gemm_tc's sequence); the table gives the median block's time from the first issue to
+ * the wait's return, with 1, 2 or 3 blocks a multiprocessor started together:
+ * - A16: the weights as A (64 rows x 256 columns a tile), 16 tokens as B: 16 x m64n16k16 a tile
+ *   (what k_gemm_tc<16> runs at 1-16 rows);
+ * - Bn: the tokens as A (64 rows, from shared memory), the weights as B, n rows (n = 64, 128,
+ *   256) x 32768 / n columns: 16 / 8 / 4 x m64nNk16 a tile;
+ * - Rn: Bn with A from registers.
+ * Then a bits check: the same weights and tokens through A16 and B64 (D transposed), SS and RS:
+ * are the float32 sums the same bits? */
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include <algorithm>
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_fence, wg_commit, wg_wait0 */
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        cudaError_t e_ = (x);                                                                   \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+template <int R>
+__device__ __forceinline__ void pin(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#include "wgmma-bench-gen.cuh"
+
+/* Element (r, k) of a K-major operand of `rows` rows in 64-column tiles (128-byte swizzle). */
+__host__ __device__ inline int sw(int r, int k, int rows) {
+    return (k / 64) * rows * 64 + r * 64 + ((((k % 64) / 8) ^ (r % 8)) * 8) + k % 8;
+}
+
+enum { M_A16, M_B64, M_B128, M_B256, M_R64, M_R128, M_R256, N_MODES };
+static const char *k_names[N_MODES] = {"A16", "B64", "B128", "B256", "R64", "R128", "R256"};
+
+constexpr int WT = 16384; /* weight elements a tile (32 KiB) */
+
+/* One burst of products over `tiles` weight tiles; returns the accumulator sum (kept live). */
+template <int MODE>
+__device__ float burst(const uint16_t *ws, const uint16_t *xs, int tiles, const unsigned (&areg)[4]) {
+    constexpr int N = MODE == M_A16 ? 16 : (MODE == M_B64 || MODE == M_R64) ? 64 : (MODE == M_B128 || MODE == M_R128) ? 128 : 256;
+    constexpr int R = N / 2, KS = MODE == M_A16 ? 256 : WT / N; /* columns a tile */
+    float d[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) d[i] = 0.f;
+    pin(d);
+    wg_fence();
+    const unsigned wa = smem_u32(ws), xa = smem_u32(xs);
+    for (int t = 0; t < tiles; t++) {
+#pragma unroll
+        for (int s = 0; s < KS / 16; s++) {
+            const unsigned koff = (unsigned)((s / 4) * 64 * 2 * (MODE == M_A16 ? 64 : N) + (s % 4) * 32);
+            if constexpr (MODE == M_A16) {
+                /* A: weights (64 rows, tile of KS = 256: 4 chunks of 64 rows x 64); B: 16 tokens */
+                const unsigned xoff = (unsigned)((s / 4) * 64 * 2 * 16 + (s % 4) * 32);
+                wg_ss_16(d, wg_desc(wa + t * WT * 2 + koff), wg_desc(xa + xoff));
+            } else if constexpr (MODE == M_B64 || MODE == M_B128 || MODE == M_B256) {
+                const unsigned xoff = (unsigned)((s / 4) * 64 * 2 * 64 + (s % 4) * 32);
+                if constexpr (N == 64) wg_ss_64(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
+                if constexpr (N == 128) wg_ss_128(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
+                if constexpr (N == 256) wg_ss_256(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
+            } else {
+                if constexpr (N == 64) wg_rs_64(d, areg, wg_desc(wa + t * WT * 2 + koff));
+                if constexpr (N == 128) wg_rs_128(d, areg, wg_desc(wa + t * WT * 2 + koff));
+                if constexpr (N == 256) wg_rs_256(d, areg, wg_desc(wa + t * WT * 2 + koff));
+            }
+        }
+    }
+    wg_commit();
+    wg_wait0();
+    pin(d);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; i++) s += d[i];
+    return s;
+}
+
+/* Every block waits for globaltimer `start`, then runs `reps` bursts, timing each. */
+template <int MODE>
+__global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned long long start, float *sink,
+                                              unsigned long long *times) {
+    extern __shared__ __align__(1024) uint16_t sm[];
+    uint16_t *ws = sm, *xs = sm + (size_t)tiles * WT;
+    for (int i = threadIdx.x; i < tiles * WT + 64 * 256; i += 128) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
+    unsigned areg[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    while (gtime() < start) {
+    }
+    float acc = 0.f;
+    for (int r = 0; r < reps; r++) {
+        __syncthreads();
+        const unsigned long long t0 = gtime();
+        acc += burst<MODE>(ws, xs, tiles, areg);
+        const unsigned long long t1 = gtime();
+        if (threadIdx.x == 0) times[(size_t)blockIdx.x * reps + r] = t1 - t0;
+    }
+    if (acc == 12345.f) sink[blockIdx.x] = acc;
+}
+
+__global__ void k_now(unsigned long long *t) { *t = gtime(); }
+
+template <int MODE>
+static double run(int bps, int tiles, int reps, int sms) {
+    const int blocks = sms * bps;
+    const size_t smem = ((size_t)tiles * WT + 64 * 256) * 2;
+    CK(cudaFuncSetAttribute(k_bench<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    float *sink;
+    unsigned long long *times, *now;
+    CK(cudaMalloc(&sink, sizeof(float) * blocks));
+    CK(cudaMalloc(&times, sizeof(unsigned long long) * blocks * reps));
+    CK(cudaMalloc(&now, 8));
+    std::vector<double> med;
+    for (int launch = 0; launch < 6; launch++) {
+        k_now<<<1, 1>>>(now);
+        unsigned long long t;
+        CK(cudaMemcpy(&t, now, 8, cudaMemcpyDeviceToHost));
+        k_bench<MODE><<<blocks, 128, smem>>>(tiles, reps, t + 300000, sink, times);
+        CK(cudaGetLastError());
+        std::vector<unsigned long long> h((size_t)blocks * reps);
+        CK(cudaMemcpy(h.data(), times, 8 * h.size(), cudaMemcpyDeviceToHost));
+        if (launch == 0) continue;
+        /* the first burst of each block: what a GEMM after its wait sees */
+        std::vector<double> first;
+        for (int b = 0; b < blocks; b++) first.push_back((double)h[(size_t)b * reps]);
+        std::sort(first.begin(), first.end());
+        med.push_back(first[first.size() / 2]);
+    }
+    std::sort(med.begin(), med.end());
+    CK(cudaFree(sink));
+    CK(cudaFree(times));
+    CK(cudaFree(now));
+    return med[med.size() / 2];
+}
+
+/* Bits check: weights W [64][64], tokens X [16][64] (random bf16); P = A16 (D[r][t]) over one
+ * 64-column tile; Q = B64 SS with X padded to 64 rows (D[t][r]); QR = B64 RS. */
+__global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q, float *QR) {
+    __shared__ __align__(1024) uint16_t ws[64 * 64];
+    __shared__ __align__(1024) uint16_t xs16[16 * 64];
+    __shared__ __align__(1024) uint16_t xs64[64 * 64];
+    const int tid = threadIdx.x, wid = tid / 32, lane = tid % 32;
+    for (int i = tid; i < 64 * 64; i += 128) {
+        const int r = i / 64, k = i % 64;
+        ws[sw(r, k, 64)] = W[i];
+        xs64[sw(r, k, 64)] = r < 16 ? X[r * 64 + k] : 0;
+        if (r < 16) xs16[sw(r, k, 16)] = X[i];
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    float p[8] = {}, q[32] = {}, qr[32] = {};
+    pin(p);
+    pin(q);
+    pin(qr);
+    wg_fence();
+    for (int s = 0; s < 4; s++) {
+        wg_ss_16(p, wg_desc(smem_u32(ws) + s * 32), wg_desc(smem_u32(xs16) + s * 32));
+        wg_ss_64(q, wg_desc(smem_u32(xs64) + s * 32), wg_desc(smem_u32(ws) + s * 32));
+    }
+    wg_commit();
+    wg_wait0();
+    /* A fragment of X (m64k16, row-major A: rows 16 wid + lane/4 (+8), columns 2 (lane%4) (+1, +8, +9)) */
+    for (int s = 0; s < 4; s++) {
+        unsigned a[4];
+        const int r = 16 * wid + lane / 4, c = s * 16 + 2 * (lane % 4);
+        auto x2 = [&](int rr, int cc) -> unsigned {
+            const unsigned lo = rr < 16 ? X[rr * 64 + cc] : 0, hi = rr < 16 ? X[rr * 64 + cc + 1] : 0;
+            return lo | hi << 16;
+        };
+        a[0] = x2(r, c);
+        a[1] = x2(r + 8, c);
+        a[2] = x2(r, c + 8);
+        a[3] = x2(r + 8, c + 8);
+        pin(qr);
+        wg_fence();
+        wg_rs_64(qr, a, wg_desc(smem_u32(ws) + s * 32));
+        wg_commit();
+        wg_wait0();
+    }
+    pin(p);
+    pin(q);
+    pin(qr);
+    /* accumulator fragment: row 16 wid + lane/4 (+8), column 8 j + 2 (lane%4) (+1) */
+    const int row = 16 * wid + lane / 4, c0 = 2 * (lane % 4);
+    for (int j = 0; j < 2; j++) {
+        P[row * 16 + 8 * j + c0] = p[4 * j];
+        P[row * 16 + 8 * j + c0 + 1] = p[4 * j + 1];
+        P[(row + 8) * 16 + 8 * j + c0] = p[4 * j + 2];
+        P[(row + 8) * 16 + 8 * j + c0 + 1] = p[4 * j + 3];
+    }
+    for (int j = 0; j < 8; j++) {
+        Q[row * 64 + 8 * j + c0] = q[4 * j];
+        Q[row * 64 + 8 * j + c0 + 1] = q[4 * j + 1];
+        Q[(row + 8) * 64 + 8 * j + c0] = q[4 * j + 2];
+        Q[(row + 8) * 64 + 8 * j + c0 + 1] = q[4 * j + 3];
+        QR[row * 64 + 8 * j + c0] = qr[4 * j];
+        QR[row * 64 + 8 * j + c0 + 1] = qr[4 * j + 1];
+        QR[(row + 8) * 64 + 8 * j + c0] = qr[4 * j + 2];
+        QR[(row + 8) * 64 + 8 * j + c0 + 1] = qr[4 * j + 3];
+    }
+}
+
+static uint16_t bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+int main(int argc, char **argv) {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    printf("wgmma-bench: %d multiprocessors; us from the first wgmma issued to the wait's return, median block "
+           "(median of 5 launches), first burst of each block\n\n",
+           sms);
+    printf("| mode | instr a 32 KiB tile | tiles | 1 block / SM | 2 | 3 |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int tiles : {1, 2}) {
+        auto row = [&](int mode, auto fn) {
+            const int ni = mode == M_A16 ? 16 : (mode == M_B64 || mode == M_R64) ? 16 : (mode == M_B128 || mode == M_R128) ? 8 : 4;
+            printf("| %s | %d | %d", k_names[mode], ni, tiles);
+            for (int bps = 1; bps <= 3; bps++) {
+                if ((size_t)bps * ((size_t)tiles * WT + 64 * 256) * 2 > 227 * 1024) {
+                    printf(" | -");
+                    continue;
+                }
+                printf(" | %.3f", fn(bps) / 1e3);
+            }
+            printf(" |\n");
+            fflush(stdout);
+        };
+        row(M_A16, [&](int b) { return run<M_A16>(b, tiles, 4, sms); });
+        row(M_B64, [&](int b) { return run<M_B64>(b, tiles, 4, sms); });
+        row(M_B128, [&](int b) { return run<M_B128>(b, tiles, 4, sms); });
+        row(M_B256, [&](int b) { return run<M_B256>(b, tiles, 4, sms); });
+        row(M_R64, [&](int b) { return run<M_R64>(b, tiles, 4, sms); });
+        row(M_R128, [&](int b) { return run<M_R128>(b, tiles, 4, sms); });
+        row(M_R256, [&](int b) { return run<M_R256>(b, tiles, 4, sms); });
+    }
+
+    /* bits */
+    std::vector<uint16_t> W(64 * 64), X(16 * 64);
+    srand(7);
+    auto rnd = [] { return (float)rand() / RAND_MAX * 2.f - 1.f; };
+    for (auto &v : W) v = bf(rnd() * 0.1f);
+    for (auto &v : X) v = bf(rnd() * 3.f);
+    uint16_t *dW, *dX;
+    float *dP, *dQ, *dQR;
+    CK(cudaMalloc(&dW, 2 * W.size()));
+    CK(cudaMalloc(&dX, 2 * X.size()));
+    CK(cudaMalloc(&dP, 4 * 64 * 16));
+    CK(cudaMalloc(&dQ, 4 * 64 * 64));
+    CK(cudaMalloc(&dQR, 4 * 64 * 64));
+    CK(cudaMemcpy(dW, W.data(), 2 * W.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dX, X.data(), 2 * X.size(), cudaMemcpyHostToDevice));
+    k_bits<<<1, 128>>>(dW, dX, dP, dQ, dQR);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> P(64 * 16), Q(64 * 64), QR(64 * 64);
+    CK(cudaMemcpy(P.data(), dP, 4 * P.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(Q.data(), dQ, 4 * Q.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(QR.data(), dQR, 4 * QR.size(), cudaMemcpyDeviceToHost));
+    int diff = 0, diffr = 0, bad = 0;
+    double maxref = 0;
+    for (int r = 0; r < 64; r++)
+        for (int t = 0; t < 16; t++) {
+            double ref = 0;
+            for (int k = 0; k < 64; k++) {
+                uint32_t a = (uint32_t)W[r * 64 + k] << 16, b = (uint32_t)X[t * 64 + k] << 16;
+                float fa, fb;
+                memcpy(&fa, &a, 4);
+                memcpy(&fb, &b, 4);
+                ref += (double)fa * fb;
+            }
+            const float p = P[r * 16 + t], q = Q[t * 64 + r], qr = QR[t * 64 + r];
+            if (fabs(p - ref) > 1e-3 * (1 + fabs(ref))) bad++;
+            maxref = std::max(maxref, fabs(p - ref));
+            diff += memcmp(&p, &q, 4) != 0;
+            diffr += memcmp(&p, &qr, 4) != 0;
+        }
+    printf("\nbits: A16 against float64: %d of 1024 off (max |err| %.2e); B64 SS %d of 1024 differ from A16, B64 RS %d\n",
+           bad, maxref, diff, diffr);
+    return 0;
+}
