@@ -63,11 +63,23 @@ struct graph_slot {
     cudaGraphExec_t exec;
 };
 
-/* Split-KV decode: contexts up to SPLIT_MIN_CTX positions run one block per (token, KV head) as
- * before; longer ones, in class k (up to SPLIT_MIN_CTX << k positions), split into at most
- * SPLIT_MAX pieces of at least SPLIT_MIN positions while the blocks fit one wave, so that batch-1
- * decode at 4,096 positions uses 128 blocks instead of 8 (docs/perf-notes.md v10). */
-constexpr int SPLIT_MIN_CTX = 512, SPLIT_MIN = 256, SPLIT_MAX = 16;
+/* Split-KV decode: contexts up to split_min_ctx() positions run one block per (token, KV head);
+ * longer ones, in class k (up to split_min_ctx() << k positions), split into at most SPLIT_MAX
+ * pieces of at least split_min() positions (rounded up to a round of the decode kernel, 128
+ * positions at head_dim 128) while the blocks fit one wave, so that batch-1 decode at 4,096
+ * positions uses 128 blocks instead of 8 (docs/perf-notes.md v10). From 128 positions, not 512
+ * (perf-notes v27): one block a KV head loads a round of 128 positions before its wait and each
+ * further round after it, a dependent trip, so 129-512 positions ran 2-4 of them (tg512 at batch 1
+ * 1,275 -> 1,486 tok/s). LM_CUDA_SPLIT_MIN_CTX and LM_CUDA_SPLIT_MIN move them, to compare. */
+constexpr int SPLIT_MAX = 16;
+static int split_min_ctx() {
+    static const int n = (int)lm_env_int("LM_CUDA_SPLIT_MIN_CTX", 128, 16, 1 << 20);
+    return n;
+}
+static int split_min() {
+    static const int n = (int)lm_env_int("LM_CUDA_SPLIT_MIN", 64, 16, 1 << 20);
+    return n;
+}
 
 } // namespace
 
@@ -490,7 +502,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
      * measurements; base/env.h spellings). */
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
-        while ((SPLIT_MIN_CTX << (m->n_classes - 1)) < p.max_context) m->n_classes++;
+        while ((split_min_ctx() << (m->n_classes - 1)) < p.max_context) m->n_classes++;
     m->graphs.assign((size_t)(m->MO + 16) * 8 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
@@ -703,14 +715,14 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     a.pos = (const int32_t *)(m->in_dev + L.pos);
     a.out = out_f32 ? (void *)m->att : (void *)m->attb;
     a.out_bf16 = !out_f32;
-    /* Contexts of up to SPLIT_MIN_CTX << cls positions, n tokens: at most one wave of the decode
+    /* Contexts of up to split_min_ctx() << cls positions, n tokens: at most one wave of the decode
      * kernel's blocks (one a multiprocessor): each extra wave would repeat the blocks' fixed
      * latency (v10: 16 splits at 16 sequences were 16-24% slower than none). */
     const int waves = m->ctx->sm_count / std::max(1, n * m->cfg.n_kv_heads);
-    const int cap = SPLIT_MIN_CTX << cls;
+    const int cap = split_min_ctx() << cls;
     const bool dec = decode && lm_cuda_attn_dec_fits(m->ctx, &a, n);
     if (cls > 0 && dec && waves > 1) {
-        a.n_splits = std::min({SPLIT_MAX, cap / SPLIT_MIN, waves});
+        a.n_splits = std::min({SPLIT_MAX, cap / split_min(), waves});
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
     } else if (lists.work) {
         /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
@@ -738,7 +750,7 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
 /* The context class of a decode step whose longest context is max_len positions. */
 static int ctx_class(const lm_cuda_qwen3 *m, int max_len) {
     int k = 0;
-    while (k + 1 < m->n_classes && (SPLIT_MIN_CTX << k) < max_len) k++;
+    while (k + 1 < m->n_classes && (split_min_ctx() << k) < max_len) k++;
     return k;
 }
 
