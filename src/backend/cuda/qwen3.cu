@@ -722,7 +722,7 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     const int cap = split_min_ctx() << cls;
     const bool dec = decode && lm_cuda_attn_dec_fits(m->ctx, &a, n);
     if (cls > 0 && dec && waves > 1) {
-        a.n_splits = std::min({SPLIT_MAX, cap / split_min(), waves});
+        a.n_splits = std::max(1, std::min({SPLIT_MAX, cap / split_min(), waves})); /* 1: unsplit */
         a.split_len = (cap + a.n_splits - 1) / a.n_splits;
     } else if (lists.work) {
         /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
