@@ -299,12 +299,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     int dyn_from = end;
     if (dyn) {
         const int rounds = end / stride;
-        if (rounds >= 4)
+        if (rounds >= 4 && stride >= NC)
             dyn_from = rounds * 3 / 4 * stride;
         else
-            dyn = nullptr; /* too few rounds to balance: every group as before (uniform per launch) */
+            dyn = nullptr; /* too few rounds to balance, or fewer warps than classes (a class without
+                            * a warp would leave its groups undone): every group as before (uniform
+                            * per launch) */
     }
-    const int cls = (blockIdx.x + warp) % NC;
+    const int cls = (blockIdx.x * GEMV_WARPS + warp) % NC; /* every class has a warp when stride >= NC */
     uint4 wv[U][R];
     uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
     auto load = [&](int g, int c0) {

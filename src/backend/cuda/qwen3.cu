@@ -111,7 +111,7 @@ struct lm_cuda_qwen3 {
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
     unsigned *split_count;
-    int n_classes; /* context classes of the decode graphs: <= 512 positions, <= 1024, ... */
+    int n_classes; /* context classes of the decode graphs: <= split_min_ctx() positions, twice that, ... */
     int work_max;  /* the most blocks a KV head a work-list attention launch has (make_layout) */
     /* staging */
     char *in_dev, *in_host;
