@@ -22,7 +22,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_fence, wg_commit, wg_wait0 */
+#include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_fence, wg_commit, wg_wait0, wg_pin, wgmma_ss */
 
 #define CK(x)                                                                                   \
     do {                                                                                        \
@@ -32,12 +32,6 @@
             exit(1);                                                                            \
         }                                                                                       \
     } while (0)
-
-template <int R>
-__device__ __forceinline__ void pin(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 #include "wgmma-bench-gen.cuh"
 
@@ -55,11 +49,9 @@ constexpr int WT = 16384; /* weight elements a tile (32 KiB) */
 template <int MODE>
 __device__ float burst(const uint16_t *ws, const uint16_t *xs, int tiles, const unsigned (&areg)[4]) {
     constexpr int N = MODE == M_A16 ? 16 : (MODE == M_B64 || MODE == M_R64) ? 64 : (MODE == M_B128 || MODE == M_R128) ? 128 : 256;
-    constexpr int R = N / 2, KS = MODE == M_A16 ? 256 : WT / N; /* columns a tile */
-    float d[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) d[i] = 0.f;
-    pin(d);
+    constexpr int KS = MODE == M_A16 ? 256 : WT / N; /* columns a tile */
+    float d[N / 8][4] = {};
+    wg_pin(d);
     wg_fence();
     const unsigned wa = smem_u32(ws), xa = smem_u32(xs);
     for (int t = 0; t < tiles; t++) {
@@ -69,25 +61,21 @@ __device__ float burst(const uint16_t *ws, const uint16_t *xs, int tiles, const 
             if constexpr (MODE == M_A16) {
                 /* A: weights (64 rows, tile of KS = 256: 4 chunks of 64 rows x 64); B: 16 tokens */
                 const unsigned xoff = (unsigned)((s / 4) * 64 * 2 * 16 + (s % 4) * 32);
-                wg_ss_16(d, wg_desc(wa + t * WT * 2 + koff), wg_desc(xa + xoff));
+                wgmma_ss<16>(d, wg_desc(wa + t * WT * 2 + koff), wg_desc(xa + xoff));
             } else if constexpr (MODE == M_B64 || MODE == M_B128 || MODE == M_B256) {
                 const unsigned xoff = (unsigned)((s / 4) * 64 * 2 * 64 + (s % 4) * 32);
-                if constexpr (N == 64) wg_ss_64(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
-                if constexpr (N == 128) wg_ss_128(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
-                if constexpr (N == 256) wg_ss_256(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
+                wgmma_ss<N>(d, wg_desc(xa + xoff), wg_desc(wa + t * WT * 2 + koff));
             } else {
-                if constexpr (N == 64) wg_rs_64(d, areg, wg_desc(wa + t * WT * 2 + koff));
-                if constexpr (N == 128) wg_rs_128(d, areg, wg_desc(wa + t * WT * 2 + koff));
-                if constexpr (N == 256) wg_rs_256(d, areg, wg_desc(wa + t * WT * 2 + koff));
+                wgmma_rs<N>(d, areg, wg_desc(wa + t * WT * 2 + koff));
             }
         }
     }
     wg_commit();
     wg_wait0();
-    pin(d);
+    wg_pin(d);
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < R; i++) s += d[i];
+    for (int j = 0; j < N / 8; j++) s += d[j][0] + d[j][1] + d[j][2] + d[j][3];
     return s;
 }
 
@@ -164,14 +152,14 @@ __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q,
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
-    float p[8] = {}, q[32] = {}, qr[32] = {};
-    pin(p);
-    pin(q);
-    pin(qr);
+    float p[2][4] = {}, q[8][4] = {}, qr[8][4] = {};
+    wg_pin(p);
+    wg_pin(q);
+    wg_pin(qr);
     wg_fence();
     for (int s = 0; s < 4; s++) {
-        wg_ss_16(p, wg_desc(smem_u32(ws) + s * 32), wg_desc(smem_u32(xs16) + s * 32));
-        wg_ss_64(q, wg_desc(smem_u32(xs64) + s * 32), wg_desc(smem_u32(ws) + s * 32));
+        wgmma_ss<16>(p, wg_desc(smem_u32(ws) + s * 32), wg_desc(smem_u32(xs16) + s * 32));
+        wgmma_ss<64>(q, wg_desc(smem_u32(xs64) + s * 32), wg_desc(smem_u32(ws) + s * 32));
     }
     wg_commit();
     wg_wait0();
@@ -187,32 +175,32 @@ __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q,
         a[1] = x2(r + 8, c);
         a[2] = x2(r, c + 8);
         a[3] = x2(r + 8, c + 8);
-        pin(qr);
+        wg_pin(qr);
         wg_fence();
-        wg_rs_64(qr, a, wg_desc(smem_u32(ws) + s * 32));
+        wgmma_rs<64>(qr, a, wg_desc(smem_u32(ws) + s * 32));
         wg_commit();
         wg_wait0();
     }
-    pin(p);
-    pin(q);
-    pin(qr);
+    wg_pin(p);
+    wg_pin(q);
+    wg_pin(qr);
     /* accumulator fragment: row 16 wid + lane/4 (+8), column 8 j + 2 (lane%4) (+1) */
     const int row = 16 * wid + lane / 4, c0 = 2 * (lane % 4);
     for (int j = 0; j < 2; j++) {
-        P[row * 16 + 8 * j + c0] = p[4 * j];
-        P[row * 16 + 8 * j + c0 + 1] = p[4 * j + 1];
-        P[(row + 8) * 16 + 8 * j + c0] = p[4 * j + 2];
-        P[(row + 8) * 16 + 8 * j + c0 + 1] = p[4 * j + 3];
+        P[row * 16 + 8 * j + c0] = p[j][0];
+        P[row * 16 + 8 * j + c0 + 1] = p[j][1];
+        P[(row + 8) * 16 + 8 * j + c0] = p[j][2];
+        P[(row + 8) * 16 + 8 * j + c0 + 1] = p[j][3];
     }
     for (int j = 0; j < 8; j++) {
-        Q[row * 64 + 8 * j + c0] = q[4 * j];
-        Q[row * 64 + 8 * j + c0 + 1] = q[4 * j + 1];
-        Q[(row + 8) * 64 + 8 * j + c0] = q[4 * j + 2];
-        Q[(row + 8) * 64 + 8 * j + c0 + 1] = q[4 * j + 3];
-        QR[row * 64 + 8 * j + c0] = qr[4 * j];
-        QR[row * 64 + 8 * j + c0 + 1] = qr[4 * j + 1];
-        QR[(row + 8) * 64 + 8 * j + c0] = qr[4 * j + 2];
-        QR[(row + 8) * 64 + 8 * j + c0 + 1] = qr[4 * j + 3];
+        Q[row * 64 + 8 * j + c0] = q[j][0];
+        Q[row * 64 + 8 * j + c0 + 1] = q[j][1];
+        Q[(row + 8) * 64 + 8 * j + c0] = q[j][2];
+        Q[(row + 8) * 64 + 8 * j + c0 + 1] = q[j][3];
+        QR[row * 64 + 8 * j + c0] = qr[j][0];
+        QR[row * 64 + 8 * j + c0 + 1] = qr[j][1];
+        QR[(row + 8) * 64 + 8 * j + c0] = qr[j][2];
+        QR[(row + 8) * 64 + 8 * j + c0 + 1] = qr[j][3];
     }
 }
 

@@ -2576,6 +2576,7 @@ static void test_model(void) {
  * random state, so that no earlier test's inputs move. */
 static void test_gemv_dyn(void) {
     const uint64_t saved = g_rng;
+    const int saved_rows = lm_cuda_ctx_gemv_dyn_rows(g_ctx);
     g_rng = 0x5eed0d1full;
     const int k = 1024, m = 50000, nmax = 3;
     float *x = malloc(sizeof(float) * nmax * k), *nw = malloc(sizeof(float) * k);
@@ -2617,7 +2618,7 @@ static void test_gemv_dyn(void) {
             }
         }
     }
-    lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, (int)lm_env_int("LM_CUDA_GEMV_DYN_ROWS", 32768, 0, 1 << 30));
+    lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, saved_rows);
     fprintf(stderr, "gemv dyn: %d launches of %d x %d rows dealt out, %d differing from fixed shares, worst rel err %.3g\n",
             launches, m, k, differ, worst);
     free(x), free(nw), free(w), free(off), free(on), free(ref);

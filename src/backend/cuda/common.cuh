@@ -176,6 +176,51 @@ static __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* Pins the accumulators to their registers around the asynchronous products (as CUTLASS's
+ * warpgroup_fence_operand does), so the compiler cannot move them while a wgmma owns them. */
+template <int NT>
+static __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) asm volatile("" : "+f"(d[j][q])::"memory");
+}
+
+/* d[64 x N] += a[64 x 16] b[16 x N], both from shared memory (descriptors, K-major: a's rows and
+ * b's columns are the weight rows and tokens, k contiguous); d in the layout of N / 8 mma.m16n8
+ * accumulators (d[j] = n-tile j; warp w of the warpgroup rows 16 w .. 16 w + 15). */
+template <int N>
+static __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__) /* wgmma: sm_90a only (other device targets keep mma.sync) */
+/* The four accumulators of n-tile j as asm outputs (the instruction names every accumulator
+ * register, so each shape's list is written out). */
+#define WG_D(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+template <>
+__device__ __forceinline__ void wgmma_ss<16>(float (&d)[2][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+                 : WG_D(0), WG_D(1)
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<32>(float (&d)[4][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3)
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<48>(float (&d)[6][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, 1, 1, 1, 0, 0;"
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5)
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;"
+                 : WG_D(0), WG_D(1), WG_D(2), WG_D(3), WG_D(4), WG_D(5), WG_D(6), WG_D(7)
+                 : "l"(a), "l"(b));
+}
+#undef WG_D
+#endif
 /* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+); with zfill, the
  * 16 bytes are zeros and src is not read. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool zfill = false) {

@@ -103,6 +103,7 @@ void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4
  * counters, a warp taking the next group as it finishes one, instead of a fixed share each: the
  * same sums, in the same order, for every row (perf-notes v27). */
 void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows);
+int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c); /* the bound now (0: off) */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,

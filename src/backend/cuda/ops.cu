@@ -161,8 +161,9 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
-    if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE);
-    if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE);
+    const size_t ctr_bytes = sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE;
+    if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, ctr_bytes);
+    if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, ctr_bytes);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy); /* see lm_cuda_upload */
     if (e != cudaSuccess) {
         rc = lm_cuda_fail(e, "context setup");
@@ -190,6 +191,7 @@ extern "C" lm_status lm_cuda_ctx_sync(struct lm_cuda_ctx *c) {
 extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->stream; }
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows) { c->gemv_dyn_rows = rows > 0 ? rows : 0; }
+extern "C" int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c) { return c->gemv_dyn_rows; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
 extern "C" void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on) { c->attn_batch = on; }
 extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->attn_batch; }
