@@ -1148,7 +1148,12 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
                 constexpr int RP = DecShape<D, GM>::RP;
                 lm_cuda_attn as = a;
                 as.split_len = (std::max(1, a.split_len) + RP - 1) / RP * RP; /* at least one round */
-                return lm_launch(c, dim3(a.n_kv_heads, n, a.n_splits), dim3(DEC_THREADS), 0, fn, as);
+                /* Only the blocks whose pieces start inside the n_splits x split_len positions the
+                 * caller planned for: rounding a piece up to a round leaves the rest empty (pieces
+                 * of 64 in rounds of 128: half the blocks). The same pieces, so the same bits. */
+                const long planned = (long)a.n_splits * std::max(1, a.split_len);
+                const int nz = (int)std::min<long>(a.n_splits, (planned + as.split_len - 1) / as.split_len);
+                return lm_launch(c, dim3(a.n_kv_heads, n, nz), dim3(DEC_THREADS), 0, fn, as);
             }
         }
     /* Runs of one sequence's tokens need k_attn_dec (lm_cuda_attn_dec_fits). */

@@ -427,9 +427,10 @@ struct lm_cuda_attn {
     void *out;                   /* [n, n_heads * D] float32, or bf16 when out_bf16 */
     bool out_bf16;
     /* Split-KV decode (flash-decoding; Dao et al. 2023): with n_splits > 1, the small-batch fused
-     * decode kernel gives each (token, KV head) n_splits blocks, split z taking positions
-     * [z * S, (z + 1) * S) with S = split_len rounded up to the kernel's round of positions (the
-     * last split takes the rest), and the last block to finish merges the splits in order. A
+     * decode kernel gives each (token, KV head) up to n_splits blocks, split z taking positions
+     * [z * S, (z + 1) * S) with S = split_len rounded up to the kernel's round of positions (as
+     * many splits as start inside n_splits x split_len positions; the last split takes the
+     * rest), and the last block to finish merges the splits in order. A
      * context of at most S positions gives the same bits as no split. Scratch: split_part float32
      * [n][n_kv_heads][n_splits][G][D + 2] (G = n_heads / n_kv_heads); split_count unsigned
      * [n][n_kv_heads], zero before the first launch and left zero by each. n_splits <= 1 (or NULL

@@ -65,8 +65,9 @@ enum { TC_TRACE_SYNC = 8 };
  * the cluster barrier after the partials, reads of its peers' memory, and a last barrier that
  * keeps its memory alive for them (what remains is one cluster barrier arrived at the start and
  * waited on before the first push, for the mbarriers' initialisation); the same values summed in
- * the same order. Used at TT = 16 and 32 with 2 or more splits (tc_push): separate
- * instantiations, so the others keep their registers. */
+ * the same order. Only the n real tokens' items travel (perf-notes v28: at batch 1, 1 of TT = 16);
+ * the padding tokens' sums are never read. Used at TT = 16 and 32 with 2 or more splits (tc_push):
+ * separate instantiations, so the others keep their registers. */
 /* Bytes of k_gemm_tc's push buffer: S slots of TT x BM / S floats (each rank's share of the tile). */
 __host__ __device__ constexpr size_t tc_push_bytes(int tt, int bm) { return 4 * (size_t)tt * bm; }
 
@@ -142,9 +143,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     __shared__ __align__(8) unsigned long long push_bar;
     if constexpr (PUSH) {
         if (tid == 0) {
+            /* Only the items of the n real tokens travel (items are token-major: i < n BM / 4): from
+             * each of the S ranks, this block's share of them. */
+            const int per = TT * (BM / 4) / S, live = min(max(n * (BM / 4) - rank * per, 0), per);
             mbar_init(&push_bar, 1);
             fence_mbar_init_cluster();
-            mbar_arrive_expect(&push_bar, (unsigned)tc_push_bytes(TT, BM));
+            mbar_arrive_expect(&push_bar, (unsigned)(S * live * 16));
         }
         asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     }
@@ -306,7 +310,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     if constexpr (PUSH) {
         __syncthreads(); /* this block's partials written */
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer's barrier initialised */
-        for (int i = tid; i < TT * B4; i += TC_THREADS) { /* item i to its owner q, slot [rank][i - q per] */
+        for (int i = tid; i < n * B4; i += TC_THREADS) { /* item i to its owner q, slot [rank][i - q per] */
             const int q = i / per, t = i / B4, c = (i % B4) * 4;
             const float4 v = *reinterpret_cast<const float4 *>(part + t * PS + c);
             st_async16(cluster_addr(recv + rank * per + (i - q * per), (unsigned)q), v,
