@@ -20,10 +20,14 @@
  *      activations staged into shared memory through L2 or by one bulk copy, the weights used;
  *   6. chain: the same round as 112 separate kernels in one CUDA graph (programmatic dependent
  *      launch), the dependency met by griddepcontrol.wait or by a counter, the next kernel let
- *      launch after staging or at the start (perf-notes v17).
+ *      launch after staging or at the start (perf-notes v17);
+ *   7. after the wait: the %globaltimer's step, and inside table 6's chain (launched at the
+ *      predecessor's start) when each warp's griddepcontrol.wait returns after the predecessor's
+ *      last block ended, how far apart a block's warps return, and what staging x then takes
+ *      (perf-notes v28).
  * Times come from %globaltimer (ns) over many repetitions (table 6: CUDA events over 20 graph
  * replays, median). An argument 1, 2 or 3 limits tables 1-3 to that stream kind (register loads,
- * bulk copies, cp.async); 6 prints table 6 alone. */
+ * bulk copies, cp.async); 6 prints table 6 alone, 7 table 7 alone. */
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -360,6 +364,56 @@ __global__ void k_link_reset(unsigned *ctr, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) ctr[i] = 0;
 }
 
+/* Table 7: what follows a PDL wait, timed inside the chain of table 6 (griddepcontrol.wait, each
+ * kernel let launch at its predecessor's start). Blocks of kernels [T7_FIRST, T7_FIRST + T7_N)
+ * write rec[k][block][]: 0-7 each warp's %globaltimer as its wait returned (lane 0), 8 when the
+ * block had staged x and passed the barrier after it, 9 its end (thread 0, after its writes), 10 its
+ * start. */
+constexpr int T7_FIRST = 40, T7_N = 16, T7_W = 11;
+__global__ void __launch_bounds__(THREADS, 2) k_link7(const uint8_t *wbuf, size_t wsize, int U, int link,
+                                                       const float *xin, float *xout, unsigned long long *rec) {
+    __shared__ float xs[1024];
+    const unsigned long long t_start = gtime();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
+    const int gw = blockIdx.x * 8 + warp, NW = G * 8;
+    pdl_trigger();
+    uint4 v[MAXU];
+    const size_t base = (((size_t)link * NW + gw) * (size_t)U * 512) % wsize;
+#pragma unroll
+    for (int u = 0; u < MAXU; u++)
+        if (u < U) v[u] = ld_stream16(wbuf + (base + u * 512 + lane * 16) % wsize);
+    pdl_wait();
+    const bool rc = link >= T7_FIRST && link < T7_FIRST + T7_N;
+    unsigned long long *r = rec + ((size_t)(link - T7_FIRST) * G + blockIdx.x) * T7_W;
+    if (rc && lane == 0) r[warp] = gtime();
+    for (int i = threadIdx.x; i < 1024; i += THREADS) xs[i] = __ldcg(xin + i);
+    __syncthreads();
+    if (rc && threadIdx.x == 0) r[8] = gtime();
+    uint32_t acc = 0;
+#pragma unroll
+    for (int u = 0; u < MAXU; u++)
+        if (u < U) acc ^= v[u].x ^ v[u].w;
+    const int per = (1024 + G - 1) / G;
+    if (threadIdx.x < per && blockIdx.x * per + threadIdx.x < 1024)
+        xout[blockIdx.x * per + threadIdx.x] = xs[(threadIdx.x + link) & 1023] + (acc == 0x12345678u ? 1.f : 0.f);
+    __syncthreads();
+    if (rc && threadIdx.x == 0) r[9] = gtime(), r[10] = t_start;
+}
+/* The %globaltimer's step: one thread reads it n times; out[0] the smallest nonzero difference of
+ * two reads, out[1] the distinct values seen, out[2] the span (ns). */
+__global__ void k_timer(int n, unsigned long long *out) {
+    unsigned long long prev = gtime(), first = prev, dmin = ~0ull, distinct = 1;
+    for (int i = 0; i < n; i++) {
+        const unsigned long long t = gtime();
+        if (t != prev) {
+            dmin = t - prev < dmin ? t - prev : dmin;
+            distinct++;
+        }
+        prev = t;
+    }
+    out[0] = dmin, out[1] = distinct, out[2] = prev - first;
+}
+
 static int g_sms;
 
 static Stream make_stream(const uint8_t *buf, size_t size, int kind, int depth, unsigned long long *stats) {
@@ -442,6 +496,82 @@ static void chain_table(uint8_t *buf, size_t BUF) {
     }
 }
 
+/* Table 7 (see k_link7). */
+static void after_wait_table(uint8_t *buf, size_t BUF) {
+    unsigned long long *tm, th[3];
+    CK(cudaMalloc(&tm, 24));
+    k_timer<<<1, 1>>>(100000, tm);
+    CK(cudaMemcpy(th, tm, 24, cudaMemcpyDeviceToHost));
+    printf("\n7. after the wait: %%globaltimer steps by at least %llu ns (%llu distinct values in %.1f us of reads)\n",
+           th[0], th[1], th[2] / 1e3);
+    printf("   a chain of 112 kernels as table 6 (griddepcontrol.wait, launched at the predecessor's start); kernels %d-%d "
+           "timed per block, us: medians over blocks, means over kernels\n", T7_FIRST, T7_FIRST + T7_N - 1);
+    printf("| blocks | U | end-wait (median warp) | warps' skew in a block | first warp's return to x staged | staged to block end | "
+           "predecessor's last block to this kernel's median end |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const int L = 112;
+    float *xa;
+    CK(cudaMalloc(&xa, (size_t)(L + 1) * 4096));
+    CK(cudaMemset(xa, 0, (size_t)(L + 1) * 4096));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int G : {g_sms, 2 * g_sms})
+        for (int U : {0, 8}) {
+            unsigned long long *rec;
+            const size_t nrec = (size_t)T7_N * G * T7_W;
+            CK(cudaMalloc(&rec, nrec * 8));
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int l = 0; l < L; l++) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                at[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.gridDim = dim3(G), cfg.blockDim = dim3(THREADS), cfg.stream = st;
+                cfg.attrs = at, cfg.numAttrs = 1;
+                CK(cudaLaunchKernelEx(&cfg, k_link7, (const uint8_t *)buf, BUF, U, l, (const float *)(xa + (size_t)l * 1024),
+                                      xa + (size_t)(l + 1) * 1024, rec));
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            std::vector<double> sum(5, 0.0);
+            int n = 0;
+            for (int rep = 0; rep < 8; rep++) {
+                CK(cudaGraphLaunch(ge, st));
+                CK(cudaStreamSynchronize(st));
+                if (rep < 3) continue; /* warm-up */
+                std::vector<unsigned long long> h(nrec);
+                CK(cudaMemcpy(h.data(), rec, nrec * 8, cudaMemcpyDeviceToHost));
+                for (int k = 1; k < T7_N; k++) {
+                    unsigned long long prev_end = 0;
+                    for (int b = 0; b < G; b++) prev_end = std::max(prev_end, h[((size_t)(k - 1) * G + b) * T7_W + 9]);
+                    std::vector<double> ew, sk, st2, se, en;
+                    for (int b = 0; b < G; b++) {
+                        const unsigned long long *r = &h[((size_t)k * G + b) * T7_W];
+                        std::vector<unsigned long long> w(r, r + 8);
+                        std::sort(w.begin(), w.end());
+                        ew.push_back(((double)w[4] - (double)prev_end) / 1e3);
+                        sk.push_back((double)(w[7] - w[0]) / 1e3);
+                        st2.push_back(((double)r[8] - (double)w[0]) / 1e3);
+                        se.push_back(((double)r[9] - (double)r[8]) / 1e3);
+                        en.push_back(((double)r[9] - (double)prev_end) / 1e3);
+                    }
+                    auto med = [](std::vector<double> &v) {
+                        std::sort(v.begin(), v.end());
+                        return v[v.size() / 2];
+                    };
+                    sum[0] += med(ew), sum[1] += med(sk), sum[2] += med(st2), sum[3] += med(se), sum[4] += med(en);
+                    n++;
+                }
+            }
+            printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, U, sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n,
+                   sum[4] / n);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+            CK(cudaFree(rec));
+        }
+}
+
 int main(int argc, char **argv) {
     const int only = argc > 1 ? atoi(argv[1]) : 0; /* a stream kind alone (1-3), or all */
     cudaDeviceProp prop;
@@ -454,6 +584,10 @@ int main(int argc, char **argv) {
     CK(cudaMemset(buf, 1, BUF));
     if (only == 6) { /* table 6 alone */
         chain_table(buf, BUF);
+        return 0;
+    }
+    if (only == 7) { /* table 7 alone */
+        after_wait_table(buf, BUF);
         return 0;
     }
     unsigned long long *st, *out;
@@ -603,5 +737,6 @@ int main(int argc, char **argv) {
         printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", U, pf ? "yes" : "no", us[0], us[1], us[2], us[3], us[4]);
     }
         chain_table(buf, BUF);
+    after_wait_table(buf, BUF);
     return 0;
 }

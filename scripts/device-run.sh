@@ -12,7 +12,7 @@
 # ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), trace (cudabench's block
 # timelines of a batch-1 step and of decode steps of $TRACE_BATCHES sequences), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
-# ARROW_ARGS=6: the kernel-chain table alone), ab
+# ARROW_ARGS=6: the kernel-chain table alone, 7: what follows the chain's waits), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh. The device tool brings back at most 8 files from $OUT (more are left out
