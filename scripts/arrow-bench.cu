@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/common.cuh" /* ld_stream16 (the GEMV's weight load), gtime, smem_u32, mbar_* */
@@ -437,6 +438,30 @@ static double inflight_mb(int kind, int depth, int blocks, int warps) {
     return 0;
 }
 
+/* Tables 6 and 7: L launches of `kernel` (G blocks of THREADS) captured as one graph on st, each
+ * under programmatic dependent launch unless pdl is false; args(l) gives launch l's arguments as a
+ * tuple, after() queues what follows them in the graph. */
+template <class K, class A, class After>
+static cudaGraphExec_t capture_chain(cudaStream_t st, int L, int G, bool pdl, K kernel, A &&args, After &&after) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < L; l++) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(G), cfg.blockDim = dim3(THREADS), cfg.stream = st;
+        cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
+        std::apply([&](auto... a) { CK(cudaLaunchKernelEx(&cfg, kernel, a...)); }, args(l));
+    }
+    after();
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphDestroy(g)); /* the executable graph keeps what it needs */
+    return ge;
+}
+
 /* Table 6 (see k_link). */
 static void chain_table(uint8_t *buf, size_t BUF) {
     /* 6. kernel chains */
@@ -457,22 +482,13 @@ static void chain_table(uint8_t *buf, size_t BUF) {
                 double us[5];
                 for (int mode = 0; mode < 5; mode++) {
                     const int km = mode == 4 ? 0 : mode;
-                    cudaGraph_t g;
-                    cudaGraphExec_t ge;
-                    CK(cudaStreamBeginCapture(st6, cudaStreamCaptureModeGlobal));
-                    for (int l = 0; l < L; l++) {
-                        cudaLaunchConfig_t cfg = {};
-                        cudaLaunchAttribute at[1];
-                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                        at[0].val.programmaticStreamSerializationAllowed = 1;
-                        cfg.gridDim = dim3(G), cfg.blockDim = dim3(THREADS), cfg.stream = st6;
-                        cfg.attrs = at, cfg.numAttrs = mode == 4 ? 0 : 1;
-                        CK(cudaLaunchKernelEx(&cfg, k_link, (const uint8_t *)buf, BUF, U, ctr, l,
-                                              (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km));
-                    }
-                    k_link_reset<<<1, 128, 0, st6>>>(ctr, L);
-                    CK(cudaStreamEndCapture(st6, &g));
-                    CK(cudaGraphInstantiate(&ge, g, 0));
+                    cudaGraphExec_t ge = capture_chain(
+                        st6, L, G, mode != 4, k_link,
+                        [&](int l) {
+                            return std::make_tuple((const uint8_t *)buf, BUF, U, ctr, l,
+                                                   (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km);
+                        },
+                        [&] { k_link_reset<<<1, 128, 0, st6>>>(ctr, L); });
                     std::vector<float> t;
                     cudaEvent_t e0, e1;
                     CK(cudaEventCreate(&e0));
@@ -489,7 +505,6 @@ static void chain_table(uint8_t *buf, size_t BUF) {
                     std::sort(t.begin(), t.end());
                     us[mode] = t[t.size() / 2] * 1e3 / L;
                     CK(cudaGraphExecDestroy(ge));
-                    CK(cudaGraphDestroy(g));
                 }
                 printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, U, us[0], us[1], us[2], us[3], us[4]);
             }
@@ -519,21 +534,13 @@ static void after_wait_table(uint8_t *buf, size_t BUF) {
             unsigned long long *rec;
             const size_t nrec = (size_t)T7_N * G * T7_W;
             CK(cudaMalloc(&rec, nrec * 8));
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int l = 0; l < L; l++) {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.gridDim = dim3(G), cfg.blockDim = dim3(THREADS), cfg.stream = st;
-                cfg.attrs = at, cfg.numAttrs = 1;
-                CK(cudaLaunchKernelEx(&cfg, k_link7, (const uint8_t *)buf, BUF, U, l, (const float *)(xa + (size_t)l * 1024),
-                                      xa + (size_t)(l + 1) * 1024, rec));
-            }
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
+            cudaGraphExec_t ge = capture_chain(
+                st, L, G, true, k_link7,
+                [&](int l) {
+                    return std::make_tuple((const uint8_t *)buf, BUF, U, l, (const float *)(xa + (size_t)l * 1024),
+                                           xa + (size_t)(l + 1) * 1024, rec);
+                },
+                [] {});
             std::vector<double> sum(5, 0.0);
             int n = 0;
             for (int rep = 0; rep < 8; rep++) {
@@ -567,7 +574,6 @@ static void after_wait_table(uint8_t *buf, size_t BUF) {
             printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, U, sum[0] / n, sum[1] / n, sum[2] / n, sum[3] / n,
                    sum[4] / n);
             CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
             CK(cudaFree(rec));
         }
 }

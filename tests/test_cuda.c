@@ -2571,9 +2571,10 @@ static void test_model(void) {
 }
 
 /* lm_cuda_gemv over an lm_head-sized matrix with its last row groups dealt out from counters
- * (lm_cuda_ctx_set_gemv_dyn_rows) against the fixed share each (0): the same bits, launch after
- * launch (the last block resets the counters), and the scalar reference within 1e-5. Its own
- * random state, so that no earlier test's inputs move. */
+ * (lm_cuda_ctx_set_gemv_dyn_rows) against the fixed share each (0): every launch with the bound
+ * set dealt (lm_cuda_ctx_gemv_dealt), none without it, the same bits launch after launch (the
+ * last block resets the counters), and the scalar reference within 1e-5. Its own random state, so
+ * that no earlier test's inputs move. */
 static void test_gemv_dyn(void) {
     const uint64_t saved = g_rng;
     const int saved_rows = lm_cuda_ctx_gemv_dyn_rows(g_ctx);
@@ -2591,13 +2592,17 @@ static void test_gemv_dyn(void) {
     float *ref = malloc(sizeof(float) * (size_t)nmax * m);
     int launches = 0, differ = 0;
     double worst = 0;
+    const long dealt0 = lm_cuda_ctx_gemv_dealt(g_ctx);
+    long off_dealt = 0;
     for (int n = 1; n <= nmax; n += 2) {
         const size_t bytes = sizeof(float) * (size_t)n * m;
         ref_gemv(ref, m, x, w, n, k, m, nw, 1e-6f, LM_CUDA_EPI_STORE);
         lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, 0);
         poison(dy, bytes);
+        const long before_off = lm_cuda_ctx_gemv_dealt(g_ctx);
         CHECK(lm_cuda_gemv(g_ctx, dy, m, dx, k, dw, n, k, m, dnw, 1e-6f, LM_CUDA_EPI_STORE, NULL) == LM_OK,
               "gemv dyn off: %s", lm_error_message());
+        off_dealt += lm_cuda_ctx_gemv_dealt(g_ctx) - before_off;
         sync_ok("gemv dyn off");
         lm_cuda_download(off, dy, bytes);
         lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, 32768);
@@ -2619,8 +2624,12 @@ static void test_gemv_dyn(void) {
         }
     }
     lm_cuda_ctx_set_gemv_dyn_rows(g_ctx, saved_rows);
-    fprintf(stderr, "gemv dyn: %d launches of %d x %d rows dealt out, %d differing from fixed shares, worst rel err %.3g\n",
-            launches, m, k, differ, worst);
+    const long dealt = lm_cuda_ctx_gemv_dealt(g_ctx) - dealt0 - off_dealt;
+    CHECK(dealt == launches && off_dealt == 0,
+          "gemv dyn: %ld of %d launches with the bound dealt out row groups, %ld without it did", dealt, launches,
+          off_dealt);
+    fprintf(stderr, "gemv dyn: %d launches of %d x %d rows, %ld of them dealt out, %d differing from fixed shares, "
+            "worst rel err %.3g\n", launches, m, k, dealt, differ, worst);
     free(x), free(nw), free(w), free(off), free(on), free(ref);
     lm_cuda_free(dx), lm_cuda_free(dnw), lm_cuda_free(dw), lm_cuda_free(dy);
     g_rng = saved;

@@ -55,6 +55,7 @@ struct lm_cuda_ctx {
     unsigned *gemv_ctr;  /* those counters and the blocks done, LM_CUDA_GEMV_CLASSES + 1 of them, one
                           * a 128-byte line (LM_CUDA_GEMV_CTR_STRIDE words apart), zero between
                           * launches (the last block resets them) */
+    mutable long gemv_dealt; /* launches queued that dealt out row groups (lm_cuda_ctx_gemv_dealt) */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
 };

@@ -104,6 +104,9 @@ void lm_cuda_ctx_set_gemv_rows(struct lm_cuda_ctx *c, int rows); /* 0, 1, 2 or 4
  * same sums, in the same order, for every row (perf-notes v27). */
 void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows);
 int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c); /* the bound now (0: off) */
+/* GEMV launches this context has queued that dealt out row groups (a launch of at least the bound
+ * also needs 4 rounds of the grid's warps and 32 warps; a captured graph's launch counts once). */
+long lm_cuda_ctx_gemv_dealt(const struct lm_cuda_ctx *c);
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,

@@ -274,7 +274,7 @@ template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
-           gemv_fix fix, unsigned *dyn, unsigned long long *trace) {
+           gemv_fix fix, unsigned *dyn, int dyn_from, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
     constexpr bool Q8 = F == GEMV_Q8, FX = EPI == LM_CUDA_EPI_ADD_FIX, ADDY = EPI == LM_CUDA_EPI_ADD || FX;
     static_assert(!FX || Q8, "the fixed-point sum is over Q8_0 blocks");
@@ -286,26 +286,16 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
     /* Row groups of this warp: strided over the whole grid. With dyn (lm_cuda_ctx's gemv_dyn_rows),
-     * only the first three quarters of the rounds: the groups from dyn_from on are dealt out in
-     * LM_CUDA_GEMV_CLASSES interleaved classes, group dyn_from + j + C i being counter j's ticket i
-     * (the counters a 128-byte line each: one line took every atomic to one L2 slice, 8 counters
-     * there made the lm_head 8 us slower, perf-notes v27),
-     * and a warp of class j takes its next ticket as it starts a group, so that warps whose memory
+     * only the groups before dyn_from (gemv_deal_from: the first three quarters of the rounds); the
+     * rest are dealt out in LM_CUDA_GEMV_CLASSES interleaved classes, group dyn_from + j + C i
+     * being counter j's ticket i (the counters a 128-byte line each: one line took every atomic to
+     * one L2 slice, 8 counters there made the lm_head 8 us slower, perf-notes v27), and a warp of
+     * class j takes its next ticket as it starts a group, so that warps whose memory
      * came slower (a late start, a busier path) take fewer (perf-notes v27: the lm_head's last
      * block ended ~12 us after its median one). Each row's sums are the same whoever takes it. */
     int rg = blockIdx.x * GEMV_WARPS + warp;
     const int stride = gridDim.x * GEMV_WARPS, end = n_rg;
     constexpr int NC = LM_CUDA_GEMV_CLASSES, CS = LM_CUDA_GEMV_CTR_STRIDE;
-    int dyn_from = end;
-    if (dyn) {
-        const int rounds = end / stride;
-        if (rounds >= 4 && stride >= NC)
-            dyn_from = rounds * 3 / 4 * stride;
-        else
-            dyn = nullptr; /* too few rounds to balance, or fewer warps than classes (a class without
-                            * a warp would leave its groups undone): every group as before (uniform
-                            * per launch) */
-    }
     const int cls = (blockIdx.x * GEMV_WARPS + warp) % NC; /* every class has a warp when stride >= NC */
     uint4 wv[U][R];
     uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
@@ -729,6 +719,16 @@ lm_status mlp1_run(lm_cuda_ctx *c, int64_t *acc, const float *x, int n, gemv_w g
     return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "mlp1 launch");
 }
 
+/* The first row group k_gemv deals out from counters for a launch of `grid` blocks over n_rg row
+ * groups (perf-notes v27): the first group of the last quarter of its rounds; n_rg (none) when the
+ * launch is under the context's gemv_dyn_rows, has fewer than 4 rounds to balance, or has fewer
+ * warps than counter classes (a class without a warp would leave its groups undone). */
+static int gemv_deal_from(const lm_cuda_ctx *c, int m, int n_rg, int grid) {
+    const int stride = grid * GEMV_WARPS, rounds = n_rg / stride;
+    if (c->gemv_dyn_rows <= 0 || m < c->gemv_dyn_rows || rounds < 4 || stride < LM_CUDA_GEMV_CLASSES) return n_rg;
+    return rounds * 3 / 4 * stride;
+}
+
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
@@ -738,9 +738,11 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
     const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
     const int grid = need < cap ? need : cap;
-    unsigned *dyn = c->gemv_dyn_rows > 0 && m >= c->gemv_dyn_rows ? c->gemv_ctr : nullptr;
+    const int dyn_from = gemv_deal_from(c, m, n_rg, grid);
+    unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
+    if (dyn) c->gemv_dealt++;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, fix, dyn, c->trace);
+                     eps, fix, dyn, dyn_from, c->trace);
 }
 
 template <int T, int R, int EPI, int F>

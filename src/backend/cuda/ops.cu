@@ -192,6 +192,7 @@ extern "C" void *lm_cuda_ctx_stream(struct lm_cuda_ctx *c) { return (void *)c->s
 extern "C" void lm_cuda_ctx_set_pdl(struct lm_cuda_ctx *c, bool on) { c->pdl = on; }
 extern "C" void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows) { c->gemv_dyn_rows = rows > 0 ? rows : 0; }
 extern "C" int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c) { return c->gemv_dyn_rows; }
+extern "C" long lm_cuda_ctx_gemv_dealt(const struct lm_cuda_ctx *c) { return c->gemv_dealt; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
 extern "C" void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on) { c->attn_batch = on; }
 extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->attn_batch; }
