@@ -217,6 +217,21 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
                 res[h] = *reinterpret_cast<const float4 *>(static_cast<const float *>(y) + (size_t)t * m + col);
         }
 
+    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
+     * of squares of 64-column groups, added in group order, from the copy that landed with the
+     * first chunk (not a trip of their own beside the slices: perf-notes v24). On wgmma it runs
+     * while the products do (perf-notes v29: after them it was ~0.4-0.5 us of each consumer's
+     * chain); on mma.sync after them (those products are the warps' own instructions). */
+    __shared__ float rnorm[TT];
+    auto norm_scale = [&] {
+        if (link.ssq_in && tid < n) {
+            float tot = 0.f;
+#pragma unroll 8
+            for (int g = 0; g < ng; g++) tot += ssq_sm[tid * ng + g];
+            rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
+        }
+    };
+
     /* Warp wid: rows 64 h + wid*16 .. +15 of each half h (the mma's A, row-major = w's rows),
      * every token (B, col-major = x's rows), k in steps of 16. */
     const int wid = tid >> 5, lane = tid & 31;
@@ -248,6 +263,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             }
         }
         wg_commit();
+        norm_scale(); /* beside the products: its registers and shared memory are not theirs */
         wg_wait0();
 #pragma unroll
         for (int h = 0; h < NH; h++) wg_pin(acc[h]);
@@ -279,15 +295,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
             }
         }
     }
-    /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
-     * of squares of 64-column groups, added in group order, from the copy that landed with the
-     * first chunk (not a trip of their own beside the slices: perf-notes v24). */
-    __shared__ float rnorm[TT];
-    if (link.ssq_in && tid < n) {
-        float tot = 0.f;
-        for (int g = 0; g < ng; g++) tot += ssq_sm[tid * ng + g];
-        rnorm[tid] = 1.0f / sqrtf(tot / (float)k + link.eps);
-    }
+    if constexpr (!wg) norm_scale();
     __syncthreads(); /* the slices are read no more: the partials take their place */
     const unsigned long long t2 = trace ? gtime() : 0;
     float *part = reinterpret_cast<float *>(tc_sm);
