@@ -79,10 +79,14 @@ __device__ float burst(const uint16_t *ws, const uint16_t *xs, int tiles, const 
     return s;
 }
 
-/* Every block waits for globaltimer `start`, then runs `reps` bursts, timing each. */
+/* Every block waits for globaltimer `start`, then runs `reps` bursts, timing each. Before each
+ * burst, `prep` (table 2): 0 nothing; 1 a proxy fence (fence.proxy.async.shared::cta) and a barrier;
+ * 2 the block's weights and tokens copied again from `src` (cp.async by every thread, as k_gemm_tc
+ * stages them), waited for, the proxy fence and a barrier: what k_gemm_tc does before its products. */
 template <int MODE>
 __global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned long long start, float *sink,
-                                              unsigned long long *times) {
+                                              unsigned long long *times, int prep = 0,
+                                              const uint16_t *src = nullptr) {
     extern __shared__ __align__(1024) uint16_t sm[];
     uint16_t *ws = sm, *xs = sm + (size_t)tiles * WT;
     for (int i = threadIdx.x; i < tiles * WT + 64 * 256; i += 128) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
@@ -93,6 +97,13 @@ __global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned lon
     }
     float acc = 0.f;
     for (int r = 0; r < reps; r++) {
+        if (prep == 2) {
+            const int n16 = (tiles * WT + 64 * 256) / 8; /* 16-byte chunks */
+            for (int i = threadIdx.x; i < n16; i += 128)
+                cp_async16(sm + (size_t)i * 8, src + ((size_t)blockIdx.x * n16 + i) * 8);
+            cp_async_wait_all();
+        }
+        if (prep) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         const unsigned long long t0 = gtime();
         acc += burst<MODE>(ws, xs, tiles, areg);
@@ -105,7 +116,7 @@ __global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned lon
 __global__ void k_now(unsigned long long *t) { *t = gtime(); }
 
 template <int MODE>
-static double run(int bps, int tiles, int reps, int sms) {
+static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
     const int blocks = sms * bps;
     const size_t smem = ((size_t)tiles * WT + 64 * 256) * 2;
     CK(cudaFuncSetAttribute(k_bench<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -114,12 +125,16 @@ static double run(int bps, int tiles, int reps, int sms) {
     CK(cudaMalloc(&sink, sizeof(float) * blocks));
     CK(cudaMalloc(&times, sizeof(unsigned long long) * blocks * reps));
     CK(cudaMalloc(&now, 8));
+    uint16_t *src = nullptr; /* prep 2's source: each block its own copy of the operands */
+    const size_t per = (size_t)tiles * WT + 64 * 256;
+    CK(cudaMalloc(&src, 2 * per * blocks));
+    CK(cudaMemset(src, 0x3c, 2 * per * blocks)); /* bf16 1.0x: finite */
     std::vector<double> med;
     for (int launch = 0; launch < 6; launch++) {
         k_now<<<1, 1>>>(now);
         unsigned long long t;
         CK(cudaMemcpy(&t, now, 8, cudaMemcpyDeviceToHost));
-        k_bench<MODE><<<blocks, 128, smem>>>(tiles, reps, t + 300000, sink, times);
+        k_bench<MODE><<<blocks, 128, smem>>>(tiles, reps, t + 300000, sink, times, prep, src);
         CK(cudaGetLastError());
         std::vector<unsigned long long> h((size_t)blocks * reps);
         CK(cudaMemcpy(h.data(), times, 8 * h.size(), cudaMemcpyDeviceToHost));
@@ -134,6 +149,7 @@ static double run(int bps, int tiles, int reps, int sms) {
     CK(cudaFree(sink));
     CK(cudaFree(times));
     CK(cudaFree(now));
+    CK(cudaFree(src));
     return med[med.size() / 2];
 }
 
@@ -238,6 +254,16 @@ int main(int argc, char **argv) {
         row(M_R64, [&](int b) { return run<M_R64>(b, tiles, 4, sms); });
         row(M_R128, [&](int b) { return run<M_R128>(b, tiles, 4, sms); });
         row(M_R256, [&](int b) { return run<M_R256>(b, tiles, 4, sms); });
+    }
+
+    /* Table 2: A16's burst after what k_gemm_tc does before its products (perf-notes v29). */
+    printf("\n| A16, 1 tile, before the burst | 1 block / SM | 2 | 3 |\n| --- | ---: | ---: | ---: |\n");
+    const char *preps[3] = {"nothing (table 1)", "a proxy fence", "cp.async of the operands, wait, proxy fence"};
+    for (int prep = 0; prep < 3; prep++) {
+        printf("| %s", preps[prep]);
+        for (int bps = 1; bps <= 3; bps++) printf(" | %.3f", run<M_A16>(bps, 1, 4, sms, prep) / 1e3);
+        printf(" |\n");
+        fflush(stdout);
     }
 
     /* bits */

@@ -826,7 +826,8 @@ static void test_gemm_tc(bool wg, int bm) {
     for (int i = 0; i < 4; i++) {
         const int s = lm_cuda_gemm_tc_splits(g_ctx, plan[i][0], plan[i][1]);
         CHECK(s >= 1 && s <= 8, "gemm_tc plan k %d m %d: %d splits", plan[i][0], plan[i][1], s);
-        fprintf(stderr, "gemm_tc plan (%s): k %d m %d: %d splits, %d rows a block\n", path, plan[i][0], plan[i][1], s,
+        fprintf(stderr, "gemm_tc plan (%s): k %d m %d: %d splits, %d rows a block at 1-16 rows, %d at 64\n", path,
+                plan[i][0], plan[i][1], s, lm_cuda_gemm_tc_rows_per_block(g_ctx, plan[i][0], plan[i][1], s, 1),
                 lm_cuda_gemm_tc_rows_per_block(g_ctx, plan[i][0], plan[i][1], s, 64));
     }
     lm_cuda_ctx_set_gemm_wgmma(g_ctx, wg0);

@@ -599,19 +599,28 @@ extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s,
 }
 
 /* The weight rows a block of lm_cuda_gemm_tc takes for n rows of [*, k] x [m, k]^T in s splits:
- * 64, or 128 where 64-row blocks' clusters do not fit one wave (cluster placement, which the split
- * plan's count of blocks a multiprocessor does not see: Qwen3-0.6B's gate/up at 48-64 rows, 96
- * clusters of 4 against 92 that fit) and 128-row ones do (perf-notes v22); the context's
- * gemm_tc_bm when set. It may depend on n: a block's rows are summed by the same instructions in
- * the same order either way, so a row's bits do not depend on it (test_cuda checks). */
+ * - 128 at up to 16 rows (TT = 16) where 128-row blocks' clusters fit one wave: half the blocks,
+ *   each one warpgroup over both halves (perf-notes v29: Qwen3-0.6B decode, tg128 at 1 / 2 / 4 / 8
+ *   / 16 sequences +3.6 / +1.2 / 0 / +4.9 / 0%, measured by LM_CUDA_GEMM_TC_BM=128 against the
+ *   rule's 64 in one call; at 32 and 64 sequences it lost 2-4%, so those keep the rule below);
+ * - else 64, or 128 where 64-row blocks' clusters do not fit one wave (cluster placement, which
+ *   the split plan's count of blocks a multiprocessor does not see: Qwen3-0.6B's gate/up at 48-64
+ *   rows, 96 clusters of 4 against 92 that fit) and 128-row ones do (perf-notes v22);
+ * - the context's gemm_tc_bm when set.
+ * It may depend on n: a block's rows are summed by the same instructions in the same order either
+ * way, so a row's bits do not depend on it (test_cuda checks). */
 extern "C" int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int m, int s, int n) {
     const int tt = tc_tt(n);
     if (c->gemm_tc_bm == 64 || c->gemm_tc_bm == 128)
         return c->gemm_tc_bm == 128 && tc_smem(tt, k / s, 128) > (size_t)c->smem_optin ? 64 : c->gemm_tc_bm;
+    const auto fits128 = [&] {
+        const int fit128 = lm_cuda_gemm_tc_max_clusters(c, k, s, 128, n);
+        return fit128 > 0 && (m + 127) / 128 <= fit128;
+    };
+    if (tt == 16 && fits128()) return 128;
     const int fit64 = lm_cuda_gemm_tc_max_clusters(c, k, s, 64, n);
     if ((m + 63) / 64 <= fit64) return 64;
-    const int fit128 = lm_cuda_gemm_tc_max_clusters(c, k, s, 128, n);
-    return fit128 > 0 && (m + 127) / 128 <= fit128 ? 128 : 64;
+    return fits128() ? 128 : 64;
 }
 
 /* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */
