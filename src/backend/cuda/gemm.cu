@@ -220,8 +220,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
     /* A linked norm's scale of each token's sums (cuda.h lm_cuda_norm_link): the producer's sums
      * of squares of 64-column groups, added in group order, from the copy that landed with the
      * first chunk (not a trip of their own beside the slices: perf-notes v24). On wgmma it runs
-     * while the products do (perf-notes v29: after them it was ~0.4-0.5 us of each consumer's
-     * chain); on mma.sync after them (those products are the warps' own instructions). */
+     * while the products do (perf-notes v29: +0.2-1.5% at 1-16 rows, near noise; the consumers'
+     * longer products were not this sum); on mma.sync after them (those products are the warps'
+     * own instructions). */
     __shared__ float rnorm[TT];
     auto norm_scale = [&] {
         if (link.ssq_in && tid < n) {
@@ -601,8 +602,8 @@ extern "C" int lm_cuda_gemm_tc_max_clusters(struct lm_cuda_ctx *c, int k, int s,
 /* The weight rows a block of lm_cuda_gemm_tc takes for n rows of [*, k] x [m, k]^T in s splits:
  * - 128 at up to 16 rows (TT = 16) where 128-row blocks' clusters fit one wave: half the blocks,
  *   each one warpgroup over both halves (perf-notes v29: Qwen3-0.6B decode, tg128 at 1 / 2 / 4 / 8
- *   / 16 sequences +3.6 / +1.2 / 0 / +4.9 / 0%, measured by LM_CUDA_GEMM_TC_BM=128 against the
- *   rule's 64 in one call; at 32 and 64 sequences it lost 2-4%, so those keep the rule below);
+ *   / 16 sequences +2.8 / +1.0 / -0.5 / +5.3 / -0.4% against LM_CUDA_GEMM_TC_BM=64 in one call;
+ *   at 32 and 64 sequences 128 rows lost 2-4%, so those keep the rule below);
  * - else 64, or 128 where 64-row blocks' clusters do not fit one wave (cluster placement, which
  *   the split plan's count of blocks a multiprocessor does not see: Qwen3-0.6B's gate/up at 48-64
  *   rows, 96 clusters of 4 against 92 that fit) and 128-row ones do (perf-notes v22);
