@@ -37,14 +37,7 @@
 
 #include "backend/cuda/common.cuh" /* ld_stream16 (the GEMV's weight load), gtime, smem_u32, mbar_* */
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "bench-check.cuh" /* CK */
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
@@ -322,10 +315,17 @@ __global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_
  * loads by thread 0; mode 2: as 1, but the next kernel is let launch at this one's start; mode 3:
  * as 0, launched at the predecessor's start), stages 4 KiB of activations the previous kernel
  * wrote through L2, uses the weights and writes its own share of the activations. Modes 0 and 1
- * let their dependents launch after staging. */
+ * let their dependents launch after staging.
+ * Table 7 runs the same chain in mode 3 with `rec` (table 6: NULL): blocks of kernels [T7_FIRST,
+ * T7_FIRST + T7_N) write rec[k][block][]: 0-7 each warp's %globaltimer as its wait returned (lane
+ * 0), 8 when the block had staged x and passed the barrier after it, 9 its end (thread 0, after its
+ * writes), 10 its start. */
+constexpr int T7_FIRST = 40, T7_N = 16, T7_W = 11;
 __global__ void __launch_bounds__(THREADS, 2) k_link(const uint8_t *wbuf, size_t wsize, int U, unsigned *ctr,
-                                                      int link, const float *xin, float *xout, int mode) {
+                                                      int link, const float *xin, float *xout, int mode,
+                                                      unsigned long long *rec) {
     __shared__ float xs[1024];
+    const unsigned long long t_start = rec ? gtime() : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
     const int gw = blockIdx.x * 8 + warp, NW = G * 8;
     if (mode == 2 || mode == 3) pdl_trigger();
@@ -342,8 +342,12 @@ __global__ void __launch_bounds__(THREADS, 2) k_link(const uint8_t *wbuf, size_t
             }
         __syncthreads();
     }
+    const bool rc = rec && link >= T7_FIRST && link < T7_FIRST + T7_N;
+    unsigned long long *r = rc ? rec + ((size_t)(link - T7_FIRST) * G + blockIdx.x) * T7_W : nullptr;
+    if (rc && lane == 0) r[warp] = gtime();
     for (int i = threadIdx.x; i < 1024; i += THREADS) xs[i] = __ldcg(xin + i);
     __syncthreads();
+    if (rc && threadIdx.x == 0) r[8] = gtime();
     if (mode < 2) pdl_trigger();
     uint32_t acc = 0;
 #pragma unroll
@@ -360,46 +364,15 @@ __global__ void __launch_bounds__(THREADS, 2) k_link(const uint8_t *wbuf, size_t
             red_release(ctr + link, 1);
         }
     }
+    if (rc) {
+        __syncthreads();
+        if (threadIdx.x == 0) r[9] = gtime(), r[10] = t_start;
+    }
 }
 __global__ void k_link_reset(unsigned *ctr, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) ctr[i] = 0;
 }
 
-/* Table 7: what follows a PDL wait, timed inside the chain of table 6 (griddepcontrol.wait, each
- * kernel let launch at its predecessor's start). Blocks of kernels [T7_FIRST, T7_FIRST + T7_N)
- * write rec[k][block][]: 0-7 each warp's %globaltimer as its wait returned (lane 0), 8 when the
- * block had staged x and passed the barrier after it, 9 its end (thread 0, after its writes), 10 its
- * start. */
-constexpr int T7_FIRST = 40, T7_N = 16, T7_W = 11;
-__global__ void __launch_bounds__(THREADS, 2) k_link7(const uint8_t *wbuf, size_t wsize, int U, int link,
-                                                       const float *xin, float *xout, unsigned long long *rec) {
-    __shared__ float xs[1024];
-    const unsigned long long t_start = gtime();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
-    const int gw = blockIdx.x * 8 + warp, NW = G * 8;
-    pdl_trigger();
-    uint4 v[MAXU];
-    const size_t base = (((size_t)link * NW + gw) * (size_t)U * 512) % wsize;
-#pragma unroll
-    for (int u = 0; u < MAXU; u++)
-        if (u < U) v[u] = ld_stream16(wbuf + (base + u * 512 + lane * 16) % wsize);
-    pdl_wait();
-    const bool rc = link >= T7_FIRST && link < T7_FIRST + T7_N;
-    unsigned long long *r = rec + ((size_t)(link - T7_FIRST) * G + blockIdx.x) * T7_W;
-    if (rc && lane == 0) r[warp] = gtime();
-    for (int i = threadIdx.x; i < 1024; i += THREADS) xs[i] = __ldcg(xin + i);
-    __syncthreads();
-    if (rc && threadIdx.x == 0) r[8] = gtime();
-    uint32_t acc = 0;
-#pragma unroll
-    for (int u = 0; u < MAXU; u++)
-        if (u < U) acc ^= v[u].x ^ v[u].w;
-    const int per = (1024 + G - 1) / G;
-    if (threadIdx.x < per && blockIdx.x * per + threadIdx.x < 1024)
-        xout[blockIdx.x * per + threadIdx.x] = xs[(threadIdx.x + link) & 1023] + (acc == 0x12345678u ? 1.f : 0.f);
-    __syncthreads();
-    if (rc && threadIdx.x == 0) r[9] = gtime(), r[10] = t_start;
-}
 /* The %globaltimer's step: one thread reads it n times; out[0] the smallest nonzero difference of
  * two reads, out[1] the distinct values seen, out[2] the span (ns). */
 __global__ void k_timer(int n, unsigned long long *out) {
@@ -486,7 +459,8 @@ static void chain_table(uint8_t *buf, size_t BUF) {
                         st6, L, G, mode != 4, k_link,
                         [&](int l) {
                             return std::make_tuple((const uint8_t *)buf, BUF, U, ctr, l,
-                                                   (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km);
+                                                   (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km,
+                                                   (unsigned long long *)nullptr);
                         },
                         [&] { k_link_reset<<<1, 128, 0, st6>>>(ctr, L); });
                     std::vector<float> t;
@@ -511,7 +485,7 @@ static void chain_table(uint8_t *buf, size_t BUF) {
     }
 }
 
-/* Table 7 (see k_link7). */
+/* Table 7 (see k_link: mode 3 with its recorder). */
 static void after_wait_table(uint8_t *buf, size_t BUF) {
     unsigned long long *tm, th[3];
     CK(cudaMalloc(&tm, 24));
@@ -535,10 +509,10 @@ static void after_wait_table(uint8_t *buf, size_t BUF) {
             const size_t nrec = (size_t)T7_N * G * T7_W;
             CK(cudaMalloc(&rec, nrec * 8));
             cudaGraphExec_t ge = capture_chain(
-                st, L, G, true, k_link7,
+                st, L, G, true, k_link,
                 [&](int l) {
-                    return std::make_tuple((const uint8_t *)buf, BUF, U, l, (const float *)(xa + (size_t)l * 1024),
-                                           xa + (size_t)(l + 1) * 1024, rec);
+                    return std::make_tuple((const uint8_t *)buf, BUF, U, (unsigned *)nullptr, l,
+                                           (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, 3, rec);
                 },
                 [] {});
             std::vector<double> sum(5, 0.0);

@@ -17,20 +17,8 @@
 
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
-
-static __device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+#include "backend/cuda/common.cuh" /* gtime */
+#include "bench-check.cuh"         /* CK */
 
 /* N FFMAs over 8 chains; SALT makes each instantiation's constants (and so its code) its own. */
 template <int N, int SALT>

@@ -24,14 +24,7 @@
 
 #include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_fence, wg_commit, wg_wait0, wg_pin, wgmma_ss */
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "bench-check.cuh" /* CK */
 
 #include "wgmma-bench-gen.cuh"
 

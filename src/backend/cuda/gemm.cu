@@ -614,14 +614,11 @@ extern "C" int lm_cuda_gemm_tc_rows_per_block(struct lm_cuda_ctx *c, int k, int 
     const int tt = tc_tt(n);
     if (c->gemm_tc_bm == 64 || c->gemm_tc_bm == 128)
         return c->gemm_tc_bm == 128 && tc_smem(tt, k / s, 128) > (size_t)c->smem_optin ? 64 : c->gemm_tc_bm;
-    const auto fits128 = [&] {
-        const int fit128 = lm_cuda_gemm_tc_max_clusters(c, k, s, 128, n);
-        return fit128 > 0 && (m + 127) / 128 <= fit128;
-    };
-    if (tt == 16 && fits128()) return 128;
+    const int fit128 = lm_cuda_gemm_tc_max_clusters(c, k, s, 128, n);
+    const bool fits128 = fit128 > 0 && (m + 127) / 128 <= fit128;
+    if (tt == 16 && fits128) return 128;
     const int fit64 = lm_cuda_gemm_tc_max_clusters(c, k, s, 64, n);
-    if ((m + 63) / 64 <= fit64) return 64;
-    return fits128() ? 128 : 64;
+    return (m + 63) / 64 <= fit64 || !fits128 ? 64 : 128;
 }
 
 /* The splits lm_cuda_gemm runs n rows of [*, k] x [m, k]^T in on k_gemm_tc; 0: cuBLAS. */
