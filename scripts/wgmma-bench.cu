@@ -11,6 +11,8 @@
  * - Bn: the tokens as A (64 rows, from shared memory), the weights as B, n rows (n = 64, 128,
  *   256) x 32768 / n columns: 16 / 8 / 4 x m64nNk16 a tile;
  * - Rn: Bn with A from registers.
+ * Table 2: A16 after what k_gemm_tc does before its products. Table 3: k_gemm_tc's chunk loop with
+ * its count at run time against compile time.
  * Then a bits check: the same weights and tokens through A16 and B64 (D transposed), SS and RS:
  * are the float32 sums the same bits? */
 #include <cstdio>
@@ -146,6 +148,79 @@ static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
     return med[med.size() / 2];
 }
 
+/* Table 3 (perf-notes v30): k_gemm_tc's products, NH 64-row halves x 4 chunks of 64 columns x 4
+ * k-steps, with the chunk count known at run time (a loop: ptxas injects a warpgroup.arrive at its
+ * head, its info C7519, and waits for each iteration's last wgmma before the next) or at compile
+ * time (one straight sequence). */
+template <int CNCH, int NH>
+__global__ void __launch_bounds__(128) k_chunks(float *sink, unsigned long long *times, int nch_rt,
+                                               unsigned long long start) {
+    extern __shared__ __align__(1024) uint16_t sm[];
+    constexpr int WN = 4 * 64 * 64 * NH; /* 4 chunks x 64 NH rows x 64 columns */
+    for (int i = threadIdx.x; i < WN + 4 * 16 * 64; i += 128) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    while (gtime() < start) {
+    }
+    const unsigned long long t0 = gtime();
+    const unsigned wa = smem_u32(sm), xa = smem_u32(sm + WN);
+    const int nch = CNCH ? CNCH : nch_rt;
+    float d[NH][2][4] = {};
+#pragma unroll
+    for (int h = 0; h < NH; h++) wg_pin(d[h]);
+    wg_fence();
+#pragma unroll
+    for (int ch = 0; ch < nch; ch++)
+#pragma unroll
+        for (int s2 = 0; s2 < 4; s2++)
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+                wgmma_ss<16>(d[h], wg_desc(wa + (unsigned)((ch * 64 * NH + 64 * h) * 128 + s2 * 32)),
+                             wg_desc(xa + (unsigned)(ch * 16 * 128 + s2 * 32)));
+    wg_commit();
+    wg_wait0();
+    float s = 0.f;
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        wg_pin(d[h]);
+#pragma unroll
+        for (int j = 0; j < 2; j++) s += d[h][j][0] + d[h][j][1] + d[h][j][2] + d[h][j][3];
+    }
+    const unsigned long long t1 = gtime();
+    if (threadIdx.x == 0) times[blockIdx.x] = t1 - t0;
+    if (s == 12345.f) sink[blockIdx.x] = s;
+}
+
+template <int CNCH, int NH>
+static double run_chunks(int bps, int sms) {
+    const int blocks = bps * sms;
+    const size_t smem = (size_t)(4 * 64 * 64 * NH + 4 * 16 * 64) * 2;
+    CK(cudaFuncSetAttribute(k_chunks<CNCH, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    float *sink;
+    unsigned long long *times, *now;
+    CK(cudaMalloc(&sink, sizeof(float) * blocks));
+    CK(cudaMalloc(&times, sizeof(unsigned long long) * blocks));
+    CK(cudaMalloc(&now, 8));
+    std::vector<double> med;
+    for (int launch = 0; launch < 8; launch++) {
+        k_now<<<1, 1>>>(now);
+        unsigned long long t;
+        CK(cudaMemcpy(&t, now, 8, cudaMemcpyDeviceToHost));
+        k_chunks<CNCH, NH><<<blocks, 128, smem>>>(sink, times, 4, t + 300000);
+        CK(cudaGetLastError());
+        std::vector<unsigned long long> h(blocks);
+        CK(cudaMemcpy(h.data(), times, 8 * h.size(), cudaMemcpyDeviceToHost));
+        if (launch == 0) continue;
+        std::sort(h.begin(), h.end());
+        med.push_back((double)h[blocks / 2]);
+    }
+    std::sort(med.begin(), med.end());
+    CK(cudaFree(sink));
+    CK(cudaFree(times));
+    CK(cudaFree(now));
+    return med[med.size() / 2];
+}
+
 /* Bits check: weights W [64][64], tokens X [16][64] (random bf16); P = A16 (D[r][t]) over one
  * 64-column tile; Q = B64 SS with X padded to 64 rows (D[t][r]); QR = B64 RS. */
 __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q, float *QR) {
@@ -258,6 +333,20 @@ int main(int argc, char **argv) {
         printf(" |\n");
         fflush(stdout);
     }
+
+    /* Table 3: the chunk count at run time or compile time (k_gemm_tc's form, perf-notes v30). */
+    printf("\n| k_gemm_tc's products: 4 chunks x 4 k-steps, chunk count | halves | wgmma | 1 block / SM | 2 | 3 |\n"
+           "| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    auto row3 = [&](const char *name, int nh, auto fn) {
+        printf("| %s | %d | %d", name, nh, 16 * nh);
+        for (int bps = 1; bps <= 3; bps++) printf(" | %.3f", fn(bps) / 1e3);
+        printf(" |\n");
+        fflush(stdout);
+    };
+    row3("at run time (a loop)", 1, [&](int b) { return run_chunks<0, 1>(b, sms); });
+    row3("at compile time (straight)", 1, [&](int b) { return run_chunks<4, 1>(b, sms); });
+    row3("at run time (a loop)", 2, [&](int b) { return run_chunks<0, 2>(b, sms); });
+    row3("at compile time (straight)", 2, [&](int b) { return run_chunks<4, 2>(b, sms); });
 
     /* bits */
     std::vector<uint16_t> W(64 * 64), X(16 * 64);

@@ -119,13 +119,21 @@ struct tc_link {
     float *ssq_out;
 };
 
-template <int TT, bool WG, int BM, bool PUSH = false>
+/* TRACE: the instantiation that writes cudabench's timeline (trace_buf, when not NULL); the others
+ * have no trace code at all. Code a launch never runs can still cost: without the trace's the
+ * batch-1 step took 557 us against 574 (perf-notes v30, call 4: k_gemm_tc<16, wgmma, 128, push>
+ * 45.0 -> 42.0 KiB, 126 -> 120 registers), and 5.6 and 26.6 KiB of wgmma sequences no launch ran
+ * cost 1.6% and 6.5% (call 3). Smaller is not faster by itself: leaner weight copies (31.6 KiB)
+ * lost 3% (call 6). */
+template <int TT, bool WG, int BM, bool PUSH = false, bool TRACE = false>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
-                                                        int ks, int mode, tc_link link, unsigned long long *trace) {
+                                                        int ks, int mode, tc_link link,
+                                                        unsigned long long *trace_buf) {
     static_assert(BM == 64 || BM == 128, "a block's weight rows: one or two 64-row halves");
     constexpr int NH = BM / 64, PS = BM + 4; /* halves; partial row stride (floats) */
-    const bool mid_sync = mode & TC_TRACE_SYNC;
+    unsigned long long *const trace = TRACE ? trace_buf : nullptr;
+    const bool mid_sync = TRACE && (mode & TC_TRACE_SYNC);
     mode &= ~TC_TRACE_SYNC;
     constexpr bool wg = WG && TC_HAVE_WGMMA; /* products on wgmma (else mma.sync) */
     const unsigned long long t0 = trace ? gtime() : 0;
@@ -399,17 +407,17 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, tc_link,
                            unsigned long long *);
 
-template <int BM>
+template <int BM, bool TR>
 tc_kernel tc_kernel_bm(int tt, bool wg, bool push) {
     switch (tt) {
     case 16:
-        if (push) return wg ? k_gemm_tc<16, true, BM, true> : k_gemm_tc<16, false, BM, true>;
-        return wg ? k_gemm_tc<16, true, BM> : k_gemm_tc<16, false, BM>;
+        if (push) return wg ? k_gemm_tc<16, true, BM, true, TR> : k_gemm_tc<16, false, BM, true, TR>;
+        return wg ? k_gemm_tc<16, true, BM, false, TR> : k_gemm_tc<16, false, BM, false, TR>;
     case 32:
-        if (push) return wg ? k_gemm_tc<32, true, BM, true> : k_gemm_tc<32, false, BM, true>;
-        return wg ? k_gemm_tc<32, true, BM> : k_gemm_tc<32, false, BM>;
-    case 48: return wg ? k_gemm_tc<48, true, BM> : k_gemm_tc<48, false, BM>;
-    default: return wg ? k_gemm_tc<64, true, BM> : k_gemm_tc<64, false, BM>;
+        if (push) return wg ? k_gemm_tc<32, true, BM, true, TR> : k_gemm_tc<32, false, BM, true, TR>;
+        return wg ? k_gemm_tc<32, true, BM, false, TR> : k_gemm_tc<32, false, BM, false, TR>;
+    case 48: return wg ? k_gemm_tc<48, true, BM, false, TR> : k_gemm_tc<48, false, BM, false, TR>;
+    default: return wg ? k_gemm_tc<64, true, BM, false, TR> : k_gemm_tc<64, false, BM, false, TR>;
     }
 }
 /* Whether a launch of TT rows in s splits pushes its partials (k_gemm_tc's PUSH; the context's
@@ -420,8 +428,11 @@ bool tc_push(const lm_cuda_ctx *c, int tt, int s) {
     static const int upto = (int)lm_env_int("LM_CUDA_GEMM_PUSH_ROWS", 32, 16, 32);
     return c->gemm_push && tt <= upto && s > 1;
 }
-tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM, bool push = false) {
-    return bm == 128 ? tc_kernel_bm<128>(tt, wg, push) : tc_kernel_bm<64>(tt, wg, push);
+/* The kernel of a launch; trace: the instantiation with the timeline's code (plans and occupancy
+ * use the other one, so that a traced step runs the same plan). */
+tc_kernel tc_kernel_for(int tt, bool wg, int bm = TC_BM, bool push = false, bool trace = false) {
+    if (trace) return bm == 128 ? tc_kernel_bm<128, true>(tt, wg, push) : tc_kernel_bm<64, true>(tt, wg, push);
+    return bm == 128 ? tc_kernel_bm<128, false>(tt, wg, push) : tc_kernel_bm<64, false>(tt, wg, push);
 }
 /* k_gemm_tc's dynamic shared memory for a launch: the front area and its alignment, the norm-link
  * consumer's sums of squares, the pushed partials. */
@@ -564,8 +575,10 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
                           tc_launch_smem(tt, k, splits, b, false, push));
         return b;
     });
-    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, push);
+    const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, push, c->trace != nullptr);
     const size_t smem = tc_launch_smem(tt, k, splits, bm, link.ssq_in, push);
+    if (c->trace) /* raises the trace kernel's shared-memory limit as the plan did the other's */
+        lm_cuda_occupancy((const void *)fn, TC_THREADS, tc_launch_smem(tt, k, splits, bm, false, push));
     if (smem > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: [%d, %d]^T in %d splits at %d rows needs %zu bytes of shared "
                          "memory a block (slices, the norm link's sums of squares, pushed partials); this device "

@@ -142,7 +142,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->pdl = p.pdl;
     c->gemv_rows = p.gemv_rows;
     c->smem_optin = info.smem_optin;
-    c->attn_dec = p.attn_dec;
+    c->attn_dec = p.attn_dec && lm_env_flag("LM_CUDA_ATTN_DEC", true);
     c->attn_batch = lm_env_flag("LM_CUDA_ATTN_BATCH", true);
     c->gemm_tc_rows = lm_cuda_gemm_tc_default_rows();
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
