@@ -123,9 +123,9 @@ struct tc_link {
  * have no trace code at all. Code a launch never runs can still cost: without the trace's the
  * batch-1 step took 557 us against 574 (perf-notes v30, call 4: k_gemm_tc<16, wgmma, 128, push>
  * 45.0 -> 42.0 KiB, 126 -> 120 registers), and 5.6 and 26.6 KiB of wgmma sequences no launch ran
- * cost 1.6% and 6.5% (call 3); through its bytes or through how ptxas schedules a larger function
- * was not separated. Smaller is not faster by itself: leaner weight copies (31.6 KiB) lost 3%
- * (call 6). */
+ * cost 1.6% and 6.5% (call 3); not through the bytes alone: ptxas also ordered the code around
+ * the products differently in those builds (call 7's SASS). Smaller is not faster by itself:
+ * leaner weight copies (31.6 KiB) lost 3% (call 6). */
 template <int TT, bool WG, int BM, bool PUSH = false, bool TRACE = false>
 __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, const uint16_t *__restrict__ x,
                                                         const uint16_t *__restrict__ w, int n, int k, int m,
