@@ -109,7 +109,8 @@ int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c); /* the bound now (0:
 long lm_cuda_ctx_gemv_dealt(const struct lm_cuda_ctx *c);
 /* Decode launches that fit one wave of it run the 8-warp decode attention (k_attn_dec, v7; on by
  * default, LM_CUDA_ATTN_DEC=0 turns it off for A/B runs: then the 4-warp batched shape or
- * k_attention, as for larger launches; a run of one sequence's tokens needs it). */
+ * k_attention, as for larger launches; a run of one sequence's tokens needs it). The setter
+ * overrides the variable: `lumen cudabench --micro` and `--variants` set it per row. */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,
