@@ -316,15 +316,18 @@ __global__ void __launch_bounds__(THREADS, 1) k_stage(const uint8_t *wbuf, size_
  * as 0, launched at the predecessor's start), stages 4 KiB of activations the previous kernel
  * wrote through L2, uses the weights and writes its own share of the activations. Modes 0 and 1
  * let their dependents launch after staging.
- * Table 7 runs the same chain in mode 3 with `rec` (table 6: NULL): blocks of kernels [T7_FIRST,
- * T7_FIRST + T7_N) write rec[k][block][]: 0-7 each warp's %globaltimer as its wait returned (lane
- * 0), 8 when the block had staged x and passed the barrier after it, 9 its end (thread 0, after its
- * writes), 10 its start. */
+ * Table 7 runs the same chain in mode 3 with the recorder (REC; table 6 runs the instantiation
+ * without it, so that no timing code it never runs sits in its kernel: perf-notes v30): blocks of
+ * kernels [T7_FIRST, T7_FIRST + T7_N) write rec[k][block][]: 0-7 each warp's %globaltimer as its
+ * wait returned (lane 0), 8 when the block had staged x and passed the barrier after it, 9 its end
+ * (thread 0, after its writes), 10 its start. */
 constexpr int T7_FIRST = 40, T7_N = 16, T7_W = 11;
+template <bool REC>
 __global__ void __launch_bounds__(THREADS, 2) k_link(const uint8_t *wbuf, size_t wsize, int U, unsigned *ctr,
                                                       int link, const float *xin, float *xout, int mode,
-                                                      unsigned long long *rec) {
+                                                      unsigned long long *rec_buf) {
     __shared__ float xs[1024];
+    unsigned long long *const rec = REC ? rec_buf : nullptr;
     const unsigned long long t_start = rec ? gtime() : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
     const int gw = blockIdx.x * 8 + warp, NW = G * 8;
@@ -435,7 +438,7 @@ static cudaGraphExec_t capture_chain(cudaStream_t st, int L, int G, bool pdl, K 
     return ge;
 }
 
-/* Table 6 (see k_link). */
+/* Table 6 (see k_link<false>). */
 static void chain_table(uint8_t *buf, size_t BUF) {
     /* 6. kernel chains */
     printf("\n6. chain: %d kernels in one graph, each U weight loads a lane, the dependency, 4 KiB staged (us a kernel)\n", 112);
@@ -456,7 +459,7 @@ static void chain_table(uint8_t *buf, size_t BUF) {
                 for (int mode = 0; mode < 5; mode++) {
                     const int km = mode == 4 ? 0 : mode;
                     cudaGraphExec_t ge = capture_chain(
-                        st6, L, G, mode != 4, k_link,
+                        st6, L, G, mode != 4, k_link<false>,
                         [&](int l) {
                             return std::make_tuple((const uint8_t *)buf, BUF, U, ctr, l,
                                                    (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, km,
@@ -485,7 +488,7 @@ static void chain_table(uint8_t *buf, size_t BUF) {
     }
 }
 
-/* Table 7 (see k_link: mode 3 with its recorder). */
+/* Table 7 (see k_link<true>: mode 3 with its recorder). */
 static void after_wait_table(uint8_t *buf, size_t BUF) {
     unsigned long long *tm, th[3];
     CK(cudaMalloc(&tm, 24));
@@ -509,7 +512,7 @@ static void after_wait_table(uint8_t *buf, size_t BUF) {
             const size_t nrec = (size_t)T7_N * G * T7_W;
             CK(cudaMalloc(&rec, nrec * 8));
             cudaGraphExec_t ge = capture_chain(
-                st, L, G, true, k_link,
+                st, L, G, true, k_link<true>,
                 [&](int l) {
                     return std::make_tuple((const uint8_t *)buf, BUF, U, (unsigned *)nullptr, l,
                                            (const float *)(xa + (size_t)l * 1024), xa + (size_t)(l + 1) * 1024, 3, rec);

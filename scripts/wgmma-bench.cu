@@ -74,6 +74,16 @@ __device__ float burst(const uint16_t *ws, const uint16_t *xs, int tiles, const 
     return s;
 }
 
+/* Both bench kernels' start: n bf16 values of the block's shared memory set (finite, the block's
+ * own), made visible to the tensor cores, then every block waits for globaltimer `start`. */
+__device__ __forceinline__ void bench_start(uint16_t *sm, int n, unsigned long long start) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    while (gtime() < start) {
+    }
+}
+
 /* Every block waits for globaltimer `start`, then runs `reps` bursts, timing each. Before each
  * burst, `prep` (table 2): 0 nothing; 1 a proxy fence (fence.proxy.async.shared::cta) and a barrier;
  * 2 the block's weights and tokens copied again from `src` (cp.async by every thread, as k_gemm_tc
@@ -84,12 +94,8 @@ __global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned lon
                                               const uint16_t *src = nullptr) {
     extern __shared__ __align__(1024) uint16_t sm[];
     uint16_t *ws = sm, *xs = sm + (size_t)tiles * WT;
-    for (int i = threadIdx.x; i < tiles * WT + 64 * 256; i += 128) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
-    unsigned areg[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    while (gtime() < start) {
-    }
+    const unsigned areg[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+    bench_start(sm, tiles * WT + 64 * 256, start);
     float acc = 0.f;
     for (int r = 0; r < reps; r++) {
         if (prep == 2) {
@@ -110,31 +116,27 @@ __global__ void __launch_bounds__(128) k_bench(int tiles, int reps, unsigned lon
 
 __global__ void k_now(unsigned long long *t) { *t = gtime(); }
 
-template <int MODE>
-static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
-    const int blocks = sms * bps;
-    const size_t smem = ((size_t)tiles * WT + 64 * 256) * 2;
-    CK(cudaFuncSetAttribute(k_bench<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+/* `launches` launches of a bench kernel over `blocks` blocks, each started by launch(start, sink,
+ * times) with a globaltimer start 300 us ahead; a block records `reps` burst times (ns) at
+ * times[block * reps + r]. Returns the median over launches 2.. of the median block's first burst
+ * (what a GEMM after its wait sees). */
+template <class Launch>
+static double first_burst_median(int blocks, int reps, int launches, Launch &&launch) {
     float *sink;
     unsigned long long *times, *now;
     CK(cudaMalloc(&sink, sizeof(float) * blocks));
     CK(cudaMalloc(&times, sizeof(unsigned long long) * blocks * reps));
     CK(cudaMalloc(&now, 8));
-    uint16_t *src = nullptr; /* prep 2's source: each block its own copy of the operands */
-    const size_t per = (size_t)tiles * WT + 64 * 256;
-    CK(cudaMalloc(&src, 2 * per * blocks));
-    CK(cudaMemset(src, 0x3c, 2 * per * blocks)); /* bf16 1.0x: finite */
     std::vector<double> med;
-    for (int launch = 0; launch < 6; launch++) {
+    for (int l = 0; l < launches; l++) {
         k_now<<<1, 1>>>(now);
         unsigned long long t;
         CK(cudaMemcpy(&t, now, 8, cudaMemcpyDeviceToHost));
-        k_bench<MODE><<<blocks, 128, smem>>>(tiles, reps, t + 300000, sink, times, prep, src);
+        launch(t + 300000, sink, times);
         CK(cudaGetLastError());
         std::vector<unsigned long long> h((size_t)blocks * reps);
         CK(cudaMemcpy(h.data(), times, 8 * h.size(), cudaMemcpyDeviceToHost));
-        if (launch == 0) continue;
-        /* the first burst of each block: what a GEMM after its wait sees */
+        if (l == 0) continue; /* the first launch warms up */
         std::vector<double> first;
         for (int b = 0; b < blocks; b++) first.push_back((double)h[(size_t)b * reps]);
         std::sort(first.begin(), first.end());
@@ -144,8 +146,23 @@ static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
     CK(cudaFree(sink));
     CK(cudaFree(times));
     CK(cudaFree(now));
-    CK(cudaFree(src));
     return med[med.size() / 2];
+}
+
+template <int MODE>
+static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
+    const int blocks = sms * bps;
+    const size_t per = (size_t)tiles * WT + 64 * 256, smem = per * 2;
+    CK(cudaFuncSetAttribute(k_bench<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    uint16_t *src = nullptr; /* prep 2's source: each block its own copy of the operands */
+    CK(cudaMalloc(&src, 2 * per * blocks));
+    CK(cudaMemset(src, 0x3c, 2 * per * blocks)); /* bf16 1.0x: finite */
+    const double us =
+        first_burst_median(blocks, reps, 6, [&](unsigned long long start, float *sink, unsigned long long *times) {
+            k_bench<MODE><<<blocks, 128, smem>>>(tiles, reps, start, sink, times, prep, src);
+        });
+    CK(cudaFree(src));
+    return us;
 }
 
 /* Table 3 (perf-notes v30): k_gemm_tc's products, NH 64-row halves x 4 chunks of 64 columns x 4
@@ -157,11 +174,7 @@ __global__ void __launch_bounds__(128) k_chunks(float *sink, unsigned long long 
                                                unsigned long long start) {
     extern __shared__ __align__(1024) uint16_t sm[];
     constexpr int WN = 4 * 64 * 64 * NH; /* 4 chunks x 64 NH rows x 64 columns */
-    for (int i = threadIdx.x; i < WN + 4 * 16 * 64; i += 128) sm[i] = (uint16_t)(0x3c00 + (i * 7 + blockIdx.x) % 64);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    while (gtime() < start) {
-    }
+    bench_start(sm, WN + 4 * 16 * 64, start);
     const unsigned long long t0 = gtime();
     const unsigned wa = smem_u32(sm), xa = smem_u32(sm + WN);
     const int nch = CNCH ? CNCH : nch_rt;
@@ -196,29 +209,9 @@ static double run_chunks(int bps, int sms) {
     const int blocks = bps * sms;
     const size_t smem = (size_t)(4 * 64 * 64 * NH + 4 * 16 * 64) * 2;
     CK(cudaFuncSetAttribute(k_chunks<CNCH, NH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    float *sink;
-    unsigned long long *times, *now;
-    CK(cudaMalloc(&sink, sizeof(float) * blocks));
-    CK(cudaMalloc(&times, sizeof(unsigned long long) * blocks));
-    CK(cudaMalloc(&now, 8));
-    std::vector<double> med;
-    for (int launch = 0; launch < 8; launch++) {
-        k_now<<<1, 1>>>(now);
-        unsigned long long t;
-        CK(cudaMemcpy(&t, now, 8, cudaMemcpyDeviceToHost));
-        k_chunks<CNCH, NH><<<blocks, 128, smem>>>(sink, times, 4, t + 300000);
-        CK(cudaGetLastError());
-        std::vector<unsigned long long> h(blocks);
-        CK(cudaMemcpy(h.data(), times, 8 * h.size(), cudaMemcpyDeviceToHost));
-        if (launch == 0) continue;
-        std::sort(h.begin(), h.end());
-        med.push_back((double)h[blocks / 2]);
-    }
-    std::sort(med.begin(), med.end());
-    CK(cudaFree(sink));
-    CK(cudaFree(times));
-    CK(cudaFree(now));
-    return med[med.size() / 2];
+    return first_burst_median(blocks, 1, 8, [&](unsigned long long start, float *sink, unsigned long long *times) {
+        k_chunks<CNCH, NH><<<blocks, 128, smem>>>(sink, times, 4, start);
+    });
 }
 
 /* Bits check: weights W [64][64], tokens X [16][64] (random bf16); P = A16 (D[r][t]) over one
