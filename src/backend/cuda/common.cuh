@@ -169,11 +169,19 @@ static __device__ __forceinline__ unsigned smem_u32(const void *p) {
  * A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major operand in
  * the 128-byte swizzle: rows of 64 bf16 (128 bytes) with 16-byte chunk c of row r at c ^ (r % 8),
  * 8-row groups 1,024 bytes apart (the stride byte offset; the leading one is unused), the
- * pattern starting 1 KiB-aligned. A k-step of 16 columns inside the row is 32 bytes on addr. */
-static __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 |
-           1ull << 62;
+ * pattern starting 1 KiB-aligned. A k-step of 16 columns inside the row is 32 bytes on addr.
+ * The descriptor as two words: the low one holds the start address in 16-byte units (bits 0-13)
+ * and the leading byte offset (bits 16-29), the high one the stride and the swizzle, the same for
+ * every descriptor here. A loop over the operands of one pattern adds its offsets, in 16-byte
+ * units, to the low word of the base (wg_desc_lo(addr) + off / 16 == wg_desc_lo(addr + off) while
+ * addr + off stays in the 256 KiB shared window, which every shared address does): one add a
+ * descriptor, where building each from its address took ptxas ~7 dependent uniform instructions
+ * (ncu's source page; the step's time did not move: perf-notes v31). */
+static __device__ __forceinline__ unsigned wg_desc_lo(unsigned addr) { return ((addr & 0x3FFFF) >> 4) | 1u << 16; }
+static __device__ __forceinline__ unsigned long long wg_desc_of(unsigned lo) {
+    return (unsigned long long)lo | (unsigned long long)((1024 >> 4) | 1u << 30) << 32;
 }
+static __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) { return wg_desc_of(wg_desc_lo(addr)); }
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

@@ -255,7 +255,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
          * chunk at 1-64 rows, where the slices land together (perf-notes v26, derived from its
          * trace; with the evict-first weights +5.8% at batch 1, +1.7% at 64 rows, derived from
          * its call 9). */
-        const unsigned ws_addr = smem_u32(ws), xs_addr = smem_u32(xs);
+        /* The descriptors' low words (wg_desc_lo); offsets below in 16-byte units. */
+        const unsigned ws_lo = wg_desc_lo(smem_u32(ws)), xs_lo = wg_desc_lo(smem_u32(xs));
         cp_async_wait_all();
         fence_proxy_async_smem();
         __syncthreads(); /* every thread's copies have landed */
@@ -266,10 +267,10 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         for (int ch = 0; ch < nch; ch++) {
 #pragma unroll
             for (int s2 = 0; s2 < TC_CH / 16; s2++) {
-                const unsigned long long b = wg_desc(xs_addr + (unsigned)(ch * TT * TC_CH * 2 + s2 * 32));
+                const unsigned long long b = wg_desc_of(xs_lo + (unsigned)(ch * (TT * TC_CH * 2 / 16) + s2 * 2));
 #pragma unroll
                 for (int h = 0; h < NH; h++) /* half h: rows 64 h .., 64 rows of 128 bytes further */
-                    wgmma_ss<TT>(acc[h], wg_desc(ws_addr + (unsigned)((ch * BM + 64 * h) * TC_CH * 2 + s2 * 32)), b);
+                    wgmma_ss<TT>(acc[h], wg_desc_of(ws_lo + (unsigned)(ch * (BM * TC_CH * 2 / 16) + h * (64 * TC_CH * 2 / 16) + s2 * 2)), b);
             }
         }
         wg_commit();
