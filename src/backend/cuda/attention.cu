@@ -149,17 +149,20 @@ __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const fl
         ps[h * D + d] = num;
         if (d == 0) ps[G * D + h] = M, ps[G * D + G + h] = den;
     }
-    __threadfence();
+    /* The block's partials are published by thread 0's release after the barrier (cumulative over
+     * what the barrier ordered before it: CUTLASS's semaphore arrive), and the last block's reads
+     * are ordered after its acquire by the second barrier; a fence.sc by every thread
+     * (__threadfence, MEMBAR.SC.GPU in the SASS) before and after was the old form. */
     __syncthreads();
     __shared__ int last;
     if (threadIdx.x == 0) {
-        unsigned *cnt = a.split_count + slot * a.n_kv_heads + g;
-        last = atomicAdd(cnt, 1u) == (unsigned)nused - 1;
+        unsigned *cnt = a.split_count + slot * a.n_kv_heads + g, prev;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(cnt) : "memory");
+        last = prev == (unsigned)nused - 1;
         if (last) *cnt = 0; /* every other split has arrived: ready for the next launch */
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
     for (int i = threadIdx.x; i < G * D; i += nthreads) {
         const int h = i / D, d = i % D;
         float M = -INFINITY;
