@@ -9,7 +9,8 @@
 # ShareGPT at each concurrency of $PROFILE_CONC (default 64), verified against the server's
 # records; the summary and the server log land in $OUT, the run folders in /tmp), cpu (the CPU
 # kernels' tests and lumen perf on the machine's Xeon, bf16 path off and on),
-# ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), trace (cudabench's block
+# ncubatch (per-kernel times of batched decode steps, $NCU_BATCHES), ncugraph (where warps stall
+# in one whole decode step, by stall reason: Nsight Compute's sampling of the step's graph), trace (cudabench's block
 # timelines of a batch-1 step and of decode steps of $TRACE_BATCHES sequences), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
 # ARROW_ARGS=6: the kernel-chain table alone, 7: what follows the chain's waits), ab
@@ -85,6 +86,22 @@ for step in "$@"; do
     timeout 240 $NCU --clock-control none --csv --print-units base --metrics gpu__time_duration.sum --launch-count ${NCU_COUNT:-1200} \
       $LUMEN cudabench --model /tmp/q06 -n 8 -r 1 -p 0 --batches "${NCU_BATCHES:-}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     python3 scripts/ncu-summary.py "$OUT/ncu.csv" | tee "$OUT/ncu.txt" | head -30 ;;
+  ncugraph)
+    # Where warps stall in one whole decode step (perf-notes v31): Nsight Compute samples the step's
+    # CUDA graph as one workload, the kernels' overlap kept (the profiler slows the step ~1.7x).
+    # Launch $NCU_SKIP (default 320) of `lumen perf -n 128 --batch $NCU_GRAPH_BATCH` (default 1) is a
+    # decode graph; the first steps run eagerly. Outputs: ncugraph.txt (scripts/ncu-stalls.py, with
+    # $NCU_DETAIL's regions, default k_gemm_tc) and ncugraph.csv.xz (the source page, every SASS
+    # instruction's samples by stall reason).
+    need_q06
+    NCU=$(ncu_bin)
+    timeout 300 $NCU --graph-profiling graph --clock-control none --cache-control none --launch-skip ${NCU_SKIP:-320} \
+      --launch-count 1 --section WarpStateStats --section SourceCounters -o /tmp/ncugraph -f \
+      $LUMEN perf --device cuda --model /tmp/q06 -p 0 -n 128 -r 1 --no-bw --batch ${NCU_GRAPH_BATCH:-1} >"$OUT/ncugraph.log" 2>&1
+    $NCU -i /tmp/ncugraph.ncu-rep --page source --csv --print-source sass >/tmp/ncugraph.csv 2>>"$OUT/ncugraph.log"
+    python3 scripts/ncu-stalls.py /tmp/ncugraph.csv --kernel "${NCU_DETAIL:-k_gemm_tc}" >"$OUT/ncugraph.txt" 2>&1
+    grep -a "graph (" "$OUT/ncugraph.log" "$OUT/ncugraph.txt" | head -2; head -40 "$OUT/ncugraph.txt"
+    xz -T4 -c /tmp/ncugraph.csv >"$OUT/ncugraph.csv.xz" ;;
   ncubatch)
     # Per-kernel GPU times of batched decode under Nsight Compute (serialised), one table per batch
     # in $NCU_BATCHES (default 16,32,64): cudabench's throughput test with 64-token prompts and 6
