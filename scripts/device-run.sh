@@ -100,7 +100,7 @@ for step in "$@"; do
       $LUMEN perf --device cuda --model /tmp/q06 -p 0 -n 128 -r 1 --no-bw --batch ${NCU_GRAPH_BATCH:-1} >"$OUT/ncugraph.log" 2>&1
     $NCU -i /tmp/ncugraph.ncu-rep --page source --csv --print-source sass >/tmp/ncugraph.csv 2>>"$OUT/ncugraph.log"
     python3 scripts/ncu-stalls.py /tmp/ncugraph.csv --kernel "${NCU_DETAIL:-k_gemm_tc}" >"$OUT/ncugraph.txt" 2>&1
-    grep -a "graph (" "$OUT/ncugraph.log" "$OUT/ncugraph.txt" | head -2; head -40 "$OUT/ncugraph.txt"
+    grep -a "==PROF== Profiling" "$OUT/ncugraph.log" | head -2; head -40 "$OUT/ncugraph.txt"
     xz -T4 -c /tmp/ncugraph.csv >"$OUT/ncugraph.csv.xz" ;;
   ncubatch)
     # Per-kernel GPU times of batched decode under Nsight Compute (serialised), one table per batch

@@ -17,7 +17,7 @@ import argparse, csv, re, sys
 
 def load(path):
     """{kernel name: (stall reason names, [(offset, sass text, samples, {reason: samples})])}"""
-    kernels, name, reasons, cols = {}, None, [], []
+    kernels, name, reasons, cols, total_col = {}, None, [], [], None
     with open(path, newline="") as f:
         for row in csv.reader(f):
             if not row:
@@ -25,15 +25,23 @@ def load(path):
             if row[0] == "Kernel Name":
                 name = row[1]
                 kernels.setdefault(name, ([], []))
+                if kernels[name][1]:  # the same function twice: keep its first table only
+                    name = None
                 continue
             if row[0] == "Address":
+                if name is None and kernels:  # a repeated function's table: skipped
+                    total_col = None
+                    continue
+                if name is None or "Warp Stall Sampling (All Samples)" not in row:
+                    sys.exit(f"ncu-stalls: {path}: a source table without a kernel name or without the "
+                             "'Warp Stall Sampling (All Samples)' column (take the report with --section SourceCounters)")
                 # the all-samples columns only, not their "(Not Issued)" twins
                 cols = [i for i, h in enumerate(row) if h.startswith("stall_") and "Not Issued" not in h]
                 reasons = [row[i][len("stall_"):] for i in cols]
                 kernels[name] = (reasons, kernels[name][1])
                 total_col = row.index("Warp Stall Sampling (All Samples)")
                 continue
-            if name is None or not row[0].startswith("0x"):
+            if total_col is None or not row[0].startswith("0x"):
                 continue
             num = lambda s: int(s.replace(",", "")) if s.strip() not in ("", "-") else 0
             kernels[name][1].append((int(row[0], 16), row[1].strip(), num(row[total_col]),
@@ -55,12 +63,17 @@ def by_reason(ins, reasons):
 
 
 def fmt(tot, sums, total_all):
+    """Samples, share, and the reasons; "other": samples the page gives no reason column for (at
+    HGMMAs most of them: the raw metrics' gmma and warpgroup_arrive stalls have no column)."""
     top = sorted(((v, r) for r, v in sums.items() if v), reverse=True)
-    return f"{tot:8d} {100 * tot / max(total_all, 1):5.1f}%  " + " ".join(f"{r} {v}" for v, r in top[:8])
+    other = tot - sum(sums.values())
+    return (f"{tot:8d} {100 * tot / max(total_all, 1):5.1f}%  " + " ".join(f"{r} {v}" for v, r in top[:8]) +
+            (f" other {other}" if other else ""))
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--kernel", help="detail the functions whose name contains this")
     ap.add_argument("--top", type=int, default=25, help="instructions listed per detailed function (default 25)")
