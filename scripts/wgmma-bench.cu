@@ -24,7 +24,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_fence, wg_commit, wg_wait0, wg_pin, wgmma_ss */
+#include "backend/cuda/common.cuh" /* smem_u32, gtime, wg_desc, wg_chunk_products, wg_fence, wg_commit, wg_wait0, wg_pin, wgmma_ss */
 
 #include "bench-check.cuh" /* CK */
 
@@ -165,10 +165,11 @@ static double run(int bps, int tiles, int reps, int sms, int prep = 0) {
     return us;
 }
 
-/* Table 3 (perf-notes v30): k_gemm_tc's products, NH 64-row halves x 4 chunks of 64 columns x 4
- * k-steps, with the chunk count known at run time (a loop: ptxas injects a warpgroup.arrive at its
- * head, its info C7519, and waits for each iteration's last wgmma before the next) or at compile
- * time (one straight sequence). */
+/* Table 3 (perf-notes v30): k_gemm_tc's products (wg_chunk_products, the kernel's own code), NH
+ * 64-row halves x 4 chunks of 64 columns x 4 k-steps, with the chunk count known at run time (a
+ * loop: ptxas injects a warpgroup.arrive at its head, its info C7519, and waits for each
+ * iteration's last wgmma before the next) or at compile time (one straight sequence). v30's rows
+ * were taken before the descriptors became base + offset (perf-notes v31). */
 template <int CNCH, int NH>
 __global__ void __launch_bounds__(128) k_chunks(float *sink, unsigned long long *times, int nch_rt,
                                                unsigned long long start) {
@@ -176,20 +177,11 @@ __global__ void __launch_bounds__(128) k_chunks(float *sink, unsigned long long 
     constexpr int WN = 4 * 64 * 64 * NH; /* 4 chunks x 64 NH rows x 64 columns */
     bench_start(sm, WN + 4 * 16 * 64, start);
     const unsigned long long t0 = gtime();
-    const unsigned wa = smem_u32(sm), xa = smem_u32(sm + WN);
-    const int nch = CNCH ? CNCH : nch_rt;
     float d[NH][2][4] = {};
 #pragma unroll
     for (int h = 0; h < NH; h++) wg_pin(d[h]);
     wg_fence();
-#pragma unroll
-    for (int ch = 0; ch < nch; ch++)
-#pragma unroll
-        for (int s2 = 0; s2 < 4; s2++)
-#pragma unroll
-            for (int h = 0; h < NH; h++)
-                wgmma_ss<16>(d[h], wg_desc(wa + (unsigned)((ch * 64 * NH + 64 * h) * 128 + s2 * 32)),
-                             wg_desc(xa + (unsigned)(ch * 16 * 128 + s2 * 32)));
+    wg_chunk_products<16, NH, CNCH>(d, wg_desc_lo(smem_u32(sm)), wg_desc_lo(smem_u32(sm + WN)), nch_rt);
     wg_commit();
     wg_wait0();
     float s = 0.f;

@@ -230,6 +230,32 @@ __device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], unsigned long lon
 }
 #undef WG_D
 #endif
+/* k_gemm_tc's products (and wgmma-bench's table 3, which times exactly this code): acc[h] += the
+ * NH 64-row halves of the block's weight tile times its TT tokens, over nch chunks of 64 columns,
+ * each chunk a tile of 128-byte rows in the layout wg_desc describes (weights: chunk ch at
+ * ch * 64 NH rows, half h 64 rows further; tokens: chunk ch at ch * TT rows), 4 k-steps of 16 a
+ * chunk. ws_lo and xs_lo are the tiles' wg_desc_lo. CNCH > 0: nch known at compile time, one
+ * straight sequence; 0: a loop over nch (ptxas then injects a warpgroup.arrive at its head and
+ * waits for each iteration's last wgmma: perf-notes v30's wgmma-bench table 3). */
+template <int TT, int NH, int CNCH = 0>
+static __device__ __forceinline__ void wg_chunk_products(float (&acc)[NH][TT / 8][4], unsigned ws_lo, unsigned xs_lo,
+                                                         int nch) {
+    auto chunk = [&](int ch) {
+#pragma unroll
+        for (int s2 = 0; s2 < 4; s2++) {
+            const unsigned long long b = wg_desc_of(xs_lo + (unsigned)(ch * (TT * 128 / 16) + s2 * 2));
+#pragma unroll
+            for (int h = 0; h < NH; h++) /* half h: 64 rows of 128 bytes further */
+                wgmma_ss<TT>(acc[h], wg_desc_of(ws_lo + (unsigned)(ch * (NH * 64 * 128 / 16) + h * (64 * 128 / 16) + s2 * 2)), b);
+        }
+    };
+    if constexpr (CNCH > 0) {
+#pragma unroll
+        for (int ch = 0; ch < CNCH; ch++) chunk(ch);
+    } else {
+        for (int ch = 0; ch < nch; ch++) chunk(ch);
+    }
+}
 /* 16 bytes global -> shared through L2 without a register (cp.async, sm_80+); with zfill, the
  * 16 bytes are zeros and src is not read. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool zfill = false) {

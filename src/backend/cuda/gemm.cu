@@ -264,15 +264,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
 #pragma unroll
         for (int h = 0; h < NH; h++) wg_pin(acc[h]);
         wg_fence();
-        for (int ch = 0; ch < nch; ch++) {
-#pragma unroll
-            for (int s2 = 0; s2 < TC_CH / 16; s2++) {
-                const unsigned long long b = wg_desc_of(xs_lo + (unsigned)(ch * (TT * TC_CH * 2 / 16) + s2 * 2));
-#pragma unroll
-                for (int h = 0; h < NH; h++) /* half h: rows 64 h .., 64 rows of 128 bytes further */
-                    wgmma_ss<TT>(acc[h], wg_desc_of(ws_lo + (unsigned)(ch * (BM * TC_CH * 2 / 16) + h * (64 * TC_CH * 2 / 16) + s2 * 2)), b);
-            }
-        }
+        static_assert(TC_CH == 64, "wg_chunk_products takes chunks of 64 columns");
+        wg_chunk_products<TT, NH>(acc, ws_lo, xs_lo, nch);
         wg_commit();
         norm_scale(); /* beside the products: its registers and shared memory are not theirs */
         wg_wait0();
