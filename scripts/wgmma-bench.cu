@@ -13,8 +13,10 @@
  * - Rn: Bn with A from registers.
  * Table 2: A16 after what k_gemm_tc does before its products. Table 3: k_gemm_tc's chunk loop with
  * its count at run time against compile time.
- * Then a bits check: the same weights and tokens through A16 and B64 (D transposed), SS and RS:
- * are the float32 sums the same bits? */
+ * Table 4: the products of table 3 with the weights' A fragments in registers (wgmma RS, and
+ * mma.sync), 16 and 8 tokens.
+ * Then a bits check: the same weights and tokens through A16 and B64 (D transposed), SS and RS,
+ * and table 4's forms: are the float32 sums the same bits? */
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
@@ -206,18 +208,116 @@ static double run_chunks(int bps, int sms) {
     });
 }
 
+/* Table 4 (perf-notes v32): the weights as A from registers. The products of table 3's straight
+ * rows (NH 64-row halves x 4 chunks x 4 k-steps of 16) with each thread's A fragments (m64k16, PTX
+ * ISA "Register Fragments": rows 16 wid + lane/4 (+8) of the half, columns 2 (lane%4) (+1, +8, +9)
+ * of the k-step) loaded from the tile into registers before the clock starts, as a GEMM could load
+ * them before its wait; the blocks of a multiprocessor start together. FORM 0: wgmma SS (table 3's
+ * straight row, N tokens); 1: wgmma RS; 2: mma.sync m16n8k16 with the same A registers and B
+ * fragments read from the token tile after the clock starts (N = 8). In the bench mma.sync from
+ * registers took 0.35 us at two blocks a multiprocessor against 0.86 for SS; inside k_gemm_tc the
+ * same form (branch exp/rf) saved ~0.1 us of a GEMM's products and lost 15% of the step. */
+template <int NH, int N, int FORM>
+__global__ void __launch_bounds__(128) k_regs(float *sink, unsigned long long *times, unsigned long long start) {
+    extern __shared__ __align__(1024) uint16_t sm[];
+    constexpr int WN = 4 * 64 * 64 * NH;
+    const uint16_t *xs = sm + WN;
+    bench_start(sm, WN + 4 * N * 64, 0); /* the clock's start waited for after the loads below */
+    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned a[NH][16][4];
+    auto pair = [&](int r, int c) { return *reinterpret_cast<const unsigned *>(sm + sw(r, c, 64 * NH)); };
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const int r = 64 * h + 16 * wid + lane / 4, c = 16 * s + 2 * (lane % 4);
+            a[h][s][0] = pair(r, c);
+            a[h][s][1] = pair(r + 8, c);
+            a[h][s][2] = pair(r, c + 8);
+            a[h][s][3] = pair(r + 8, c + 8);
+        }
+#pragma unroll
+    for (int h = 0; h < NH; h++) /* loaded before the clock: pinned ahead of its volatile reads */
+#pragma unroll
+        for (int s = 0; s < 16; s++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[h][s][e]));
+    __syncthreads();
+    while (gtime() < start) { /* the blocks of a multiprocessor start their products together */
+    }
+    const unsigned long long t0 = gtime();
+    float d[NH][N / 8][4] = {};
+    if constexpr (FORM == 2) {
+        static_assert(N == 8, "mma.sync: one n-tile");
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const int t = lane / 4, c = 16 * s + 2 * (lane % 4);
+            const unsigned b0 = *reinterpret_cast<const unsigned *>(xs + sw(t, c, N));
+            const unsigned b1 = *reinterpret_cast<const unsigned *>(xs + sw(t, c + 8, N));
+#pragma unroll
+            for (int h = 0; h < NH; h++) mma_bf16(d[h][0], a[h][s], b0, b1);
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < NH; h++) wg_pin(d[h]);
+        wg_fence();
+        const unsigned ws_lo = wg_desc_lo(smem_u32(sm)), xs_lo = wg_desc_lo(smem_u32(xs));
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const unsigned long long b = wg_desc_of(xs_lo + (unsigned)((s / 4) * (N * 128 / 16) + (s % 4) * 2));
+#pragma unroll
+            for (int h = 0; h < NH; h++) {
+                if constexpr (FORM == 0)
+                    wgmma_ss<N>(d[h], wg_desc_of(ws_lo + (unsigned)((s / 4) * (NH * 64 * 128 / 16) + h * (64 * 128 / 16) + (s % 4) * 2)), b);
+                else
+                    wgmma_rs<N>(d[h], a[h][s], b);
+            }
+        }
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int h = 0; h < NH; h++) wg_pin(d[h]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int j = 0; j < N / 8; j++) sum += d[h][j][0] + d[h][j][1] + d[h][j][2] + d[h][j][3];
+    const unsigned long long t1 = gtime();
+    if (threadIdx.x == 0) times[blockIdx.x] = t1 - t0;
+    /* every A register kept live to the end, as a kernel's would be until its products */
+    unsigned ax = 0;
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int s = 0; s < 16; s++) ax ^= a[h][s][0] ^ a[h][s][1] ^ a[h][s][2] ^ a[h][s][3];
+    if (sum == 12345.f || ax == 0x9e3779b9u) sink[blockIdx.x] = sum + (float)ax;
+}
+
+template <int NH, int N, int FORM>
+static double run_regs(int bps, int sms) {
+    const int blocks = bps * sms;
+    const size_t smem = (size_t)(4 * 64 * 64 * NH + 4 * N * 64) * 2;
+    CK(cudaFuncSetAttribute(k_regs<NH, N, FORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return first_burst_median(blocks, 1, 8, [&](unsigned long long start, float *sink, unsigned long long *times) {
+        k_regs<NH, N, FORM><<<blocks, 128, smem>>>(sink, times, start);
+    });
+}
+
 /* Bits check: weights W [64][64], tokens X [16][64] (random bf16); P = A16 (D[r][t]) over one
  * 64-column tile; Q = B64 SS with X padded to 64 rows (D[t][r]); QR = B64 RS. */
-__global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q, float *QR) {
+__global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q, float *QR, float *PR) {
     __shared__ __align__(1024) uint16_t ws[64 * 64];
     __shared__ __align__(1024) uint16_t xs16[16 * 64];
     __shared__ __align__(1024) uint16_t xs64[64 * 64];
+    __shared__ __align__(1024) uint16_t xs8[8 * 64];
     const int tid = threadIdx.x, wid = tid / 32, lane = tid % 32;
     for (int i = tid; i < 64 * 64; i += 128) {
         const int r = i / 64, k = i % 64;
         ws[sw(r, k, 64)] = W[i];
         xs64[sw(r, k, 64)] = r < 16 ? X[r * 64 + k] : 0;
         if (r < 16) xs16[sw(r, k, 16)] = X[i];
+        if (r < 8) xs8[sw(r, k, 8)] = X[i];
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
@@ -250,6 +350,32 @@ __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q,
         wg_commit();
         wg_wait0();
     }
+    /* Table 4's forms: the weights' A fragment from registers, 16 and 8 tokens, and mma.sync */
+    float pr[2][4] = {}, p8[1][4] = {}, p8r[1][4] = {}, pm[4] = {};
+    for (int s = 0; s < 4; s++) {
+        unsigned a[4];
+        const int r = 16 * wid + lane / 4, c = s * 16 + 2 * (lane % 4);
+        auto w2 = [&](int rr, int cc) { return *reinterpret_cast<const unsigned *>(ws + sw(rr, cc, 64)); };
+        a[0] = w2(r, c);
+        a[1] = w2(r + 8, c);
+        a[2] = w2(r, c + 8);
+        a[3] = w2(r + 8, c + 8);
+        wg_pin(pr);
+        wg_pin(p8);
+        wg_pin(p8r);
+        wg_fence();
+        wgmma_rs<16>(pr, a, wg_desc(smem_u32(xs16) + s * 32));
+        wgmma_ss<8>(p8, wg_desc(smem_u32(ws) + s * 32), wg_desc(smem_u32(xs8) + s * 32));
+        wgmma_rs<8>(p8r, a, wg_desc(smem_u32(xs8) + s * 32));
+        wg_commit();
+        wg_wait0();
+        const int t = lane / 4;
+        mma_bf16(pm, a, *reinterpret_cast<const unsigned *>(xs8 + sw(t, c, 8)),
+                 *reinterpret_cast<const unsigned *>(xs8 + sw(t, c + 8, 8)));
+    }
+    wg_pin(pr);
+    wg_pin(p8);
+    wg_pin(p8r);
     wg_pin(p);
     wg_pin(q);
     wg_pin(qr);
@@ -260,6 +386,24 @@ __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q,
         P[row * 16 + 8 * j + c0 + 1] = p[j][1];
         P[(row + 8) * 16 + 8 * j + c0] = p[j][2];
         P[(row + 8) * 16 + 8 * j + c0 + 1] = p[j][3];
+    }
+    /* PR [4][64][16]: A16 RS, n8 SS, n8 RS, mma.sync (tokens 8-15 of the n8 forms left 0) */
+    for (int j = 0; j < 2; j++) {
+        float *o = PR;
+        o[row * 16 + 8 * j + c0] = pr[j][0];
+        o[row * 16 + 8 * j + c0 + 1] = pr[j][1];
+        o[(row + 8) * 16 + 8 * j + c0] = pr[j][2];
+        o[(row + 8) * 16 + 8 * j + c0 + 1] = pr[j][3];
+    }
+    {
+        const float *src[3] = {p8[0], p8r[0], pm};
+        for (int f = 0; f < 3; f++) {
+            float *o = PR + (f + 1) * 64 * 16;
+            o[row * 16 + c0] = src[f][0];
+            o[row * 16 + c0 + 1] = src[f][1];
+            o[(row + 8) * 16 + c0] = src[f][2];
+            o[(row + 8) * 16 + c0 + 1] = src[f][3];
+        }
     }
     for (int j = 0; j < 8; j++) {
         Q[row * 64 + 8 * j + c0] = q[j][0];
@@ -333,6 +477,23 @@ int main(int argc, char **argv) {
     row3("at run time (a loop)", 2, [&](int b) { return run_chunks<0, 2>(b, sms); });
     row3("at compile time (straight)", 2, [&](int b) { return run_chunks<4, 2>(b, sms); });
 
+    /* Table 4: the weights as A from registers (k_regs). */
+    printf("\n| products: 4 chunks x 4 k-steps, halves, N tokens | A | instr | 1 block / SM | 2 | 3 |\n"
+           "| --- | --- | ---: | ---: | ---: | ---: |\n");
+    auto row4 = [&](const char *name, int nh, int n, int ni, auto fn) {
+        printf("| %d %s, N = %d | %s | %d", nh, nh == 1 ? "half" : "halves", n, name, ni);
+        for (int bps = 1; bps <= 3; bps++) printf(" | %.3f", fn(bps) / 1e3);
+        printf(" |\n");
+        fflush(stdout);
+    };
+    row4("wgmma, shared memory", 1, 16, 16, [&](int b) { return run_regs<1, 16, 0>(b, sms); });
+    row4("wgmma, registers", 1, 16, 16, [&](int b) { return run_regs<1, 16, 1>(b, sms); });
+    row4("wgmma, shared memory", 2, 16, 32, [&](int b) { return run_regs<2, 16, 0>(b, sms); });
+    row4("wgmma, registers", 2, 16, 32, [&](int b) { return run_regs<2, 16, 1>(b, sms); });
+    row4("wgmma, shared memory", 2, 8, 32, [&](int b) { return run_regs<2, 8, 0>(b, sms); });
+    row4("wgmma, registers", 2, 8, 32, [&](int b) { return run_regs<2, 8, 1>(b, sms); });
+    row4("mma.sync m16n8k16, registers", 2, 8, 128, [&](int b) { return run_regs<2, 8, 2>(b, sms); });
+
     /* bits */
     std::vector<uint16_t> W(64 * 64), X(16 * 64);
     srand(7);
@@ -346,14 +507,19 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dP, 4 * 64 * 16));
     CK(cudaMalloc(&dQ, 4 * 64 * 64));
     CK(cudaMalloc(&dQR, 4 * 64 * 64));
+    float *dPR;
+    CK(cudaMalloc(&dPR, 4 * 4 * 64 * 16));
     CK(cudaMemcpy(dW, W.data(), 2 * W.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dX, X.data(), 2 * X.size(), cudaMemcpyHostToDevice));
-    k_bits<<<1, 128>>>(dW, dX, dP, dQ, dQR);
+    k_bits<<<1, 128>>>(dW, dX, dP, dQ, dQR, dPR);
     CK(cudaDeviceSynchronize());
     std::vector<float> P(64 * 16), Q(64 * 64), QR(64 * 64);
     CK(cudaMemcpy(P.data(), dP, 4 * P.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(Q.data(), dQ, 4 * Q.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(QR.data(), dQR, 4 * QR.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> PR(4 * 64 * 16);
+    CK(cudaMemcpy(PR.data(), dPR, 4 * PR.size(), cudaMemcpyDeviceToHost));
+    int dform[4] = {};
     int diff = 0, diffr = 0, bad = 0;
     double maxref = 0;
     for (int r = 0; r < 64; r++)
@@ -371,8 +537,13 @@ int main(int argc, char **argv) {
             maxref = std::max(maxref, fabs(p - ref));
             diff += memcmp(&p, &q, 4) != 0;
             diffr += memcmp(&p, &qr, 4) != 0;
+            for (int f = 0; f < 4; f++)
+                if (f == 0 || t < 8) dform[f] += memcmp(&p, &PR[f * 64 * 16 + r * 16 + t], 4) != 0;
         }
     printf("\nbits: A16 against float64: %d of 1024 off (max |err| %.2e); B64 SS %d of 1024 differ from A16, B64 RS %d\n",
            bad, maxref, diff, diffr);
+    printf("bits, weights as A from registers (table 4): A16 RS %d of 1024 differ from A16; N = 8 (512 sums): SS %d, RS %d, "
+           "mma.sync %d\n",
+           dform[0], dform[1], dform[2], dform[3]);
     return 0;
 }
