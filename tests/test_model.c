@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "check.h"
 #include "family/model.h"
+#include "family/qwen3/model.h"
 #include "fixtures.h"
 
 #define TOL 2e-5
@@ -204,6 +205,19 @@ int main(void) {
     CHECK(rel_norm(single, one, vocab) <= 1e-6, "one call vs token by token: %g",
           rel_norm(single, one, vocab));
     test_errors(m, lc);
+
+    /* K/V rounded to bf16 as they enter the cache (lm_qwen3_set_cpu_kv_bf16, the CUDA cache's
+     * rounding): the logits move, by about bf16's rounding (2^-9) and not more, and turning it off
+     * gives the float32 cache's bits again. */
+    lm_qwen3_set_cpu_kv_bf16(true);
+    float *kvb = last_logits_chunked(m, &lc->prompt, NULL);
+    lm_qwen3_set_cpu_kv_bf16(false);
+    float *kvf = last_logits_chunked(m, &lc->prompt, NULL);
+    const double ekv = rel_norm(kvb, one, vocab);
+    CHECK(ekv > 0 && ekv < 1e-2, "K/V rounded to bf16: relative change of the logits %g (want > 0, < 1e-2)", ekv);
+    CHECK(memcmp(kvf, one, sizeof(float) * vocab) == 0, "K/V rounding off again: the logits differ from before");
+    fprintf(stderr, "K/V rounded to bf16: the last logits move by %.3g (relative)\n", ekv);
+    free(kvb), free(kvf);
 
     /* Scalar reference kernels, one thread; and weights mapped in place. */
     struct lm_model *ms, *mm;

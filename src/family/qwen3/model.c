@@ -6,11 +6,17 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "family/qwen3/gpu.h"
+
+/* lm_qwen3_set_cpu_kv_bf16 (model.h); atomic: a test thread sets it while no forward runs. */
+static _Atomic bool g_cpu_kv_bf16;
+void lm_qwen3_set_cpu_kv_bf16(bool on) { g_cpu_kv_bf16 = on; }
+bool lm_qwen3_cpu_kv_bf16(void) { return g_cpu_kv_bf16; }
 
 struct qwen3_layer {
     float *input_layernorm;          /* [hidden] */
@@ -391,6 +397,7 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
          * the new keys and values into their block slots. */
         ops->rmsnorm(pool, kv->q, kv->q, L->q_norm, T * m->n_heads, D, eps);
         ops->rmsnorm(pool, kv->k, kv->k, L->k_norm, T * m->n_kv_heads, D, eps);
+        const bool kv_bf16 = g_cpu_kv_bf16;
         for (int s = 0, r = 0; s < n_seqs; r += seqs[s].n, s++) {
             const struct lm_batch_seq *b = &seqs[s];
             ops->rope(pool, kv->q + (long)r * Q, b->n, m->n_heads, D, b->pos, m->inv_freq);
@@ -400,6 +407,11 @@ lm_status lm_qwen3_forward(void *state, void *kvp, const struct lm_batch_seq *se
                 size_t row = (size_t)b->blocks[p / LM_KV_BLOCK] * LM_KV_BLOCK + p % LM_KV_BLOCK;
                 memcpy(kc + row * KV, kv->k + (long)(r + i) * KV, sizeof(float) * KV);
                 memcpy(vc + row * KV, kv->v + (long)(r + i) * KV, sizeof(float) * KV);
+                if (kv_bf16)
+                    for (int e = 0; e < KV; e++) {
+                        kc[row * KV + e] = lm_bf16_to_f32(lm_f32_to_bf16(kc[row * KV + e]));
+                        vc[row * KV + e] = lm_bf16_to_f32(lm_f32_to_bf16(vc[row * KV + e]));
+                    }
             }
         }
         /* Causal grouped-query attention of each sequence over its own positions, then o_proj

@@ -30,6 +30,14 @@ void lm_qwen3_kv_copy(void *kv, int src, int dst, int n_rows);
  * attention go sequence by sequence. No allocation. */
 lm_status lm_qwen3_forward(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                            float *logits);
+/* Whether the CPU forward (lm_qwen3_forward without `cuda`) rounds each new key and value to
+ * bf16 (lm_f32_to_bf16) as it enters the float32 cache, as the CUDA cache stores them; off by
+ * default. For tests that compare the two devices: a Q8_0 decode step quantizes its activations
+ * to int8 per 32-element block, so a K/V rounding difference can move a quant by one step and
+ * the logits by more than the rounding itself (perf-notes v32). Process-wide; set it before
+ * the sequences it should apply to start. */
+void lm_qwen3_set_cpu_kv_bf16(bool on);
+bool lm_qwen3_cpu_kv_bf16(void);
 /* The same step on CUDA returning the chosen ids, and the logits when `logits` is not NULL
  * (model.h, lm_model_forward_sample);
  * LM_ERR_UNSUPPORTED on the CPU. On CUDA (load args `cuda`) every function here runs on the
