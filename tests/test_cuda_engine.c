@@ -190,12 +190,13 @@ static void test_q8_model(void) {
     CHECK(!strcmp(info.weight_dtype, "q8_0"), "a Q8_0 checkpoint on CUDA reports weights %s, not q8_0",
           info.weight_dtype);
     double worst = 0, mx;
+    const bool kv_was = lm_qwen3_cpu_kv_bf16();
     lm_qwen3_set_cpu_kv_bf16(true);
     for (int i = 0; i < 4 && i < g_n_cases; i++) {
         const double e = compare_case(cq, gq, &g_cases[i], 3, true, "q8_0 ", &mx);
         if (e > worst) worst = e;
     }
-    lm_qwen3_set_cpu_kv_bf16(false);
+    lm_qwen3_set_cpu_kv_bf16(kv_was);
     fprintf(stderr, "q8_0: 4 prompts + 3 decode steps each, worst relative error against the CPU (K/V rounded "
             "to bf16) %.3g\n", worst);
     lm_model_close(gq);

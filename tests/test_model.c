@@ -209,6 +209,7 @@ int main(void) {
     /* K/V rounded to bf16 as they enter the cache (lm_qwen3_set_cpu_kv_bf16, the CUDA cache's
      * rounding): the logits move, by about bf16's rounding (2^-9) and not more, and turning it off
      * gives the float32 cache's bits again. */
+    CHECK(!lm_qwen3_cpu_kv_bf16(), "K/V rounding to bf16 must be off by default");
     lm_qwen3_set_cpu_kv_bf16(true);
     float *kvb = last_logits_chunked(m, &lc->prompt, NULL);
     lm_qwen3_set_cpu_kv_bf16(false);
