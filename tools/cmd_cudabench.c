@@ -15,6 +15,8 @@
  *   were removed after measurement.)
  * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace);
  *   --trace-batches: the same for batched decode steps (the GEMV, MLP and tensor-core GEMM blocks);
+ *   after each timeline, the tensor-core GEMM's blocks alone on their multiprocessor against those
+ *   sharing it with another block of the same launch (the trace's %smid);
  * - --gemm: the batched path's four layer GEMMs at 16 to 64 rows, lm_cuda_gemm_tc in each split
  *   count the shape allows against cuBLAS.
  * Every figure is the median over --reps timed runs after one warm-up run. Greedy decoding; the
@@ -73,7 +75,10 @@ static void usage(FILE *f) {
             "                  tensor-core GEMM up to LM_CUDA_GEMM_TC rows (wait-x: when\n"
             "                  its last slice of x landed; with LM_CUDA_TRACE_SYNC=1, when it\n"
             "                  passed the cluster barrier after its partials); cuBLAS\n"
-            "                  launches are not traced\n"
+            "                  launches are not traced. After each timeline, the tensor-core\n"
+            "                  GEMM's co-residency: the share of blocks that shared their\n"
+            "                  multiprocessor with another block of the same launch, and the\n"
+            "                  products of blocks alone against sharing\n"
             "  --q8            quantize the matrices to Q8_0 on load (as `lumen build --dtype\n"
             "                  q8_0`): the batch-1..4 GEMV reads int8 quants and scales (about\n"
             "                  half the bytes; int8 activations), batches over 4 keep cuBLAS on a\n"
@@ -238,6 +243,70 @@ static int cmp_launch(const void *a, const void *b) {
     return x->start_min < y->start_min ? -1 : x->start_min > y->start_min;
 }
 
+/* Median of v[0..c) (sorted in place); -1 when c is 0. */
+static double median_u64(unsigned long long *v, int c) {
+    if (c == 0) return -1;
+    qsort(v, c, sizeof *v, cmp_u64);
+    return (double)v[c / 2];
+}
+
+/* For the k_gemm_tc launches of trace_step's step (entries first..n, launches L sorted by start):
+ * per shape, averaged over its launches, the share of blocks that shared their multiprocessor with
+ * another block of the same launch, and the median block's products (its last slice of x landed
+ * to its own products summed) and wait-to-ready time among the blocks alone on theirs and among
+ * those sharing (us). Blocks of the launches before and after it on the same multiprocessor are
+ * not counted. */
+static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, int n, const struct launch *L, int nl,
+                              const char *name) {
+    unsigned long long *v[4];
+    for (int g = 0; g < 4; g++) v[g] = malloc(sizeof **v * 4096);
+    int *per_sm = malloc(sizeof *per_sm * 4096);
+    bool *counted = calloc((size_t)nl, sizeof *counted);
+    printf("\nco-residency, %s (k_gemm_tc launches: blocks alone on their multiprocessor or sharing it with "
+           "another block of the same launch; us, medians over blocks, averaged over layers)\n", name);
+    printf("| %-12s | %6s | %7s | %14s | %16s | %16s | %18s |\n", "m x k", "blocks", "sharing", "products alone",
+           "products sharing", "wait-ready alone", "wait-ready sharing");
+    printf("| ------------ | -----: | ------: | -------------: | ---------------: | ---------------: | "
+           "-----------------: |\n");
+    for (int j = 0; j < nl; j++) {
+        if (counted[j] || !L[j].mid) continue;
+        double share = 0, sum[4] = {0}, cnt = 0, have[4] = {0};
+        for (int q = j; q < nl; q++) {
+            if (L[q].m != L[j].m || L[q].k != L[j].k || !L[q].mid) continue;
+            counted[q] = true;
+            memset(per_sm, 0, sizeof *per_sm * 4096);
+            int nb = 0, ns = 0, c[4] = {0};
+            for (int i = first; i < n; i++)
+                if (e[i].weights == L[q].w) per_sm[e[i].sm & 4095]++, nb++;
+            for (int i = first; i < n && nb; i++) {
+                if (e[i].weights != L[q].w || !e[i].t_mid) continue;
+                const int sh = per_sm[e[i].sm & 4095] > 1;
+                ns += sh;
+                if (c[sh] < 4096) v[sh][c[sh]++] = e[i].t_ready - e[i].t_mid;
+                if (c[2 + sh] < 4096) v[2 + sh][c[2 + sh]++] = e[i].t_ready - e[i].t_waited;
+            }
+            if (!nb) continue;
+            share += (double)ns / nb;
+            for (int g = 0; g < 4; g++) {
+                const double med = median_u64(v[g], c[g]);
+                if (med >= 0) sum[g] += med / 1e3, have[g]++;
+            }
+            cnt++;
+        }
+        if (!cnt) continue;
+        char col[4][16];
+        for (int g = 0; g < 4; g++) {
+            if (have[g]) snprintf(col[g], sizeof col[g], "%.2f", sum[g] / have[g]);
+            else snprintf(col[g], sizeof col[g], "-");
+        }
+        printf("| %5d x %-4d | %6d | %6.0f%% | %14s | %16s | %16s | %18s |\n", L[j].m, L[j].k, L[j].n,
+               100 * share / cnt, col[0], col[1], col[2], col[3]);
+    }
+    fflush(stdout);
+    free(counted), free(per_sm);
+    for (int g = 0; g < 4; g++) free(v[g]);
+}
+
 /* Runs a few decode steps of B sequences with the trace on (B = 1: tg steps from an empty cache;
  * B > 1: B sequences of in_len random tokens, then `steps` decode steps of all B) and prints, per
  * matrix shape, the average over the step's launches of each phase (us): the block started before
@@ -363,6 +432,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
     }
     printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
     fflush(stdout);
+    print_coresidency(e, first, n, L, nl, name);
     free(counted);
     free(v);
     free(L);

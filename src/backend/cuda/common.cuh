@@ -42,6 +42,8 @@ struct lm_cuda_ctx {
     bool gemm_wgmma;     /* k_gemm_tc's products on wgmma where the device code has it (gemm.cu) */
     int gemm_tc_bm;      /* k_gemm_tc's weight rows a block: 64 or 128 forced, 0 its rule (gemm.cu) */
     bool gemm_push;      /* k_gemm_tc pushes its cluster's partials at 32 rows and fewer (gemm.cu tc_push) */
+    int gemm_spread_rows; /* k_gemm_tc one block a multiprocessor up to this many rows, where its
+                             clusters fit (gemm.cu launch_tc) */
     /* gemm.cu's memo of k_gemm_tc's plans under this context's settings, so that an eager step's
      * GEMMs do not redo the occupancy lookups each launch: (kind, k, m, x) -> v; emptied by the
      * settings' setters. */
@@ -390,18 +392,26 @@ static __device__ __forceinline__ unsigned long long gtime() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-/* Appends one entry for block `block` of the launch over weights w (thread 0 of a block):
- * trace[0] counts entries, trace[1] is the capacity; t_end is now; t_mid (0: none) an optional
- * time between t1 and t2, kept as its offset from t0 beside the block. */
+/* The multiprocessor this thread runs on (PTX %smid). */
+static __device__ __forceinline__ unsigned sm_id() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+/* Appends one entry for block `block` (< 2^20) of the launch over weights w (thread 0 of a
+ * block): trace[0] counts entries, trace[1] is the capacity; t_end is now; t_mid (0: none) an
+ * optional time between t1 and t2, kept as its offset from t0 beside the block; sm (sm_id(), < 2^12;
+ * 0 where a kernel does not record it) in the block word's top 12 bits. */
 static __device__ __forceinline__ void trace_put(unsigned long long *trace, const void *w, int K, int M,
                                                  unsigned block, unsigned long long t0, unsigned long long t1,
-                                                 unsigned long long t2, unsigned long long t_mid = 0) {
+                                                 unsigned long long t2, unsigned long long t_mid = 0,
+                                                 unsigned sm = 0) {
     const unsigned long long t3 = gtime();
     const unsigned long long i = atomicAdd(trace, 1ull) % trace[1];
     unsigned long long *e = trace + 2 + i * LM_CUDA_TRACE_WORDS;
     e[0] = (unsigned long long)(uintptr_t)w;
     e[1] = ((unsigned long long)(unsigned)M << 32) | (unsigned)K;
-    e[2] = (t_mid > t0 ? (t_mid - t0) & 0xffffffffull : 0) << 32 | block;
+    e[2] = (t_mid > t0 ? (t_mid - t0) & 0xffffffffull : 0) << 32 | (block | sm << 20);
     e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
 }
 

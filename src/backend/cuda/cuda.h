@@ -140,6 +140,12 @@ bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c);
  * Set it before a model captures its step graphs. */
 void lm_cuda_ctx_set_gemm_push(struct lm_cuda_ctx *c, bool on);
 bool lm_cuda_ctx_gemm_push(const struct lm_cuda_ctx *c);
+/* lm_cuda_gemm_tc's launches of 1 row (LM_CUDA_GEMM_SPREAD_ROWS, 0 to 16; 0 turns it off, for
+ * A/B runs) ask for more than half a multiprocessor's shared memory where all their clusters
+ * still fit at once, so that the block scheduler puts one block on each multiprocessor instead of
+ * two on some while others idle (perf-notes v32: a shared multiprocessor's products take ~0.4 us
+ * longer; tg128 +1.8%, and -3% at 4 and 8 rows, where the next kernel's early blocks lose those
+ * multiprocessors). The same kernel, so the same bits. */
 /* True when a launch of lm_cuda_gemm_tc over n rows in `splits` splits pushes its partials. */
 bool lm_cuda_gemm_tc_pushes(const struct lm_cuda_ctx *c, int n, int splits);
 /* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 (or any other
@@ -162,6 +168,8 @@ enum { LM_CUDA_TRACE_WORDS = 7 };
 struct lm_cuda_trace_entry {
     uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
     int m, k, block;            /* rows, columns, blockIdx.x */
+    int sm;                     /* k_gemm_tc: the multiprocessor the block ran on (%smid); 0 for
+                                 * the GEMV kernels */
     unsigned long long t_start; /* block began */
     unsigned long long t_waited; /* its wait on the preceding kernel returned */
     unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here);

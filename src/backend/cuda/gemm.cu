@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_gemm_tc(void *__restrict__ y, co
         asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     }
-    if (trace && tid == 0) trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx);
+    if (trace && tid == 0)
+        trace_put(trace, w, k, m, blockIdx.x + gridDim.x * blockIdx.y, t0, t1, t2, tx, sm_id());
 }
 
 using tc_kernel = void (*)(void *, const uint16_t *, const uint16_t *, int, int, int, int, int, tc_link,
@@ -476,7 +477,7 @@ int tc_clusters(const void *fn, size_t smem, int s) {
 }
 
 /* The context's memo (lm_cuda_ctx tc_memo): v for (kind, k, m, x), compute() the first time. */
-enum { TC_MEMO_SPLITS, TC_MEMO_BM };
+enum { TC_MEMO_SPLITS, TC_MEMO_BM, TC_MEMO_SPREAD };
 template <class F>
 int tc_memo(lm_cuda_ctx *c, int kind, int k, int m, int x, F &&compute) {
     for (int i = 0; i < c->n_tc_memo; i++) {
@@ -571,9 +572,27 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
         return b;
     });
     const tc_kernel fn = tc_kernel_for(tt, c->gemm_wgmma, bm, push, c->trace != nullptr);
-    const size_t smem = tc_launch_smem(tt, k, splits, bm, link.ssq_in, push);
+    size_t smem = tc_launch_smem(tt, k, splits, bm, link.ssq_in, push);
+    /* One block a multiprocessor up to the context's gemm_spread_rows (1): the block scheduler
+     * otherwise puts two blocks of a launch on one multiprocessor while others stay idle (the
+     * trace's co-residency table, perf-notes v32: at batch 1, 91% of q/k/v's 128 blocks and 42-71%
+     * of o_proj's 64 shared one), and a shared one's products take ~0.4 us longer. Asking for more
+     * than half a multiprocessor's shared memory keeps a second block off; taken where every
+     * cluster still fits at once (at Qwen3-0.6B's shapes o_proj only). It also keeps the next
+     * kernel's early blocks off those multiprocessors: +1.8% at 1 row, -3% at 4 and 8 (v32), so 1
+     * row only. The same kernel and arithmetic: the same bits. */
+    const size_t spread_bytes = (size_t)c->smem_optin / 2 + 1024;
+    const bool spread = n <= c->gemm_spread_rows && smem < spread_bytes &&
+                        tc_memo(c, TC_MEMO_SPREAD, k, m, splits * 1024 + tt, [&] {
+                            if (tt != 16) return 0;
+                            const int fit = tc_clusters((const void *)tc_kernel_for(tt, c->gemm_wgmma, bm, push),
+                                                        spread_bytes, splits);
+                            return (m + bm - 1) / bm <= fit ? 1 : 0;
+                        });
+    if (spread) smem = spread_bytes;
     if (c->trace) /* raises the trace kernel's shared-memory limit as the plan did the other's */
-        lm_cuda_occupancy((const void *)fn, TC_THREADS, tc_launch_smem(tt, k, splits, bm, false, push));
+        lm_cuda_occupancy((const void *)fn, TC_THREADS,
+                          spread ? spread_bytes : tc_launch_smem(tt, k, splits, bm, false, push));
     if (smem > (size_t)c->smem_optin)
         return lm_errorf(LM_ERR_SHAPE, "CUDA gemm_tc: [%d, %d]^T in %d splits at %d rows needs %zu bytes of shared "
                          "memory a block (slices, the norm link's sums of squares, pushed partials); this device "

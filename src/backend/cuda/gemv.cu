@@ -915,7 +915,8 @@ extern "C" lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cud
         const unsigned long long *e = &all[(size_t)((count - take + i) % cap) * LM_CUDA_TRACE_WORDS];
         lm_cuda_trace_entry &o = out[i];
         o.weights = (uintptr_t)e[0];
-        o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)(e[2] & 0xffffffffu);
+        o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)(e[2] & 0xfffffu);
+        o.sm = (int)((e[2] >> 20) & 0xfffu);
         o.t_start = e[3], o.t_waited = e[4], o.t_ready = e[5], o.t_end = e[6];
         o.t_mid = e[2] >> 32 ? e[3] + (e[2] >> 32) : 0;
     }

@@ -148,6 +148,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
     c->gemm_wgmma = lm_env_flag("LM_CUDA_GEMM_WGMMA", true);
     c->gemm_push = lm_env_flag("LM_CUDA_GEMM_PUSH", true);
+    c->gemm_spread_rows = (int)lm_env_int("LM_CUDA_GEMM_SPREAD_ROWS", 1, 0, 16);
     c->gemm_tc_bm = (int)lm_env_int("LM_CUDA_GEMM_TC_BM", 0, 0, 128);
     if (c->gemm_tc_bm != 0 && c->gemm_tc_bm != 64 && c->gemm_tc_bm != 128) {
         fprintf(stderr, "lumen: LM_CUDA_GEMM_TC_BM=%d is not 0, 64 or 128; using 0 (the rule)\n", c->gemm_tc_bm);
