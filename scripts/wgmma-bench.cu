@@ -294,11 +294,16 @@ __global__ void __launch_bounds__(128) k_regs(float *sink, unsigned long long *t
     if (sum == 12345.f || ax == 0x9e3779b9u) sink[blockIdx.x] = sum + (float)ax;
 }
 
+/* -1 when bps blocks do not fit a multiprocessor at once (registers: they would not start
+ * together). */
 template <int NH, int N, int FORM>
 static double run_regs(int bps, int sms) {
     const int blocks = bps * sms;
     const size_t smem = (size_t)(4 * 64 * 64 * NH + 4 * N * 64) * 2;
     CK(cudaFuncSetAttribute(k_regs<NH, N, FORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int fit = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k_regs<NH, N, FORM>, 128, smem));
+    if (fit < bps) return -1;
     return first_burst_median(blocks, 1, 8, [&](unsigned long long start, float *sink, unsigned long long *times) {
         k_regs<NH, N, FORM><<<blocks, 128, smem>>>(sink, times, start);
     });
@@ -387,7 +392,7 @@ __global__ void k_bits(const uint16_t *W, const uint16_t *X, float *P, float *Q,
         P[(row + 8) * 16 + 8 * j + c0] = p[j][2];
         P[(row + 8) * 16 + 8 * j + c0 + 1] = p[j][3];
     }
-    /* PR [4][64][16]: A16 RS, n8 SS, n8 RS, mma.sync (tokens 8-15 of the n8 forms left 0) */
+    /* PR [4][64][16]: A16 RS, n8 SS, n8 RS, mma.sync (tokens 8-15 of the n8 forms not written, not read) */
     for (int j = 0; j < 2; j++) {
         float *o = PR;
         o[row * 16 + 8 * j + c0] = pr[j][0];
@@ -482,7 +487,11 @@ int main(int argc, char **argv) {
            "| --- | --- | ---: | ---: | ---: | ---: |\n");
     auto row4 = [&](const char *name, int nh, int n, int ni, auto fn) {
         printf("| %d %s, N = %d | %s | %d", nh, nh == 1 ? "half" : "halves", n, name, ni);
-        for (int bps = 1; bps <= 3; bps++) printf(" | %.3f", fn(bps) / 1e3);
+        for (int bps = 1; bps <= 3; bps++) {
+            const double t = fn(bps);
+            if (t < 0) printf(" | -");
+            else printf(" | %.3f", t / 1e3);
+        }
         printf(" |\n");
         fflush(stdout);
     };

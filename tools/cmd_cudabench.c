@@ -252,7 +252,8 @@ static double median_u64(unsigned long long *v, int c) {
 
 /* For the k_gemm_tc launches of trace_step's step (entries first..n, launches L sorted by start):
  * per shape, averaged over its launches, the share of blocks that shared their multiprocessor with
- * another block of the same launch, and the median block's products (its last slice of x landed
+ * another block of the same launch while they ran (%smid equal, start-to-end intervals
+ * overlapping), and the median block's products (its last slice of x landed
  * to its own products summed) and wait-to-ready time among the blocks alone on theirs and among
  * those sharing (us). Blocks of the launches before and after it on the same multiprocessor are
  * not counted. */
@@ -260,8 +261,14 @@ static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, in
                               const char *name) {
     unsigned long long *v[4];
     for (int g = 0; g < 4; g++) v[g] = malloc(sizeof **v * 4096);
-    int *per_sm = malloc(sizeof *per_sm * 4096);
+    int *idx = malloc(sizeof *idx * 4096);
     bool *counted = calloc((size_t)nl, sizeof *counted);
+    if (!idx || !counted || !v[0] || !v[1] || !v[2] || !v[3]) {
+        printf("\nco-residency, %s: out of memory\n", name);
+        free(counted), free(idx);
+        for (int g = 0; g < 4; g++) free(v[g]);
+        return;
+    }
     printf("\nco-residency, %s (k_gemm_tc launches: blocks alone on their multiprocessor or sharing it with "
            "another block of the same launch; us, medians over blocks, averaged over layers)\n", name);
     printf("| %-12s | %6s | %7s | %14s | %16s | %16s | %18s |\n", "m x k", "blocks", "sharing", "products alone",
@@ -274,16 +281,21 @@ static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, in
         for (int q = j; q < nl; q++) {
             if (L[q].m != L[j].m || L[q].k != L[j].k || !L[q].mid) continue;
             counted[q] = true;
-            memset(per_sm, 0, sizeof *per_sm * 4096);
             int nb = 0, ns = 0, c[4] = {0};
-            for (int i = first; i < n; i++)
-                if (e[i].weights == L[q].w) per_sm[e[i].sm & 4095]++, nb++;
-            for (int i = first; i < n && nb; i++) {
-                if (e[i].weights != L[q].w || !e[i].t_mid) continue;
-                const int sh = per_sm[e[i].sm & 4095] > 1;
+            for (int i = first; i < n && nb < 4096; i++)
+                if (e[i].weights == L[q].w) idx[nb++] = i;
+            for (int a = 0; a < nb; a++) {
+                const struct lm_cuda_trace_entry *x = &e[idx[a]];
+                int sh = 0; /* another block of the launch on its multiprocessor while it ran */
+                for (int b2 = 0; b2 < nb && !sh; b2++) {
+                    const struct lm_cuda_trace_entry *o = &e[idx[b2]];
+                    sh = b2 != a && o->sm == x->sm && o->t_start < x->t_end && x->t_start < o->t_end;
+                }
                 ns += sh;
-                if (c[sh] < 4096) v[sh][c[sh]++] = e[i].t_ready - e[i].t_mid;
-                if (c[2 + sh] < 4096) v[2 + sh][c[2 + sh]++] = e[i].t_ready - e[i].t_waited;
+                /* products only where x's landing precedes them (not with LM_CUDA_TRACE_SYNC=1,
+                 * whose t_mid follows the partials) */
+                if (x->t_mid && x->t_mid <= x->t_ready && c[sh] < 4096) v[sh][c[sh]++] = x->t_ready - x->t_mid;
+                if (c[2 + sh] < 4096) v[2 + sh][c[2 + sh]++] = x->t_ready - x->t_waited;
             }
             if (!nb) continue;
             share += (double)ns / nb;
@@ -303,7 +315,7 @@ static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, in
                100 * share / cnt, col[0], col[1], col[2], col[3]);
     }
     fflush(stdout);
-    free(counted), free(per_sm);
+    free(counted), free(idx);
     for (int g = 0; g < 4; g++) free(v[g]);
 }
 

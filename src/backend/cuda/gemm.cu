@@ -576,15 +576,15 @@ static lm_status launch_tc(struct lm_cuda_ctx *c, void *y, const uint16_t *x_bf1
     /* One block a multiprocessor up to the context's gemm_spread_rows (1): the block scheduler
      * otherwise puts two blocks of a launch on one multiprocessor while others stay idle (the
      * trace's co-residency table, perf-notes v32: at batch 1, 91% of q/k/v's 128 blocks and 42-71%
-     * of o_proj's 64 shared one), and a shared one's products take ~0.4 us longer. Asking for more
-     * than half a multiprocessor's shared memory keeps a second block off; taken where every
+     * of o_proj's 64 shared one), and a shared one's products take ~0.4 us longer. Asking for half
+     * the per-block maximum plus 1 KiB keeps a second block off (with the 1 KiB each block reserves,
+     * two need more than the 228 KiB an H100/H200 multiprocessor holds); taken where every
      * cluster still fits at once (at Qwen3-0.6B's shapes o_proj only). It also keeps the next
      * kernel's early blocks off those multiprocessors: +1.8% at 1 row, -3% at 4 and 8 (v32), so 1
      * row only. The same kernel and arithmetic: the same bits. */
     const size_t spread_bytes = (size_t)c->smem_optin / 2 + 1024;
     const bool spread = n <= c->gemm_spread_rows && smem < spread_bytes &&
-                        tc_memo(c, TC_MEMO_SPREAD, k, m, splits * 1024 + tt, [&] {
-                            if (tt != 16) return 0;
+                        tc_memo(c, TC_MEMO_SPREAD, k, m, splits * 1024 + tt, [&] { /* n <= 16: TT 16 */
                             const int fit = tc_clusters((const void *)tc_kernel_for(tt, c->gemm_wgmma, bm, push),
                                                         spread_bytes, splits);
                             return (m + bm - 1) / bm <= fit ? 1 : 0;
