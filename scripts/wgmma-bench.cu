@@ -262,15 +262,14 @@ __global__ void __launch_bounds__(128) k_regs(float *sink, unsigned long long *t
         for (int h = 0; h < NH; h++) wg_pin(d[h]);
         wg_fence();
         const unsigned ws_lo = wg_desc_lo(smem_u32(sm)), xs_lo = wg_desc_lo(smem_u32(xs));
+        if constexpr (FORM == 0) { /* k_gemm_tc's own sequence, as table 3's straight rows */
+            wg_chunk_products<N, NH, 4>(d, ws_lo, xs_lo, 4);
+        } else { /* the same order (chunk, k-step, half) with A from registers */
 #pragma unroll
-        for (int s = 0; s < 16; s++) {
-            const unsigned long long b = wg_desc_of(xs_lo + (unsigned)((s / 4) * (N * 128 / 16) + (s % 4) * 2));
+            for (int s = 0; s < 16; s++) {
+                const unsigned long long b = wg_desc_of(xs_lo + (unsigned)((s / 4) * (N * 128 / 16) + (s % 4) * 2));
 #pragma unroll
-            for (int h = 0; h < NH; h++) {
-                if constexpr (FORM == 0)
-                    wgmma_ss<N>(d[h], wg_desc_of(ws_lo + (unsigned)((s / 4) * (NH * 64 * 128 / 16) + h * (64 * 128 / 16) + (s % 4) * 2)), b);
-                else
-                    wgmma_rs<N>(d[h], a[h][s], b);
+                for (int h = 0; h < NH; h++) wgmma_rs<N>(d[h], a[h][s], b);
             }
         }
         wg_commit();

@@ -164,8 +164,9 @@ static void test_forward(void) {
  * GEMV over the quants with int8 activations) against the CPU's int8 path (both quantize the
  * activations per 32-element block with ggml's rounding), the CPU's K/V rounded to bf16 as the
  * device's cache stores them (lm_qwen3_set_cpu_kv_bf16: with a float32 cache the int8
- * quantization turns the K/V rounding alone into 1-2.4% of the decode steps' logits, perf-notes
- * v32); within the same 2e-2 as bf16. Skipped when the shared file is absent. */
+ * quantization turns the K/V rounding alone into 0.9-2.4% of the decode steps' logits,
+ * scripts/kv-bf16-probe.c, perf-notes v32); within the same 2e-2 as bf16. Skipped when the
+ * shared file is absent. */
 #define Q8_GGUF LM_SOURCE_DIR "/../shared/models/tiny-qwen3-gguf/tiny-qwen3-q8_0.gguf"
 static void test_q8_model(void) {
     FILE *f = fopen(Q8_GGUF, "rb");

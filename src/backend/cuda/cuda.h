@@ -139,13 +139,14 @@ bool lm_cuda_ctx_gemm_wgmma(const struct lm_cuda_ctx *c);
  * LM_CUDA_GEMM_PUSH=0 turns it off, LM_CUDA_GEMM_PUSH_ROWS=16 limits it to 16 rows, for A/B runs.
  * Set it before a model captures its step graphs. */
 void lm_cuda_ctx_set_gemm_push(struct lm_cuda_ctx *c, bool on);
-/* (No setter.) lm_cuda_gemm_tc's launches of up to LM_CUDA_GEMM_SPREAD_ROWS rows (default 1, 0 to
- * 16; 0 turns it off, for A/B runs) ask for enough shared memory that one block fits a
- * multiprocessor, where all their clusters still fit at once, so that the block scheduler does not
- * put two on some while others idle (perf-notes v32: a shared multiprocessor's products take ~0.4
- * us longer; tg128 +1.1-2.0%; at 4 and 8 rows -3%, the next kernel's early blocks losing those
- * multiprocessors). The same kernel, so the same bits. */
 bool lm_cuda_ctx_gemm_push(const struct lm_cuda_ctx *c);
+/* LM_CUDA_GEMM_SPREAD_ROWS (read at context creation; no setter): lm_cuda_gemm_tc's launches of
+ * up to that many rows (default 1, 0 to 16; 0 turns it off, for A/B runs) ask for enough shared
+ * memory that one block fits a multiprocessor, where all their clusters still fit at once, so that
+ * the block scheduler does not put two on some while others idle (perf-notes v32: a shared
+ * multiprocessor's products take ~0.4 us longer; tg128 +1.1-2.0%; at 4 and 8 rows -3%, the next
+ * kernel's early blocks losing those multiprocessors). The same kernel, so the same bits. */
+
 /* True when a launch of lm_cuda_gemm_tc over n rows in `splits` splits pushes its partials. */
 bool lm_cuda_gemm_tc_pushes(const struct lm_cuda_ctx *c, int n, int splits);
 /* lm_cuda_gemm_tc's weight rows a block: 64 or 128 to force one (where it fits), 0 (or any other
