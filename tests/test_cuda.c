@@ -1999,6 +1999,131 @@ static float *read_f32(const char *file, int n) {
     return v;
 }
 
+/* ---- the lm_head's screen (lm_cuda_gemv_screen, lm_cuda_argmax_screened) ----
+ *
+ * The screened choice against the full path (lm_cuda_gemv over the bf16 rows, then
+ * lm_cuda_sample's argmax) on the same inputs: the ids must be equal, and every row's upper
+ * bound at least its logit. Random rows, then the cases a bound could get wrong: an exact tie
+ * with a lower id, a near tie (one weight a bf16 step away), NaN and infinite weights, huge
+ * weights, activations with outliers, all zero, or infinite. */
+struct scr_case {
+    const char *name;
+    uint16_t *w; /* [m, k] host bf16 */
+    float *x;    /* [n, k] */
+    const float *nw;
+};
+
+/* Runs both paths on one case; returns the candidates summed exactly (row 0). */
+static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *ids_out) {
+    uint16_t *dw = dev_from(sc->w, 2 * (size_t)m * k);
+    int8_t *dq = dev((size_t)m * k);
+    uint16_t *ds = dev(2 * (size_t)m * (k / 32));
+    float *dab = dev(sizeof(float) * 2 * (size_t)m);
+    float *dx = dev_from(sc->x, sizeof(float) * (size_t)n * k);
+    float *dnw = sc->nw ? dev_from(sc->nw, sizeof(float) * k) : NULL;
+    float *dl = dev(sizeof(float) * (size_t)n * m), *du = dev(sizeof(float) * (size_t)n * m);
+    int32_t *dids = dev(sizeof(int32_t) * n), *dsids = dev(sizeof(int32_t) * n), *dcand = dev(sizeof(int32_t) * n);
+    lm_cuda_memset(dcand, 0, sizeof(int32_t) * n);
+    poison(du, sizeof(float) * (size_t)n * m);
+    const float eps = 1e-6f;
+    CHECK(lm_cuda_screen_build(g_ctx, dw, m, k, dq, ds, dab) == LM_OK, "%s: screen build: %s", sc->name,
+          lm_error_message());
+    CHECK(lm_cuda_gemv(g_ctx, dl, m, dx, k, dw, n, k, m, dnw, eps, LM_CUDA_EPI_STORE, NULL) == LM_OK, "%s: gemv: %s",
+          sc->name, lm_error_message());
+    CHECK(lm_cuda_sample(g_ctx, dids, dl, m, n, m, NULL) == LM_OK, "%s: argmax: %s", sc->name, lm_error_message());
+    CHECK(lm_cuda_gemv_screen(g_ctx, du, m, dx, k, dq, ds, dab, n, k, m, dnw, eps) == LM_OK, "%s: screen: %s",
+          sc->name, lm_error_message());
+    CHECK(lm_cuda_argmax_screened(g_ctx, dsids, du, m, dx, k, dw, n, k, m, dnw, eps, dcand) == LM_OK,
+          "%s: screened argmax: %s", sc->name, lm_error_message());
+    sync_ok(sc->name);
+    float *l = malloc(sizeof(float) * (size_t)n * m), *u = malloc(sizeof(float) * (size_t)n * m);
+    int32_t ids[8], sids[8], cand[8];
+    lm_cuda_download(l, dl, sizeof(float) * (size_t)n * m);
+    lm_cuda_download(u, du, sizeof(float) * (size_t)n * m);
+    lm_cuda_download(ids, dids, sizeof(int32_t) * n);
+    lm_cuda_download(sids, dsids, sizeof(int32_t) * n);
+    lm_cuda_download(cand, dcand, sizeof(int32_t) * n);
+    for (int t = 0; t < n; t++) {
+        long below = 0;
+        for (int j = 0; j < m; j++) {
+            const float lj = l[(size_t)t * m + j], uj = u[(size_t)t * m + j];
+            if (!isnan(lj) && !isnan(uj) && uj < lj) below++;
+        }
+        CHECK(below == 0, "%s row %d: %ld upper bounds below their logits", sc->name, t, below);
+        CHECK(sids[t] == ids[t], "%s row %d: screened id %d, full lm_head %d (%d summed exactly)", sc->name, t,
+              sids[t], ids[t], cand[t]);
+        ids_out[t] = ids[t];
+    }
+    free(l), free(u);
+    lm_cuda_free(dw), lm_cuda_free(dq), lm_cuda_free(ds), lm_cuda_free(dab), lm_cuda_free(dx);
+    if (dnw) lm_cuda_free(dnw);
+    lm_cuda_free(dl), lm_cuda_free(du), lm_cuda_free(dids), lm_cuda_free(dsids), lm_cuda_free(dcand);
+    return cand[0];
+}
+
+static void test_screen(void) {
+    const uint64_t saved = g_rng;
+    g_rng = 0x9e3779b97f4a7c15ull;
+    static const int shapes[][3] = {{1024, 50007, 1}, {1024, 50007, 3}, {96, 20011, 2}, {32, 151936, 1}};
+    int worst_cand = 0, cases = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int k = shapes[si][0], m = shapes[si][1], n = shapes[si][2];
+        uint16_t *w = malloc(2 * (size_t)m * k);
+        float *x = malloc(sizeof(float) * (size_t)n * k), *nw = malloc(sizeof(float) * k);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.3f * frand();
+        for (int seed = 0; seed < 3; seed++) {
+            for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(0.05f * frand());
+            for (long i = 0; i < (long)n * k; i++) x[i] = frand() * (urand(64) == 0 ? 40.0f : 1.0f);
+            int32_t ids[8];
+            char name[96];
+            snprintf(name, sizeof name, "screen k %d m %d n %d seed %d", k, m, n, seed);
+            struct scr_case sc = {name, w, x, seed == 2 ? NULL : nw};
+            const int c = screen_run(&sc, n, k, m, ids);
+            if (c > worst_cand) worst_cand = c;
+            cases++;
+            if (seed) continue;
+            /* an exact tie below: row 5 a copy of the argmax row; then a near tie, one weight of
+             * row 9 a bf16 step above the argmax row's */
+            const int top = ids[0];
+            if (top > 9) {
+                memcpy(w + (size_t)5 * k, w + (size_t)top * k, 2 * (size_t)k);
+                snprintf(name, sizeof name, "screen k %d m %d: exact tie", k, m);
+                screen_run(&sc, n, k, m, ids);
+                CHECK(ids[0] == 5, "%s: id %d, want 5", name, ids[0]);
+                memcpy(w + (size_t)9 * k, w + (size_t)top * k, 2 * (size_t)k);
+                w[(size_t)9 * k + 3] = (uint16_t)(w[(size_t)9 * k + 3] + 1);
+                snprintf(name, sizeof name, "screen k %d m %d: near tie", k, m);
+                screen_run(&sc, n, k, m, ids);
+                cases += 2;
+            }
+            /* non-finite and huge weights */
+            w[(size_t)11 * k] = 0x7fc0;     /* NaN */
+            w[(size_t)12 * k + 1] = 0x7f80; /* +inf */
+            w[(size_t)13 * k + 2] = 0xff80; /* -inf */
+            for (int i = 0; i < k; i++) w[(size_t)14 * k + i] = lm_f32_to_bf16(i % 2 ? 1e30f : -1e30f);
+            snprintf(name, sizeof name, "screen k %d m %d: NaN, inf and huge weights", k, m);
+            screen_run(&sc, n, k, m, ids);
+            /* activations: all zero (every logit 0: every row a candidate, id 0), then infinite */
+            for (long i = 0; i < (long)n * k; i++) x[i] = 0.f;
+            snprintf(name, sizeof name, "screen k %d m %d: zero activations", k, m);
+            const int cz = screen_run(&sc, n, k, m, ids);
+            CHECK(cz == m, "%s: %d rows summed, want all %d", name, cz, m);
+            x[1] = INFINITY;
+            snprintf(name, sizeof name, "screen k %d m %d: an infinite activation", k, m);
+            screen_run(&sc, n, k, m, ids);
+            cases += 3;
+        }
+        free(w), free(x), free(nw);
+    }
+    /* random weights leave a handful of rows to sum (the bound is Cauchy-Schwarz, ~0.2 sigma) */
+    CHECK(worst_cand <= 64, "screen: up to %d rows summed exactly on random weights (want <= 64)", worst_cand);
+    CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
+          "screen with k = 40 must be refused");
+    fprintf(stderr, "screen: %d cases, ids equal to the full lm_head's; up to %d rows summed exactly on random "
+            "weights\n", cases, worst_cand);
+    g_rng = saved;
+}
+
 /* A sequence on the device: its block table row and length. */
 struct dseq {
     int32_t *bt; /* [W] */
@@ -2336,6 +2461,52 @@ static void test_model(void) {
         fprintf(stderr, "model: MLP kernel vs two-launch MLP, %d steps: worst rel err %.3g\n", G, worst);
         free(two);
         free(s.bt);
+    }
+
+    /* 1c. Greedy steps that ask for no logits choose from the lm_head's screen (params.lm_screen):
+     * the same ids as with it off, alone (graphs) and three sequences a step. */
+    {
+        CHECK(g_info.lm_screen, "the tiny model's lm_head screen was not built");
+        const int B = nc < 3 ? nc : 3, steps = 12;
+        int32_t got[2][3][12];
+        for (int on = 1; on >= 0; on--) {
+            lm_cuda_qwen3_set_lm_screen(g_m, on);
+            struct dseq s[3], *sp[3];
+            int32_t cur[3];
+            for (int i = 0; i < B && !rc; i++) {
+                dseq_init(&s[i]);
+                sp[i] = &s[i];
+                rc = prefill(&s[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, NULL, &cur[i]);
+            }
+            for (int t = 0; t < steps && !rc; t++) {
+                int32_t nx[3];
+                rc = decode(sp, B, cur, NULL, nx, NULL); /* three sequences a step */
+                for (int i = 0; i < B; i++) got[on][i][t] = cur[i] = nx[i];
+            }
+            for (int i = 0; i < B; i++) free(s[i].bt);
+        }
+        lm_cuda_qwen3_set_lm_screen(g_m, lm_cuda_qwen3_default_params().lm_screen);
+        CHECK(rc == LM_OK, "screened greedy steps: %s", lm_error_message());
+        int diff = 0;
+        for (int i = 0; i < B; i++)
+            for (int t = 0; t < steps; t++) diff += got[0][i][t] != got[1][i][t];
+        CHECK(diff == 0, "screened greedy steps: %d of %d ids differ from the full lm_head's", diff, B * steps);
+        /* alone, as graphs at batch 1 */
+        struct dseq s1, *sp1 = &s1;
+        int32_t a[2][12], cur1 = 0;
+        for (int on = 1; on >= 0 && !rc; on--) {
+            lm_cuda_qwen3_set_lm_screen(g_m, on);
+            dseq_init(&s1);
+            rc = prefill(&s1, cs[0].prompt.v, (int)cs[0].prompt.n, 8, NULL, &cur1);
+            for (int t = 0; t < steps && !rc; t++) {
+                rc = decode(&sp1, 1, &cur1, NULL, &cur1, NULL);
+                a[on][t] = cur1;
+            }
+            free(s1.bt);
+        }
+        lm_cuda_qwen3_set_lm_screen(g_m, lm_cuda_qwen3_default_params().lm_screen);
+        CHECK(rc == LM_OK && !memcmp(a[0], a[1], sizeof a[0]), "screened greedy steps alone differ: %s",
+              rc ? lm_error_message() : "ids");
     }
 
     lm_cuda_qwen3_set_options(g_m, true, true, 8);
@@ -2777,6 +2948,7 @@ int main(void) {
     test_model();
     test_gemm_push(); /* after the others: tests added before them would shift their random inputs */
     test_gemv_dyn();  /* its own random state */
+    test_screen();    /* its own random state */
     lm_cuda_ctx_destroy(g_ctx);
     return check_exit("test_cuda");
 }

@@ -60,6 +60,8 @@ struct lm_cuda_ctx {
     mutable long gemv_dealt; /* launches queued that dealt out row groups (lm_cuda_ctx_gemv_dealt) */
     float2 *am_part;     /* [max_rows][LM_CUDA_AM_MAX_CHUNKS] argmax partials (value, id bits) */
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
+    int *scr_max;        /* [max_rows] lm_cuda_gemv_screen's best lower bound of each row, as an
+                          * ordered key (-inf between launches: lm_cuda_argmax_screened resets it) */
 };
 
 enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128, LM_CUDA_GEMV_CLASSES = 32, LM_CUDA_GEMV_CTR_STRIDE = 32 };
@@ -370,6 +372,41 @@ static __device__ __forceinline__ V warp_sum(V v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+/* The greedy order of (logit, id) pairs: the larger logit, then the lower id (NaN never wins). */
+static __device__ __forceinline__ bool am_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+/* The end of a greedy choice over the nb blocks of row r (k_argmax, k_screen_pick), called by
+ * every thread of a block, thread 0 holding the block's best (bv, bi): it goes to part[r * nb + b];
+ * the last block to arrive reduces all nb in warp 0 and returns true in its thread 0 with *win the
+ * winner (0 when no value won: all NaN), count[r] set back to 0. */
+static __device__ __forceinline__ bool am_block_final(float bv, int bi, float2 *part, unsigned *count, int r, int b,
+                                                      int nb, int *win) {
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        part[(size_t)r * nb + b] = make_float2(bv, __int_as_float(bi));
+        __threadfence();
+        last = atomicAdd(&count[r], 1u) == (unsigned)nb - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return false;
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < nb; i += 32) {
+        const float2 p = __ldcg(&part[(size_t)r * nb + i]);
+        const int pi = __float_as_int(p.y);
+        if (am_better(p.x, pi, bv, bi)) bv = p.x, bi = pi;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    *win = bi == 0x7fffffff ? 0 : bi;
+    if (threadIdx.x == 0) count[r] = 0;
+    return threadIdx.x == 0;
 }
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

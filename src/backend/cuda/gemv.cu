@@ -1,5 +1,7 @@
 /* gemv.cu: lm_cuda_gemv (batch 1..8 linear layers, float32 activations, bf16 weights streamed
  * once). See cuda.h for the contracts, docs/perf-notes.md for why. */
+#include <limits.h>
+
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -14,9 +16,9 @@ constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
  * path and llama.cpp's MMVQ; v11 measured converting each weight to float instead slower than
  * the bf16 copy). A lane loads 16 bytes of a row at a time: EL = 8 bf16 or 16 int8 weights; a
  * warp covers a chunk of CH = 32 * EL. */
-enum { GEMV_BF16, GEMV_Q8 };
+enum { GEMV_BF16, GEMV_Q8, GEMV_SCREEN };
 template <int F> struct gemv_fmt {
-    static constexpr int EL = F == GEMV_Q8 ? 16 : 8, CH = 32 * EL;
+    static constexpr int EL = F == GEMV_BF16 ? 8 : 16, CH = 32 * EL;
 };
 
 /* Shared-memory slot of element k of an activation row: within each chunk of 32 * EL elements,
@@ -35,6 +37,20 @@ struct gemv_fix {
     long long *zero;
     int zero_n;
 };
+
+/* GEMV_SCREEN's extra inputs and output (lm_cuda_gemv_screen). */
+struct gemv_scr {
+    const float2 *ab; /* [m] (a_j, b_j): ||w_j - w'_j||_2 and ||w_j||_2, rounded up (lm_cuda_screen_build) */
+    int *lmax;        /* [T] ordered keys (scr_key) of each activation row's best lower bound */
+    float rho;        /* the rounding terms' coefficient (screen_rho) */
+};
+
+/* An order-preserving map of a float (not NaN) to a signed int, for atomicMax, and back. */
+__device__ __forceinline__ int scr_key(float f) {
+    const int i = __float_as_int(f);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float scr_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
 
 /* Residual element j of a row plus the pending fixed-point term (add: NULL, or the row's),
  * read through L2: both are a predecessor's output. */
@@ -115,26 +131,41 @@ __device__ __forceinline__ int dot16(uint4 a, uint4 b, int s) {
     return __dp4a((int)a.w, (int)b.w, s);
 }
 
+/* The 16 staged elements of lane slot l of (row, chunk) tc (gemv_slot<16>; zeros unless in) into
+ * v, and the largest magnitude of its 32-element block (the slot and its neighbour l ^ 1). */
+__device__ __forceinline__ float gemv_slot_load(float4 (&v)[4], int tc, int l, bool in) {
+    extern __shared__ float4 gemv_smem[];
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = in ? gemv_smem[tc * 128 + i * 32 + l] : make_float4(0.f, 0.f, 0.f, 0.f);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    }
+    return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+}
+
 /* GEMV_Q8: T staged rows (x * norm_w, gemv_slot<16> in gemv_smem) quantized to int8 per
  * 32-element block with ggml's rounding and float32 scales (q8_scale). One thread a lane slot of
  * 16 elements; the two slots of a block share their amax through one shuffle. xq: [T][nch][32
  * lanes] uint4 (a lane's 16 quants of a chunk), xd: [T][nch][16] scales. Slots come in whole
  * warps (32 a chunk). Ends with a block barrier. */
-template <int T>
-__device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
-    extern __shared__ float4 gemv_smem[];
+/* Calls f(v, tc, l, in, amax) for every lane slot of T staged rows (gemv_slot_load's values), a
+ * thread a slot, whole warps at a time; no barrier. */
+template <int T, class F>
+__device__ __forceinline__ void gemv_for_slots(int nch, F &&f) {
     const int slots = T * nch * 32;
     for (int s0 = 0; s0 < slots; s0 += GEMV_THREADS) {
         const int si = s0 + threadIdx.x, tc = si >> 5, l = si & 31;
         const bool in = si < slots;
         float4 v[4];
-        float amax = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[i] = in ? gemv_smem[tc * 128 + i * 32 + l] : make_float4(0.f, 0.f, 0.f, 0.f);
-            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-        }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        const float amax = gemv_slot_load(v, tc, l, in);
+        f(v, tc, l, in, amax);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
+    gemv_for_slots<T>(nch, [&](const float4(&v)[4], int tc, int l, bool in, float amax) {
         if (in) {
             float id;
             const float d = q8_scale(amax, &id);
@@ -144,8 +175,69 @@ __device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
             xq[tc * 32 + l] = make_uint4(wq[0], wq[1], wq[2], wq[3]);
             if (!(l & 1)) xd[tc * 16 + (l >> 1)] = d;
         }
-    }
+    });
     __syncthreads();
+}
+
+/* GEMV_SCREEN: T staged rows (x * norm_w, gemv_slot<16>) quantized per 32-element block b to
+ * integers P = round(s / u_b) with the unit u_b = (amax_b / 127, rounded up) / 254, so |P| <=
+ * 32,259, split as P = 254 hi + lo with hi, lo in [-127, 127] (two int8 quants: xh, xl [T][nch][32
+ * lanes] uint4; xu [T][nch][16] the units). P rounds s times 1 / u (both rounded to nearest: a
+ * relative error under 2^-23 of s / u <= 32,259, 0.004 u), so s' = u P is within 0.51 u of s. Also, per row t: s2[t] >= ||s||_2 and e2[t] >= ||s - s'||_2, each
+ * summed with upward rounding (a block whose unit is not a positive finite number keeps P = 0 and
+ * counts all of s as error; part: [T * nch][2] scratch). Ends with a block barrier. */
+template <int T>
+__device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *xu, float2 *part, int nch,
+                                                  float (&s2)[T], float (&e2)[T]) {
+    gemv_for_slots<T>(nch, [&](const float4(&v)[4], int tc, int l, bool in, float amax) {
+        float sq = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sq = __fmaf_ru(v[i].x, v[i].x, sq);
+            sq = __fmaf_ru(v[i].y, v[i].y, sq);
+            sq = __fmaf_ru(v[i].z, v[i].z, sq);
+            sq = __fmaf_ru(v[i].w, v[i].w, sq);
+        }
+        const float u = __fdiv_rn(__fdiv_ru(amax, 127.0f), 254.0f), ru = __frcp_rn(u);
+        const bool ok = u > 0.f && u <= 3.0e38f && ru < INFINITY; /* else P = 0: the error is s itself */
+        float err = ok ? __fmul_ru(__fmul_ru(0.51f, u), __fmul_ru(0.51f, u)) * 16.0f : sq;
+        if (in) {
+            uint32_t hw[4], lw[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float e4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                uint32_t h = 0, lo = 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int P = ok ? __float2int_rn(__fmul_rn(e4[e], ru)) : 0;
+                    const int hi = P >= 0 ? (P + 127) / 254 : -((127 - P) / 254);
+                    h |= (uint32_t)(hi & 255) << (8 * e);
+                    lo |= (uint32_t)((P - 254 * hi) & 255) << (8 * e);
+                }
+                hw[i] = h, lw[i] = lo;
+            }
+            xh[tc * 32 + l] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            xl[tc * 32 + l] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+            if (!(l & 1)) xu[tc * 16 + (l >> 1)] = u;
+        }
+        /* a whole warp is one (row, chunk): its sums, rounded up, to part[tc] */
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            sq = __fadd_ru(sq, __shfl_xor_sync(0xffffffffu, sq, o));
+            err = __fadd_ru(err, __shfl_xor_sync(0xffffffffu, err, o));
+        }
+        if (in && l == 0) part[tc] = make_float2(sq, err);
+    });
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float a = 0.f, b = 0.f;
+        for (int c = 0; c < nch; c++) {
+            const float2 p = part[t * nch + c];
+            a = __fadd_ru(a, p.x), b = __fadd_ru(b, p.y);
+        }
+        s2[t] = __fsqrt_ru(a), e2[t] = __fsqrt_ru(b);
+    }
 }
 
 /* A Q8_0 block's scaled integer dot product d * s in fixed point (lm_cuda_fix_io), rounded the one
@@ -159,14 +251,16 @@ __device__ __forceinline__ long long q8_fix(float d, int s) {
  * product (exact), then scaled into the float32 sum: the one order of every Q8_0 row sum
  * (k_gemv, k_mlp1). FX (LM_CUDA_EPI_ADD_FIX, acc int64): lanes 2i and 2i + 1 (one Q8_0 block)
  * join their dot products, and the even lane adds the block's in fixed point (q8_fix). */
-template <int T, int R, bool FX, typename A>
+template <int T, int R, bool FX, typename A, bool TWO = false>
 __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R], const uint16_t (&sc)[R],
-                                              const uint4 *xq, const float *xd, int c, int nch, int lane) {
-    uint4 xv[T];
+                                              const uint4 *xq, const float *xd, int c, int nch, int lane,
+                                              const uint4 *xl = nullptr) {
+    uint4 xv[T], lv[TWO ? T : 1];
     float dx[T];
 #pragma unroll
     for (int t = 0; t < T; t++) {
         xv[t] = xq[(t * nch + c) * 32 + lane];
+        if constexpr (TWO) lv[t] = xl[(t * nch + c) * 32 + lane];
         dx[t] = xd[(t * nch + c) * 16 + (lane >> 1)];
     }
 #pragma unroll
@@ -174,7 +268,9 @@ __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R
         const float dw = __half2float(__ushort_as_half(sc[r]));
 #pragma unroll
         for (int t = 0; t < T; t++) {
-            int sdot = dot16(q[r], xv[t], 0);
+            /* TWO (GEMV_SCREEN): the quants are 254 hi + lo (gemv_quant_screen), and their integer
+             * dot product stays exact: |I| <= 16 x 127 x 32,385 < 2^31 */
+            int sdot = TWO ? 254 * dot16(q[r], xv[t], 0) + dot16(q[r], lv[TWO ? t : 0], 0) : dot16(q[r], xv[t], 0);
             if constexpr (FX) {
                 sdot += __shfl_xor_sync(0xffffffffu, sdot, 1);
                 if (!(lane & 1)) acc[t][r] += q8_fix(__fmul_rn(dw, dx[t]), sdot);
@@ -274,9 +370,11 @@ template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
-           gemv_fix fix, unsigned *dyn, int dyn_from, unsigned long long *trace) {
+           gemv_fix fix, unsigned *dyn, int dyn_from, unsigned long long *trace, gemv_scr scr) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
-    constexpr bool Q8 = F == GEMV_Q8, FX = EPI == LM_CUDA_EPI_ADD_FIX, ADDY = EPI == LM_CUDA_EPI_ADD || FX;
+    constexpr bool SCR = F == GEMV_SCREEN, Q8 = F == GEMV_Q8 || SCR, FX = EPI == LM_CUDA_EPI_ADD_FIX,
+                   ADDY = EPI == LM_CUDA_EPI_ADD || FX;
+    static_assert(!SCR || EPI == LM_CUDA_EPI_STORE, "the screen stores its upper bounds");
     static_assert(!FX || Q8, "the fixed-point sum is over Q8_0 blocks");
     constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH;
     extern __shared__ float4 gemv_smem[];
@@ -314,9 +412,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
             }
     };
+    /* GEMV_SCREEN: the (a_j, b_j) of the row lane t * R + r owns in the group g */
+    auto load_ab = [&](int g) {
+        float2 v = make_float2(0.f, 0.f);
+        if (SCR && lane < T * R && g * R + lane % R < M) v = __ldg(scr.ab + g * R + lane % R);
+        return v;
+    };
     /* The weights never depend on the previous kernel: start streaming them before waiting. */
     const unsigned long long t0 = trace ? gtime() : 0;
     if (rg < end) load(rg, 0);
+    float2 abv = load_ab(rg);
+    float lbest = -INFINITY; /* GEMV_SCREEN: the best lower bound of this lane's row */
     constexpr int NWP = 4;
     float nwv[NWP];
     gemv_norm_prefetch(nwv, nw, K);
@@ -335,7 +441,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_stage<T, EL>(xs, x, ldx, K, Kp, nw, nwv, ADDY ? NULL : fix.add, sq, ss_part, T);
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
-    if constexpr (Q8) gemv_quant_x<T>(xq, xd, nch);
+    /* GEMV_SCREEN: the low quants after the high ones, then the units and the norms' partials */
+    [[maybe_unused]] uint4 *xl = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
+    [[maybe_unused]] float *xu = reinterpret_cast<float *>(reinterpret_cast<char *>(xl) + (size_t)T * Kp);
+    [[maybe_unused]] float s2[SCR ? T : 1], e2[SCR ? T : 1];
+    if constexpr (SCR)
+        gemv_quant_screen<T>(xq, xl, xu, reinterpret_cast<float2 *>(xu + T * Kp / 32), nch, s2, e2);
+    else if constexpr (Q8)
+        gemv_quant_x<T>(xq, xd, nch);
     pdl_trigger(); /* the next kernel may start streaming its weights */
     const unsigned long long t2 = trace ? gtime() : 0;
     float inv[T];
@@ -349,6 +462,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         unsigned ticket = 0;
         const bool take = dyn && next >= dyn_from;
         if (take && lane == 0) ticket = atomicAdd(dyn + cls * CS, 1u);
+        if (SCR && !first) abv = load_ab(rg);
         float acc[T][R];
         long long accf[FX ? T : 1][FX ? R : 1]; /* LM_CUDA_EPI_ADD_FIX: the sums in fixed point */
 #pragma unroll
@@ -367,6 +481,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 if (c >= nch) continue;
                 if constexpr (FX) {
                     gemv_chunk_q8<T, R, true>(accf, wv[u], sc[u], xq, xd, c, nch, lane);
+                } else if constexpr (SCR) {
+                    gemv_chunk_q8<T, R, false, float, true>(acc, wv[u], sc[u], xq, xu, c, nch, lane, xl);
                 } else if constexpr (Q8) {
                     gemv_chunk_q8<T, R, false>(acc, wv[u], sc[u], xq, xd, c, nch, lane);
                 } else {
@@ -389,7 +505,18 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (lane == t * R + r) {
-                    if constexpr (FX) {
+                    if constexpr (SCR) {
+                        /* |L' - L| <= R_j (lm_cuda_gemv_screen): U = L' + R_j rounded up is stored,
+                         * L' - R_j rounded down kept for the row's best */
+                        const float a = abv.x, ab = __fadd_ru(abv.x, abv.y);
+                        const float d = __fadd_ru(__fadd_ru(__fmul_ru(a, s2[t]), __fmul_ru(ab, e2[t])),
+                                                  __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), __fadd_ru(s2[t], e2[t])));
+                        const float rj = __fmul_ru(d, inv[t]), lj = acc[t][r];
+                        if (j0 + r < M) {
+                            y[(size_t)t * ldy + j0 + r] = __fadd_ru(lj, rj);
+                            lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
+                        }
+                    } else if constexpr (FX) {
                         if (j0 + r < M) {
                             const float yo = first ? yold : gemv_resid(y + (size_t)t * ldy, j0 + r,
                                                                        fix.add ? fix.add + (size_t)t * M : NULL);
@@ -406,6 +533,21 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         if (take) {
             const long long g = dyn_from + cls + (long long)NC * __shfl_sync(0xffffffffu, ticket, 0);
             next = g < end ? (int)g : end;
+        }
+    }
+    /* GEMV_SCREEN: each row's best lower bound over the block, into its key */
+    if constexpr (SCR) {
+        __shared__ float lb[GEMV_WARPS][T];
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float v = warp_max(lane < T * R && lane / R == t ? lbest : -INFINITY);
+            if (lane == 0) lb[warp][t] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < T) {
+            float v = -INFINITY;
+            for (int w2 = 0; w2 < GEMV_WARPS; w2++) v = fmaxf(v, lb[w2][threadIdx.x]);
+            if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
         }
     }
     /* The last block out puts the counters back to zero for the next launch (every warp's last
@@ -429,12 +571,14 @@ constexpr int gemv_u() {
 }
 
 /* Dynamic shared memory of k_gemv in format F: T float32 activation rows of k rounded up to whole
- * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32. */
+ * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32; GEMV_SCREEN two int8 quants
+ * an element, a float32 unit per 32 and two float32 partial norms a chunk. */
 template <int F>
 __host__ __device__ size_t gemv_smem_bytes(int T, int k) {
     constexpr int ch = gemv_fmt<F>::CH;
     const size_t kp = (size_t)(k + ch - 1) / ch * ch;
-    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
+    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0) +
+           (F == GEMV_SCREEN ? (size_t)T * (2 * kp + kp / 32 * sizeof(float) + kp / ch * sizeof(float2)) : 0);
 }
 
 /* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
@@ -731,7 +875,7 @@ static int gemv_deal_from(const lm_cuda_ctx *c, int m, int n_rg, int grid) {
 
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                          gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
+                          gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix, gemv_scr scr) {
     auto fn = k_gemv<T, R, U, EPI, F>;
     const size_t smem = gemv_smem_bytes<F>(T, k);
     const int n_rg = (m + R - 1) / R;
@@ -742,42 +886,44 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
     if (dyn) c->gemv_dealt++;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, fix, dyn, dyn_from, c->trace);
+                     eps, fix, dyn, dyn_from, c->trace, scr);
 }
 
 template <int T, int R, int EPI, int F>
 cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
-                        int k, int m, const float *nw, float eps, gemv_fix fix) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+                        int k, int m, const float *nw, float eps, gemv_fix fix, gemv_scr scr) {
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
 }
 
 template <int T, int EPI, int F>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
-                               int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
+                               int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix,
+                               gemv_scr scr) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
     } else {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
     }
 }
 
 template <int EPI, int F>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
-                          int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
+                          int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix,
+                          gemv_scr scr = {}) {
     switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
     }
 }
 
@@ -842,6 +988,151 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
     return LM_OK;
 }
 
+/* ---- the exact greedy choice from a Q8_0 screen of the lm_head (lm_cuda_gemv_screen) ---- */
+
+/* Builds the screen of bf16 rows w [m, k]: one warp a row, lane i the 32-weight blocks i, i + 32,
+ * ...: d = amax / 127 rounded up to float16 (so no quant clips), q = round(w / d) (0 where d is 0);
+ * ab[j] = (||w_j - q d||_2, ||w_j||_2), summed in double and rounded up. A block holding NaN or
+ * infinity gives a NaN or infinite a_j or b_j: the screen then never rules that row out. */
+__global__ void __launch_bounds__(GEMV_THREADS) k_screen_build(const uint16_t *__restrict__ w, int m, int k,
+                                                               int8_t *q, uint16_t *s, float2 *ab) {
+    const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    double e2 = 0.0, b2 = 0.0;
+    for (int b = lane; b < k / 32; b += 32) {
+        const uint16_t *src = w + (size_t)j * k + b * 32;
+        float v[32], amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            v[i] = bf2f(src[i]);
+            amax = fmaxf(amax, fabsf(v[i]));
+        }
+        const __half dh = __float2half_ru(__fdiv_ru(amax, 127.0f));
+        const float d = __half2float(dh);
+        uint32_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int qi = d > 0.f ? __float2int_rn(__fdiv_rn(v[i], d)) : 0;
+            qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+            packed[i / 4] |= (uint32_t)(qi & 255) << (8 * (i % 4));
+            const double err = (double)v[i] - (double)qi * (double)d;
+            e2 += err * err;
+            b2 += (double)v[i] * (double)v[i];
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(q + (size_t)j * k + b * 32);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        s[(size_t)j * (k / 32) + b] = __half_as_ushort(dh);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        e2 += __shfl_xor_sync(0xffffffffu, e2, o);
+        b2 += __shfl_xor_sync(0xffffffffu, b2, o);
+    }
+    if (lane == 0)
+        ab[j] = make_float2(__fmul_ru(__double2float_ru(sqrt(e2)), 1.000001f),
+                            __fmul_ru(__double2float_ru(sqrt(b2)), 1.000001f));
+}
+
+/* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
+ * the upper bounds a thread reads into registers before staging x (a block's first 2,048). */
+constexpr int PICK_CAP = 512, PICK_REG = 8;
+
+/* Grid (blocks, rows) of GEMV_THREADS: block b of row r takes rows [b * chunk, (b + 1) * chunk) of
+ * the vocabulary. Its candidates are the rows whose upper bound u is not below the row's best lower
+ * bound T (lmax[r]; every row when T is not finite): the true argmax is among them. Each candidate's
+ * logit is summed as k_gemv sums a bf16 row (x * norm_w staged by gemv_stage, gemv_chunk_bf16 in
+ * chunk order, warp_sum, times 1 / rms from gemv_inv): the bits the full lm_head GEMV gives it.
+ * The blocks' best (value, lowest id) meet as in k_argmax; the last block of a row writes ids[r]
+ * and resets lmax[r] to -inf and count[r] to 0. n_cand: NULL, or [rows] += the candidates summed. */
+__global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, const float *u, int ldu, const float *x,
+                                                              int ldx, const uint16_t *__restrict__ w, int K, int M,
+                                                              int chunk, const float *__restrict__ nw, float eps,
+                                                              int *lmax, float2 *part, unsigned *count,
+                                                              int32_t *n_cand) {
+    extern __shared__ float4 gemv_smem[];
+    float *xs = reinterpret_cast<float *>(gemv_smem);
+    __shared__ float ss_part[1][GEMV_WARPS];
+    __shared__ int cand[PICK_CAP];
+    __shared__ int ncand;
+    __shared__ float sv[GEMV_WARPS];
+    __shared__ int si[GEMV_WARPS];
+    const int r = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nch = (K + 255) / 256, Kp = nch * 256;
+    constexpr int NWP = 4;
+    float nwv[NWP];
+    gemv_norm_prefetch(nwv, nw, K);
+    pdl_trigger(); /* the next kernel may launch now; it waits for this one */
+    pdl_wait();
+    if (threadIdx.x == 0) ncand = 0;
+    /* T and the first PICK_REG upper bounds a thread in one L2 trip; the candidates among them
+     * fetched into L2 (prefetch) while x is staged */
+    const int lo = b * chunk, hi = min(M, lo + chunk);
+    const float *ur = u + (size_t)r * ldu;
+    float uv[PICK_REG];
+#pragma unroll
+    for (int i = 0; i < PICK_REG; i++) {
+        const int j = lo + (int)threadIdx.x + i * GEMV_THREADS;
+        uv[i] = j < hi ? __ldcg(ur + j) : 0.f;
+    }
+    const float T = scr_unkey(__ldcg(lmax + r));
+    const bool all = !(T > -INFINITY && T < INFINITY);
+    unsigned flags = 0;
+#pragma unroll
+    for (int i = 0; i < PICK_REG; i++) {
+        const int j = lo + (int)threadIdx.x + i * GEMV_THREADS;
+        if (j < hi && (all || !(uv[i] < T))) {
+            flags |= 1u << i;
+            if (!all)
+                for (int b2 = 0; b2 < K * 2; b2 += 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(w + (size_t)j * K) + b2));
+        }
+    }
+    float sq[1];
+    gemv_stage<1, 8>(xs, x + (size_t)r * ldx, ldx, K, Kp, nw, nwv, NULL, sq, ss_part, 1);
+    float inv[1];
+    gemv_inv(inv, ss_part, K, nw, eps);
+    auto add = [&](int j) {
+        const int at = atomicAdd(&ncand, 1);
+        if (at < PICK_CAP) cand[at] = j;
+    };
+#pragma unroll
+    for (int i = 0; i < PICK_REG; i++)
+        if (flags >> i & 1) add(lo + (int)threadIdx.x + i * GEMV_THREADS);
+    for (int j = lo + (int)threadIdx.x + PICK_REG * GEMV_THREADS; j < hi; j += GEMV_THREADS)
+        if (all || !(__ldcg(ur + j) < T)) add(j);
+    __syncthreads();
+    const int nc = ncand;
+    const bool whole = nc > PICK_CAP; /* too many: every row of the range, exactly */
+    const int n_rows = whole ? hi - lo : nc;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = warp; i < n_rows; i += GEMV_WARPS) {
+        const int j = whole ? lo + i : cand[i];
+        float acc[1][1] = {{0.f}};
+        for (int c = 0; c < nch; c++) {
+            const int kk = c * 256 + lane * 8;
+            const uint4 q[1] = {kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0)};
+            gemv_chunk_bf16<1, 1>(acc, q, gemv_smem, c, Kp, lane);
+        }
+        const float v = __fmul_rn(warp_sum(acc[0][0]), inv[0]);
+        if (am_better(v, j, bv, bi)) bv = v, bi = j;
+    }
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w2 = 1; w2 < GEMV_WARPS; w2++)
+            if (am_better(sv[w2], si[w2], bv, bi)) bv = sv[w2], bi = si[w2];
+        if (n_cand) atomicAdd(n_cand + r, n_rows);
+    }
+    int win;
+    if (am_block_final(bv, bi, part, count, r, b, nb, &win)) {
+        ids[r] = win;
+        lmax[r] = scr_key(-INFINITY);
+    }
+}
+
 } // namespace
 
 extern "C" lm_status lm_cuda_gemv(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
@@ -865,6 +1156,75 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
                          "32 (whole Q8_0 blocks), the quants 16-byte and the scales 2-byte aligned",
                          n, k, m, k);
     return gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi, fix);
+}
+
+extern "C" lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, int8_t *q,
+                                         uint16_t *s, float *ab) {
+    if (m < 1 || k < 32 || k % 32 || ((uintptr_t)q & 15) || ((uintptr_t)s & 1) || ((uintptr_t)ab & 7) ||
+        ((uintptr_t)w & 1))
+        return lm_errorf(LM_ERR_SHAPE, "CUDA screen build: [%d, %d]: k must be a positive multiple of 32, the "
+                         "quants 16-byte, the scales 2-byte and ab 8-byte aligned", m, k);
+    LM_CU(lm_launch(c, dim3((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS)), dim3(GEMV_THREADS), 0, k_screen_build, w,
+                    m, k, q, s, reinterpret_cast<float2 *>(ab)));
+    return LM_OK;
+}
+
+/* The rounding terms' coefficient of the screen's bound for k: (the longest chain of roundings a
+ * logit's sum takes, in either kernel: a lane's k_gemv chunks of 256 give Kp / 32 products, its
+ * warp_sum 5 more; the screen's fewer) + 16, times twice the unit roundoff 2^-24. */
+static float screen_rho(int k) { return (float)(((k + 255) / 256 * 8 + 16) * 0x1p-23); }
+
+extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
+                                        const int8_t *q, const uint16_t *s, const float *ab, int n, int k, int m,
+                                        const float *norm_w, float eps) {
+    const int per = (int)std::min<size_t>(8, 200 * 1024 / gemv_smem_bytes<GEMV_SCREEN>(1, k));
+    if (n < 1 || n > c->max_rows || per < 1 || k < 32 || k % 32 || m < 1 || ((uintptr_t)q & 15) ||
+        ((uintptr_t)s & 1) || ((uintptr_t)ab & 7))
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA gemv screen: [%d, %d] x [%d, %d]^T: rows 1 to the context's max_rows %d, k a "
+                         "positive multiple of 32 whose staging fits 200 KiB, the quants 16-byte, the scales "
+                         "2-byte and ab 8-byte aligned",
+                         n, k, m, k, c->max_rows);
+    /* Four weight rows a warp, two chunks (of 512) a batch: v33 measured 4 rows and 4 chunks (the
+     * Q8_0 GEMV's) at 56 us for Qwen3-0.6B's lm_head, 4 and 2 at 49 (no registers held for chunks a
+     * 1,024-wide row does not have), 8 and 2 at 58 (spills). */
+    for (int t0 = 0; t0 < n; t0 += per) {
+        const int T = std::min(per, n - t0);
+        const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k)};
+        float *ut = u + (size_t)t0 * ldu;
+        const float *xt = x + (size_t)t0 * ldx;
+        const gemv_w w = {q, s};
+        const gemv_fix nofix = {NULL, NULL, 0};
+        cudaError_t e;
+        switch (T) {
+        case 1: e = launch_gemv_u<1, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 2: e = launch_gemv_u<2, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 3: e = launch_gemv_u<3, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 4: e = launch_gemv_u<4, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 5: e = launch_gemv_u<5, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 6: e = launch_gemv_u<6, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 7: e = launch_gemv_u<7, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        default: e = launch_gemv_u<8, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        }
+        if (e != cudaSuccess) return lm_cuda_fail(e, "gemv screen launch");
+    }
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu,
+                                            const float *x, int ldx, const uint16_t *w, int n, int k, int m,
+                                            const float *norm_w, float eps, int32_t *n_cand) {
+    const size_t smem = gemv_smem_bytes<GEMV_BF16>(1, k);
+    if (n < 1 || n > c->max_rows || k < 8 || k % 8 || m < 1 || smem > 200 * 1024 || ((uintptr_t)w & 15))
+        return lm_errorf(LM_ERR_SHAPE,
+                         "CUDA screened argmax: %d rows of [%d, %d]: rows 1 to the context's max_rows %d, k a "
+                         "positive multiple of 8 whose staging fits 200 KiB, the weights 16-byte aligned",
+                         n, m, k, c->max_rows);
+    const int nb = std::min((int)LM_CUDA_AM_MAX_CHUNKS, (m + 255) / 256), chunk = (m + nb - 1) / nb;
+    lm_cuda_occupancy((const void *)k_screen_pick, GEMV_THREADS, smem); /* raises the shared-memory limit */
+    LM_CU(lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, k_screen_pick, ids, u, ldu, x, ldx,
+                    w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand));
+    return LM_OK;
 }
 
 extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {

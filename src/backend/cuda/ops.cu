@@ -116,6 +116,7 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->am_part);
     cudaFree(c->am_count);
+    cudaFree(c->scr_max);
     cudaFree(c->gemv_ctr);
     cudaFree(c->trace);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -162,6 +163,11 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_part, sizeof(float2) * c->max_rows * LM_CUDA_AM_MAX_CHUNKS);
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
+    if (e == cudaSuccess) e = cudaMalloc(&c->scr_max, sizeof(int) * c->max_rows);
+    if (e == cudaSuccess) { /* the key of -inf (gemv.cu scr_key) */
+        const std::vector<int> neg((size_t)c->max_rows, (int)(0xff800000u ^ 0x7fffffffu));
+        e = cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
+    }
     const size_t ctr_bytes = sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE;
     if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, ctr_bytes);
     if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, ctr_bytes);

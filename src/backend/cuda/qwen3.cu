@@ -91,6 +91,8 @@ struct lm_cuda_qwen3 {
     std::vector<void *> allocs;
     std::vector<layer_dev> layers;
     dmat embed, lm_head;
+    dmat screen;      /* the lm_head's Q8_0 screen (lm_cuda_screen_build; q NULL: none) */
+    float *screen_ab; /* [V][2] its rows' (a_j, b_j) */
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
     bool mlp_q8; /* some layer's gate/up or down_proj has Q8_0 quants */
     bool mlp1_fits; /* lm_cuda_mlp1_fits(hidden, intermediate) */
@@ -279,6 +281,8 @@ extern "C" struct lm_cuda_qwen3_params lm_cuda_qwen3_default_params(void) {
     p.mlp1 = mlp1;
     static const bool norm_link = lm_env_flag("LM_CUDA_NORM_LINK", true);
     p.norm_link = norm_link;
+    static const bool lm_screen = lm_env_flag("LM_CUDA_LM_SCREEN", true);
+    p.lm_screen = lm_screen;
     return p;
 }
 
@@ -401,6 +405,14 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
         LM_TRY(upload_matrix(m, &m->lm_head, &w->lm_head, 1, false, "lm_head"));
     }
     LM_TRY(upload_vec(m, &m->norm, w->norm, m->H, "norm"));
+    /* The lm_head's screen for greedy steps (params.lm_screen): over bf16 rows only (a Q8_0
+     * checkpoint's lm_head GEMV already reads its quants). */
+    if (p.lm_screen && m->lm_head.bf && !m->lm_head.q && m->H % 32 == 0) {
+        LM_TRY(dev_alloc_t(m, &m->screen.q, (size_t)m->V * m->H));
+        LM_TRY(dev_alloc_t(m, &m->screen.s, (size_t)m->V * (m->H / 32)));
+        LM_TRY(dev_alloc_t(m, &m->screen_ab, (size_t)m->V * 2));
+        LM_TRY(lm_cuda_screen_build(m->ctx, m->lm_head.bf, m->V, m->H, m->screen.q, m->screen.s, m->screen_ab));
+    }
     m->layers.resize(m->NL);
     for (int l = 0; l < m->NL; l++) {
         const lm_cuda_qwen3_layer_weights &L = w->layers[l];
@@ -503,7 +515,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((split_min_ctx() << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 8 * m->n_classes, graph_slot{NULL});
+    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -584,6 +596,7 @@ extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda
     out->kv_bytes_per_block = (size_t)m->NL * 2 * m->cfg.n_kv_heads * m->p.block_size * m->D * 2;
     out->mlp1_min_rows = mlp1_min_rows(m);
     out->tc_decode = m->tc_decode;
+    out->lm_screen = m->p.lm_screen && m->screen.q;
 }
 
 extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
@@ -620,6 +633,12 @@ extern "C" void lm_cuda_qwen3_set_norm_link(struct lm_cuda_qwen3 *m, bool on) {
     drop_graphs(m);
     m->p.norm_link = on;
     m->tc_decode = tc_decode_rule(m);
+}
+
+extern "C" void lm_cuda_qwen3_set_lm_screen(struct lm_cuda_qwen3 *m, bool on) {
+    cudaStreamSynchronize(m->ctx->stream);
+    drop_graphs(m);
+    m->p.lm_screen = on;
 }
 
 extern "C" void lm_cuda_qwen3_set_q8(struct lm_cuda_qwen3 *m, bool on) {
@@ -763,7 +782,8 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
-                             bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv) {
+                             bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv,
+                             bool screen) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -854,6 +874,13 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     }
     if (no <= m->p.gemv_max_rows) {
         const bool pending = mlp1 && out_identity; /* else the gather folded them */
+        /* A greedy step whose logits nobody reads: the screen's exact choice (lm_cuda_gemv_screen) */
+        if (screen && !sampling && !pending && m->screen.q) {
+            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
+                                       m->norm, eps));
+            return lm_cuda_argmax_screened(c, m->ids_dev, m->logits, V, src, H, m->lm_head.bf, no, H, V, m->norm,
+                                           eps, NULL);
+        }
         const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
         LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE,
                         pending ? &ff : NULL));
@@ -1014,20 +1041,22 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                                                             LM_CUDA_WORK_ITEM * (size_t)(lists.n_tiles + lists.n_rest))
                              : L.work;
 
+    /* the screen's exact greedy choice where no logits are wanted (run_forward decides the rest) */
+    const bool screen = m->p.lm_screen && !b->out_logits;
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g =
-            m->graphs[((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) * 2 + gemv];
+        graph_slot &g = m->graphs[(((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) *
+                                       2 + gemv) * 2 + screen];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -1051,7 +1080,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv));
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)

@@ -118,6 +118,13 @@ struct lm_cuda_qwen3_params {
                           write the next norm's input, gate/up and q/k/v scale by it) instead of
                           running the norm kernel twice a layer (default true; LM_CUDA_NORM_LINK=0
                           in the environment: false, for A/B; perf-notes v23) */
+    bool lm_screen;    /* greedy steps of up to gemv_max_rows outputs whose logits the caller does not
+                          ask for (lm_cuda_batch.out_logits NULL, no sampling) choose their tokens
+                          from a Q8_0 screen of a bf16 lm_head and sum only the rows it cannot rule
+                          out (lm_cuda_gemv_screen, lm_cuda_argmax_screened: the same ids as the
+                          full lm_head, 0.53x its bytes; 1.06 bytes a weight more device memory,
+                          built at load). Default true; LM_CUDA_LM_SCREEN=0 in the environment:
+                          false, for A/B (perf-notes v33) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
@@ -158,6 +165,8 @@ struct lm_cuda_qwen3_info {
                                             weights are bf16 for the GEMV, params.norm_link is on
                                             and neither LM_CUDA_GEMV_PLAIN_ROWS nor
                                             lm_cuda_qwen3_set_tc_decode(false) chose the GEMV */
+    bool lm_screen;                      /* params.lm_screen is on and the lm_head's screen was
+                                            built (bf16 lm_head, hidden size a multiple of 32) */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
@@ -172,6 +181,9 @@ void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl, i
 void lm_cuda_qwen3_set_tc_decode(struct lm_cuda_qwen3 *m, bool on);
 /* Turns lm_cuda_qwen3_params.mlp1 on or off for later steps (drops the captured graphs). */
 void lm_cuda_qwen3_set_mlp1(struct lm_cuda_qwen3 *m, bool on);
+/* Turns params.lm_screen on or off for later steps (drops the captured graphs); on takes effect
+ * only where the model built the screen at load (lm_cuda_qwen3_info.lm_screen). */
+void lm_cuda_qwen3_set_lm_screen(struct lm_cuda_qwen3 *m, bool on);
 /* Turns lm_cuda_qwen3_params.norm_link on or off for later steps (drops the captured graphs). */
 void lm_cuda_qwen3_set_norm_link(struct lm_cuda_qwen3 *m, bool on);
 /* Whether the GEMV reads a Q8_0 checkpoint's quants (true, the default) or its bf16 copy, for

@@ -8,10 +8,6 @@ namespace {
 
 /* ---- choosing tokens ---- */
 
-__device__ __forceinline__ bool am_better(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-}
-
 /* Greedy rows: grid (chunks, rows) of 256 threads; each block reduces its chunk to (max, lowest
  * id), the last block of a row to finish reduces the chunks' results. */
 __global__ void __launch_bounds__(256) k_argmax(int32_t *ids, const float *logits, int ld, int V,
@@ -41,34 +37,11 @@ __global__ void __launch_bounds__(256) k_argmax(int32_t *ids, const float *logit
     }
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
     __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < 8; w++)
             if (am_better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-        part[(size_t)r * nchunks + b] = make_float2(bv, __int_as_float(bi));
-        __threadfence();
-        last = atomicAdd(&count[r], 1u) == (unsigned)nchunks - 1;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    /* The last block of the row: warp 0 reduces the chunks' results in parallel. */
-    __threadfence();
-    bv = -INFINITY, bi = INT_MAX;
-    for (int i = threadIdx.x; i < nchunks; i += 32) {
-        const float2 p = __ldcg(&part[(size_t)r * nchunks + i]);
-        const int pi = __float_as_int(p.y);
-        if (am_better(p.x, pi, bv, bi)) bv = p.x, bi = pi;
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    if (threadIdx.x == 0) {
-        ids[r] = bi == INT_MAX ? 0 : bi;
-        count[r] = 0;
-    }
+    int win;
+    if (am_block_final(bv, bi, part, count, r, b, nchunks, &win)) ids[r] = win;
 }
 
 constexpr int SMP_THREADS = 1024, SMP_WARPS = SMP_THREADS / 32;
