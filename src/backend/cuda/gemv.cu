@@ -364,6 +364,37 @@ __device__ __forceinline__ void gemv_inv(float (&inv)[T], const float (&ss_part)
     }
 }
 
+/* log2 of N rounded up to a power of 2 (N <= 32) */
+template <int N>
+__host__ __device__ constexpr int scr_log2() {
+    return N <= 1 ? 0 : N <= 2 ? 1 : N <= 4 ? 2 : N <= 8 ? 3 : N <= 16 ? 4 : 5;
+}
+
+/* GEMV_SCREEN: the warp's sums of its NV = T * R lane partials (acc), reduced and scattered: NV
+ * padded to P = 2^L values, each step halves the values a lane holds (the lane whose offset bit
+ * is set keeps the upper half) and adds its partner's, then the last 5 - L offsets sum the one
+ * left: lane l returns the full sum of value l >> (5 - L) (P - 1 + 5 - L shuffles against warp_sum's
+ * 5 NV; any order is good for the screen, whose bound covers 32-deep float32 rounding). */
+template <int NV, int T, int R>
+__device__ __forceinline__ float scr_reduce(const float (&acc)[T][R], int lane) {
+    constexpr int L = scr_log2<NV>(), P = 1 << L;
+    float v[P];
+#pragma unroll
+    for (int i = 0; i < P; i++) v[i] = i < NV ? acc[i / R][i % R] : 0.f;
+#pragma unroll
+    for (int n = P, o = 16; n > 1; n >>= 1, o >>= 1) {
+        const bool hi = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float send = hi ? v[i] : v[i + n / 2], keep = hi ? v[i + n / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int o = 16 >> L; o; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    return v[0];
+}
+
 /* T activation rows, R weight rows per warp, U chunks (of CH weights a warp, 512 bytes) loaded
  * per batch; F: the format (gemv_fmt): w is bf16, or int8 quants with ws their float16 scales. */
 template <int T, int R, int U, int EPI, int F>
@@ -412,10 +443,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
             }
     };
-    /* GEMV_SCREEN: the (a_j, b_j) of the row lane t * R + r owns in the group g */
+    /* GEMV_SCREEN: the (a_j, b_j) of the row whose sum lane l holds in the group g (scr_reduce:
+     * value l >> SCR_SHIFT, row (l >> SCR_SHIFT) % R) */
+    constexpr int SCR_SHIFT = 5 - scr_log2<T * R>();
     auto load_ab = [&](int g) {
         float2 v = make_float2(0.f, 0.f);
-        if (SCR && lane < T * R && g * R + lane % R < M) v = __ldg(scr.ab + g * R + lane % R);
+        const int idx = lane >> SCR_SHIFT;
+        if (SCR && idx < T * R && g * R + idx % R < M) v = __ldg(scr.ab + g * R + idx % R);
         return v;
     };
     /* The weights never depend on the previous kernel: start streaming them before waiting. */
@@ -490,6 +524,27 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
             }
         }
+        const int j0 = rg * R;
+        if constexpr (SCR) {
+            /* The T * R sums reduced and scattered over the warp (scr_reduce): lane l holds value
+             * l >> SCR_SHIFT, and the first lane of each group bounds its row (lm_cuda_gemv_screen:
+             * |L' - L| <= R_j): U = L' + R_j rounded up is stored, L' - R_j rounded down kept for
+             * the row's best. */
+            const float sum = scr_reduce<T * R>(acc, lane);
+            const int idx = lane >> SCR_SHIFT, t = idx / R, r = idx % R;
+            float invt = inv[0], s2t = s2[0], e2t = e2[0];
+#pragma unroll
+            for (int tt = 1; tt < T; tt++)
+                if (t == tt) invt = inv[tt], s2t = s2[tt], e2t = e2[tt];
+            const float a = abv.x, ab = __fadd_ru(abv.x, abv.y);
+            const float d = __fadd_ru(__fadd_ru(__fmul_ru(a, s2t), __fmul_ru(ab, e2t)),
+                                      __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), __fadd_ru(s2t, e2t)));
+            const float rj = __fmul_ru(d, invt), lj = __fmul_rn(sum, invt);
+            if (idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M) {
+                y[(size_t)t * ldy + j0 + r] = __fadd_ru(lj, rj);
+                lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
+            }
+        } else {
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
@@ -499,24 +554,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 else
                     acc[t][r] = __fmul_rn(warp_sum(acc[t][r]), inv[t]);
             }
-        const int j0 = rg * R;
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (lane == t * R + r) {
-                    if constexpr (SCR) {
-                        /* |L' - L| <= R_j (lm_cuda_gemv_screen): U = L' + R_j rounded up is stored,
-                         * L' - R_j rounded down kept for the row's best */
-                        const float a = abv.x, ab = __fadd_ru(abv.x, abv.y);
-                        const float d = __fadd_ru(__fadd_ru(__fmul_ru(a, s2[t]), __fmul_ru(ab, e2[t])),
-                                                  __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), __fadd_ru(s2[t], e2[t])));
-                        const float rj = __fmul_ru(d, inv[t]), lj = acc[t][r];
-                        if (j0 + r < M) {
-                            y[(size_t)t * ldy + j0 + r] = __fadd_ru(lj, rj);
-                            lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
-                        }
-                    } else if constexpr (FX) {
+                    if constexpr (FX) {
                         if (j0 + r < M) {
                             const float yo = first ? yold : gemv_resid(y + (size_t)t * ldy, j0 + r,
                                                                        fix.add ? fix.add + (size_t)t * M : NULL);
@@ -529,6 +572,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                                          fix.add ? fix.add + (size_t)t * M : NULL);
                     }
                 }
+        }
         first = false;
         if (take) {
             const long long g = dyn_from + cls + (long long)NC * __shfl_sync(0xffffffffu, ticket, 0);
@@ -540,7 +584,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         __shared__ float lb[GEMV_WARPS][T];
 #pragma unroll
         for (int t = 0; t < T; t++) {
-            const float v = warp_max(lane < T * R && lane / R == t ? lbest : -INFINITY);
+            const float v = warp_max((lane >> SCR_SHIFT) / R == t ? lbest : -INFINITY);
             if (lane == 0) lb[warp][t] = v;
         }
         __syncthreads();
