@@ -370,6 +370,10 @@ __host__ __device__ constexpr int scr_log2() {
     return N <= 1 ? 0 : N <= 2 ? 1 : N <= 4 ? 2 : N <= 8 ? 3 : N <= 16 ? 4 : 5;
 }
 
+/* The most sums a warp of GEMV_SCREEN reduces and scatters (scr_reduce); more (3 or more
+ * activation rows) take a warp_sum each, as 12 to 32 values held at once spill to local memory. */
+constexpr int SCR_SCATTER = 8;
+
 /* GEMV_SCREEN: the warp's sums of its NV = T * R lane partials (acc), reduced and scattered: NV
  * padded to P = 2^L values, each step halves the values a lane holds (the lane whose offset bit
  * is set keeps the upper half) and adds its partner's, then the last 5 - L offsets sum the one
@@ -445,7 +449,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     };
     /* GEMV_SCREEN: the (a_j, b_j) of the row whose sum lane l holds in the group g (scr_reduce:
      * value l >> SCR_SHIFT, row (l >> SCR_SHIFT) % R) */
-    constexpr int SCR_SHIFT = 5 - scr_log2<T * R>();
+    constexpr int SCR_SHIFT = T * R <= SCR_SCATTER ? 5 - scr_log2<T * R>() : 0;
     auto load_ab = [&](int g) {
         float2 v = make_float2(0.f, 0.f);
         const int idx = lane >> SCR_SHIFT;
@@ -530,7 +534,16 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
              * l >> SCR_SHIFT, and the first lane of each group bounds its row (lm_cuda_gemv_screen:
              * |L' - L| <= R_j): U = L' + R_j rounded up is stored, L' - R_j rounded down kept for
              * the row's best. */
-            const float sum = scr_reduce<T * R>(acc, lane);
+            float sum = 0.f;
+            if constexpr (T * R <= SCR_SCATTER) {
+                sum = scr_reduce<T * R>(acc, lane);
+            } else { /* every lane gets every sum; lane l keeps value l */
+#pragma unroll
+                for (int i = 0; i < T * R; i++) {
+                    const float v = warp_sum(acc[i / R][i % R]);
+                    if (lane == i) sum = v;
+                }
+            }
             const int idx = lane >> SCR_SHIFT, t = idx / R, r = idx % R;
             float invt = inv[0], s2t = s2[0], e2t = e2[0];
 #pragma unroll
