@@ -2011,6 +2011,7 @@ struct scr_case {
     uint16_t *w; /* [m, k] host bf16 */
     float *x;    /* [n, k] */
     const float *nw;
+    const int64_t *fix; /* NULL, or [n, k] pending fixed-point terms of x */
 };
 
 /* Runs both paths on one case; returns the candidates summed exactly (row 0). */
@@ -2021,6 +2022,8 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     float *dab = dev(sizeof(float) * 2 * (size_t)m);
     float *dx = dev_from(sc->x, sizeof(float) * (size_t)n * k);
     float *dnw = sc->nw ? dev_from(sc->nw, sizeof(float) * k) : NULL;
+    int64_t *dfix = sc->fix ? dev_from(sc->fix, sizeof(int64_t) * (size_t)n * k) : NULL;
+    const struct lm_cuda_fix_io fio = {dfix, NULL, 0};
     float *dl = dev(sizeof(float) * (size_t)n * m), *du = dev(sizeof(float) * (size_t)n * m);
     int32_t *dids = dev(sizeof(int32_t) * n), *dsids = dev(sizeof(int32_t) * n), *dcand = dev(sizeof(int32_t) * n);
     lm_cuda_memset(dcand, 0, sizeof(int32_t) * n);
@@ -2028,12 +2031,13 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     const float eps = 1e-6f;
     CHECK(lm_cuda_screen_build(g_ctx, dw, m, k, dq, ds, dab) == LM_OK, "%s: screen build: %s", sc->name,
           lm_error_message());
-    CHECK(lm_cuda_gemv(g_ctx, dl, m, dx, k, dw, n, k, m, dnw, eps, LM_CUDA_EPI_STORE, NULL) == LM_OK, "%s: gemv: %s",
+    CHECK(lm_cuda_gemv(g_ctx, dl, m, dx, k, dw, n, k, m, dnw, eps, LM_CUDA_EPI_STORE, dfix ? &fio : NULL) == LM_OK,
+          "%s: gemv: %s",
           sc->name, lm_error_message());
     CHECK(lm_cuda_sample(g_ctx, dids, dl, m, n, m, NULL) == LM_OK, "%s: argmax: %s", sc->name, lm_error_message());
-    CHECK(lm_cuda_gemv_screen(g_ctx, du, m, dx, k, dq, ds, dab, n, k, m, dnw, eps) == LM_OK, "%s: screen: %s",
+    CHECK(lm_cuda_gemv_screen(g_ctx, du, m, dx, k, dfix, dq, ds, dab, n, k, m, dnw, eps) == LM_OK, "%s: screen: %s",
           sc->name, lm_error_message());
-    CHECK(lm_cuda_argmax_screened(g_ctx, dsids, du, m, dx, k, dw, n, k, m, dnw, eps, dcand) == LM_OK,
+    CHECK(lm_cuda_argmax_screened(g_ctx, dsids, du, m, dx, k, dfix, dw, n, k, m, dnw, eps, dcand) == LM_OK,
           "%s: screened argmax: %s", sc->name, lm_error_message());
     sync_ok(sc->name);
     float *l = malloc(sizeof(float) * (size_t)n * m), *u = malloc(sizeof(float) * (size_t)n * m);
@@ -2057,6 +2061,7 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     free(l), free(u);
     lm_cuda_free(dw), lm_cuda_free(dq), lm_cuda_free(ds), lm_cuda_free(dab), lm_cuda_free(dx);
     if (dnw) lm_cuda_free(dnw);
+    if (dfix) lm_cuda_free(dfix);
     lm_cuda_free(dl), lm_cuda_free(du), lm_cuda_free(dids), lm_cuda_free(dsids), lm_cuda_free(dcand);
     return cand[0];
 }
@@ -2064,7 +2069,8 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
 static void test_screen(void) {
     const uint64_t saved = g_rng;
     g_rng = 0x9e3779b97f4a7c15ull;
-    static const int shapes[][3] = {{1024, 50007, 1}, {1024, 50007, 3}, {96, 20011, 2}, {32, 151936, 1}};
+    static const int shapes[][3] = {{1024, 50007, 1}, {1024, 50007, 3}, {96, 20011, 2}, {32, 151936, 1},
+                                    {256, 30011, 5}, {128, 10007, 8}, {32, 300007, 1}};
     int worst_cand = 0, cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int k = shapes[si][0], m = shapes[si][1], n = shapes[si][2];
@@ -2077,7 +2083,7 @@ static void test_screen(void) {
             int32_t ids[8];
             char name[96];
             snprintf(name, sizeof name, "screen k %d m %d n %d seed %d", k, m, n, seed);
-            struct scr_case sc = {name, w, x, seed == 2 ? NULL : nw};
+            struct scr_case sc = {name, w, x, seed == 2 ? NULL : nw, NULL};
             const int c = screen_run(&sc, n, k, m, ids);
             if (c > worst_cand) worst_cand = c;
             cases++;
@@ -2115,9 +2121,64 @@ static void test_screen(void) {
         }
         free(w), free(x), free(nw);
     }
+    {
+        /* Targeted cases at k 1,024, m 4,099, one row, no norm (inv = 1) */
+        const int k = 1024, m = 4099;
+        uint16_t *w = calloc((size_t)m * k, 2);
+        float *x = malloc(sizeof(float) * k);
+        int64_t *fx = malloc(sizeof(int64_t) * k);
+        int32_t ids[8];
+        struct scr_case sc = {"", w, x, NULL, NULL};
+        /* (a) the bound nearly tight (Cauchy-Schwarz): row 3000's weights d (1 + 0.4921875) (its quants
+         * 1, each a d 0.49 too low, the same sign as s = 1) beside one 127 d a block (the scale d);
+         * row 7 exactly quantized, its logit 100.25 d below row 3000's, 486 d above row 3000's screen
+         * logit: a bound of half the size would rule row 3000 out */
+        const float d = 0x1p-10f;
+        for (int i = 0; i < k; i++) x[i] = 1.0f;
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(d * 0.001f * frand());
+        for (int b = 0; b < k / 32; b++)
+            for (int i = 0; i < 32; i++) {
+                w[(size_t)3000 * k + b * 32 + i] = lm_f32_to_bf16(i ? d * 1.4921875f : 127 * d);
+                w[(size_t)7 * k + b * 32 + i] = lm_f32_to_bf16(d * (i == 0 ? 127 : 1));
+            }
+        for (int i = 0, extra = 5444 - (k / 32) * 127 - (k - k / 32); extra > 0; i++)
+            if (i % 32) w[(size_t)7 * k + i] = lm_f32_to_bf16(2 * d), extra--;
+        sc.name = "screen: a nearly tight bound";
+        screen_run(&sc, 1, k, m, ids);
+        CHECK(ids[0] == 3000, "%s: id %d, want 3000", sc.name, ids[0]);
+        /* (b) pending fixed-point terms folded into x (the MLP kernel's residual), with a norm */
+        for (int i = 0; i < k; i++) x[i] = frand(), fx[i] = (int64_t)(frand() * 4294967296.0);
+        sc.name = "screen: pending fixed-point terms", sc.fix = fx;
+        float *nw = malloc(sizeof(float) * k);
+        for (int i = 0; i < k; i++) nw[i] = 1.0f + 0.3f * frand();
+        sc.nw = nw;
+        screen_run(&sc, 1, k, m, ids);
+        sc.fix = NULL, sc.nw = NULL;
+        /* (c) -inf logits never win: x[0] = +inf, row 0 all zero (NaN), the others' first weight
+         * negative (-inf): no row wins, id 0 as lm_cuda_sample */
+        for (int i = 0; i < k; i++) x[i] = i ? 0.f : INFINITY;
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(i % k ? 0.01f : -0.5f);
+        for (int i = 0; i < k; i++) w[i] = 0;
+        sc.name = "screen: -inf and NaN logits";
+        screen_run(&sc, 1, k, m, ids);
+        CHECK(ids[0] == 0, "%s: id %d, want 0", sc.name, ids[0]);
+        /* (d) gradual underflow: every weight 1.5 x 2^-100 (quant 0), s = (1 + 2^-10) 2^-40: the sums'
+         * partials are subnormal; every upper bound must still hold */
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(0x1.8p-100f);
+        for (int i = 0; i < k; i++) x[i] = 0x1.004p-40f;
+        sc.name = "screen: subnormal sums";
+        screen_run(&sc, 1, k, m, ids);
+        /* (e) subnormal activations beside normal weights, and weights at the float16 scale's edge */
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16((i % 3 ? 8.0e6f : 1e-30f) * frand());
+        for (int i = 0; i < k; i++) x[i] = 1e-39f * frand();
+        sc.name = "screen: subnormal activations, huge and tiny weights";
+        screen_run(&sc, 1, k, m, ids);
+        free(w), free(x), free(fx), free(nw);
+        cases += 5;
+    }
     /* random weights leave a handful of rows to sum (the bound is Cauchy-Schwarz, ~0.2 sigma) */
     CHECK(worst_cand <= 64, "screen: up to %d rows summed exactly on random weights (want <= 64)", worst_cand);
-    CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
+    CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
           "screen with k = 40 must be refused");
     fprintf(stderr, "screen: %d cases, ids equal to the full lm_head's; up to %d rows summed exactly on random "
             "weights\n", cases, worst_cand);
@@ -2469,8 +2530,11 @@ static void test_model(void) {
         CHECK(g_info.lm_screen, "the tiny model's lm_head screen was not built");
         const int B = nc < 3 ? nc : 3, steps = 12;
         int32_t got[2][3][12];
+        long scr_steps[2];
         for (int on = 1; on >= 0; on--) {
             lm_cuda_qwen3_set_lm_screen(g_m, on);
+            struct lm_cuda_qwen3_info in0, in1;
+            lm_cuda_qwen3_info(g_m, &in0);
             struct dseq s[3], *sp[3];
             int32_t cur[3];
             for (int i = 0; i < B && !rc; i++) {
@@ -2483,6 +2547,8 @@ static void test_model(void) {
                 rc = decode(sp, B, cur, NULL, nx, NULL); /* three sequences a step */
                 for (int i = 0; i < B; i++) got[on][i][t] = cur[i] = nx[i];
             }
+            lm_cuda_qwen3_info(g_m, &in1);
+            scr_steps[on] = in1.screened_steps - in0.screened_steps;
             for (int i = 0; i < B; i++) free(s[i].bt);
         }
         lm_cuda_qwen3_set_lm_screen(g_m, lm_cuda_qwen3_default_params().lm_screen);
@@ -2491,6 +2557,9 @@ static void test_model(void) {
         for (int i = 0; i < B; i++)
             for (int t = 0; t < steps; t++) diff += got[0][i][t] != got[1][i][t];
         CHECK(diff == 0, "screened greedy steps: %d of %d ids differ from the full lm_head's", diff, B * steps);
+        /* every decode step (and each prompt's last chunk) chose from the screen when on, none when off */
+        CHECK(scr_steps[1] >= steps && scr_steps[0] == 0, "screened steps: %ld on, %ld off (want >= %d and 0)",
+              scr_steps[1], scr_steps[0], steps);
         /* alone, as graphs at batch 1 */
         struct dseq s1, *sp1 = &s1;
         int32_t a[2][12], cur1 = 0;

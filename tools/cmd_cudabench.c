@@ -582,8 +582,13 @@ int lm_cmd_cudabench(int argc, char **argv) {
            q8 ? " (bf16, plus Q8_0 quants and scales the GEMV reads)" : " (bf16)", now_s() - t0,
            b.info.n_blocks, b.info.block_size);
     const double floor_us = b.info.step_bytes / bw * 1e6, floor_tps = 1e6 / floor_us;
-    printf("floor: a decode step reads %.3f GB of weights -> %.1f us at %.3f TB/s = %.0f tok/s at batch 1\n\n",
+    printf("floor: a decode step reads %.3f GB of weights -> %.1f us at %.3f TB/s = %.0f tok/s at batch 1\n",
            b.info.step_bytes / 1e9, floor_us, bw / 1e12, floor_tps);
+    if (b.info.lm_screen)
+        printf("       (a greedy step of 1-4 sequences reads the lm_head's Q8_0 screen instead of its bf16 rows: %.3f "
+               "GB -> %.1f us = %.0f tok/s; LM_CUDA_LM_SCREEN=0 reads the whole lm_head)\n",
+               b.info.screen_step_bytes / 1e9, b.info.screen_step_bytes / bw * 1e6, bw / b.info.screen_step_bytes);
+    printf("\n");
     b.per = per;
     b.bt = malloc(sizeof(int32_t) * (size_t)p.max_seqs * b.info.bt_width);
     for (int s = 0; s < p.max_seqs; s++)

@@ -251,15 +251,17 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
  * lm_cuda_gemv's order). lm_cuda_gemv_screen reads a Q8_0 copy of w (1.06 bytes a weight against
  * bf16's 2) and gives every row an interval that provably holds L_j: L'_j +- R_j, with L'_j the
  * screen's logit over s quantized to two int8 levels per 32 (s', within 0.51 units of s) and
- *   R_j = inv (a_j S + (a_j + b_j) E + 2 rho (a_j + b_j)(S + E)),
+ *   R_j = inv (a_j S + (a_j + b_j) E + 2 rho (a_j + b_j)(S + E) + tiny) + 2^-148,
  * a_j = ||w_j - w'_j||_2, b_j = ||w_j||_2 (lm_cuda_screen_build), S >= ||s||_2, E >= ||s - s'||_2
- * (Cauchy-Schwarz on both differences) and rho covering float32 rounding in both sums (over twice
- * the longest chain of roundings times 2^-24), every term rounded up. No row whose upper bound is
- * below the best lower bound T = max_j (L'_j - R_j) can be the argmax; lm_cuda_argmax_screened
- * sums the others exactly, as lm_cuda_gemv would, and takes the largest (the lowest id among
- * equals): the id lm_cuda_gemv + lm_cuda_sample give, for any weights and activations (NaN or
- * infinite ones make bounds that rule nothing out, so every row is summed). On random Qwen3-0.6B
- * weights a few rows of 151,936 are summed exactly. */
+ * (Cauchy-Schwarz on both differences), rho covering float32 rounding in both sums (over twice
+ * the longest chain of roundings times 2^-24) and tiny the absolute error of roundings in the
+ * subnormal range, every term rounded up; a row whose sums could overflow in either kernel gets
+ * +inf. No row whose upper bound is below the best lower bound T = max_j (L'_j - R_j) can be the
+ * argmax; lm_cuda_argmax_screened sums the others exactly, as lm_cuda_gemv would, and takes the
+ * largest (the lowest id among equals; NaN and -inf never win): the id lm_cuda_gemv +
+ * lm_cuda_sample give, for any weights and activations (NaN or infinite ones make bounds that
+ * rule nothing out, so every such row, or every row, is summed). On random Qwen3-0.6B-sized rows
+ * a few of 151,936 are summed exactly. */
 
 /* Builds the screen of bf16 rows w [m, k] (k a multiple of 32): q [m, k] int8 quants (16-byte
  * aligned) and s [m, k / 32] float16 scales as lm_cuda_gemv_q8's layout, each scale amax / 127
@@ -268,22 +270,34 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
 lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, int8_t *q, uint16_t *s,
                                float *ab);
 
-/* The screen of n (1 to the context's max_rows) activation rows x [n, ldx] float32 (norm_w NULL,
- * or [k] float32 RMSNorm weights as lm_cuda_gemv): u [n, ldu] gets each row's upper bound L'_j +
- * R_j (rounded up); the best lower bound of each row goes to the context's scratch for the next
- * lm_cuda_argmax_screened, which must follow on the same stream before another screen. No pending
- * fixed-point term (lm_cuda_fix_io): fold it in first. LM_ERR_SHAPE for a bad shape. */
-lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const int8_t *q,
-                              const uint16_t *s, const float *ab, int n, int k, int m, const float *norm_w,
-                              float eps);
+/* Whether lm_cuda_gemv_screen and lm_cuda_argmax_screened take rows of k (a multiple of 32 whose
+ * staged activations fit a block's shared memory). */
+bool lm_cuda_screen_fits(int k);
 
-/* ids[r] (r < n) = the greedy choice of row r after lm_cuda_gemv_screen with the same x, u,
- * norm_w and eps: the bf16 rows w [m, k] (16-byte aligned) the screen was built from are read only
+/* The screen of n (1 to the context's max_rows) activation rows x [n, ldx] float32 (x_fix: NULL,
+ * or [n, k] pending fixed-point terms folded in as lm_cuda_gemv's fix.add does; norm_w NULL, or
+ * [k] float32 RMSNorm weights as lm_cuda_gemv): u [n, ldu] gets each row's upper bound L'_j + R_j
+ * (rounded up; +inf for a row whose sums could overflow); the best lower bound of each row goes to
+ * the context's scratch for the next lm_cuda_argmax_screened, which must follow on the same stream
+ * with the same n, x, x_fix, norm_w and eps before another screen. LM_ERR_SHAPE for a bad shape;
+ * a failed launch puts the scratch back (lm_cuda_screen_reset). */
+lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const int64_t *x_fix,
+                              const int8_t *q, const uint16_t *s, const float *ab, int n, int k, int m,
+                              const float *norm_w, float eps);
+
+/* ids[r] (r < n) = the greedy choice of row r after lm_cuda_gemv_screen with the same n, x, x_fix,
+ * u, norm_w and eps (a logit of NaN or -inf never wins; 0 when none does, as lm_cuda_sample): the bf16 rows w [m, k] (16-byte aligned) the screen was built from are read only
  * for the candidates. n_cand: NULL, or [n] device int32 that each row's count of rows summed
  * exactly is added to (for tests and benchmarks). LM_ERR_SHAPE for a bad shape. */
 lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu, const float *x,
-                                  int ldx, const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
-                                  int32_t *n_cand);
+                                  int ldx, const int64_t *x_fix, const uint16_t *w, int n, int k, int m,
+                                  const float *norm_w, float eps, int32_t *n_cand);
+
+/* After an lm_cuda_gemv_screen whose lm_cuda_argmax_screened failed to launch: waits for the
+ * stream (unless it is capturing a graph, which then ran nothing) and puts the screen's per-row
+ * best lower bounds back to -inf, as the argmax would have; a later screen would otherwise start
+ * from a stale bound. */
+void lm_cuda_screen_reset(struct lm_cuda_ctx *c);
 
 /* The MLP of 1 to LM_CUDA_MLP1_MAX_ROWS tokens as one kernel (decode on the GEMV path: one
  * dependency a layer instead of two; each block copies its weights to shared memory before its

@@ -43,6 +43,8 @@ struct gemv_scr {
     const float2 *ab; /* [m] (a_j, b_j): ||w_j - w'_j||_2 and ||w_j||_2, rounded up (lm_cuda_screen_build) */
     int *lmax;        /* [T] ordered keys (scr_key) of each activation row's best lower bound */
     float rho;        /* the rounding terms' coefficient (screen_rho) */
+    float tiny;       /* the rounding terms' absolute part (screen_rho): partial sums that are
+                         subnormal round by up to 2^-150 a step, not relatively */
 };
 
 /* An order-preserving map of a float (not NaN) to a signed int, for atomicMax, and back. */
@@ -199,7 +201,8 @@ __device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *x
             sq = __fmaf_ru(v[i].w, v[i].w, sq);
         }
         const float u = __fdiv_rn(__fdiv_ru(amax, 127.0f), 254.0f), ru = __frcp_rn(u);
-        const bool ok = u > 0.f && u <= 3.0e38f && ru < INFINITY; /* else P = 0: the error is s itself */
+        /* else P = 0 and the error is s itself; from 2^-100 up d_w u (d_w >= 2^-24) is no subnormal */
+        const bool ok = u >= 0x1p-100f && u <= 3.0e38f && ru < INFINITY;
         float err = ok ? __fmul_ru(__fmul_ru(0.51f, u), __fmul_ru(0.51f, u)) * 16.0f : sq;
         if (in) {
             uint32_t hw[4], lw[4];
@@ -549,13 +552,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int tt = 1; tt < T; tt++)
                 if (t == tt) invt = inv[tt], s2t = s2[tt], e2t = e2[tt];
-            const float a = abv.x, ab = __fadd_ru(abv.x, abv.y);
-            const float d = __fadd_ru(__fadd_ru(__fmul_ru(a, s2t), __fmul_ru(ab, e2t)),
-                                      __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), __fadd_ru(s2t, e2t)));
-            const float rj = __fmul_ru(d, invt), lj = __fmul_rn(sum, invt);
+            const float a = abv.x, ab = __fadd_ru(abv.x, abv.y), se = __fadd_ru(s2t, e2t);
+            const float d = __fadd_ru(__fadd_ru(__fadd_ru(__fmul_ru(a, s2t), __fmul_ru(ab, e2t)),
+                                                __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), se)),
+                                      scr.tiny);
+            const float rj = __fadd_ru(__fmul_ru(d, invt), 0x1p-148f), lj = __fmul_rn(sum, invt);
+            /* a row whose sums could overflow in either kernel (a magnitude bound past 2^125, or
+             * NaN) is never ruled out: U = +inf */
+            const bool wide = !(__fmul_ru(__fmul_ru(ab, se), invt) < 0x1p+125f);
             if (idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M) {
-                y[(size_t)t * ldy + j0 + r] = __fadd_ru(lj, rj);
-                lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
+                y[(size_t)t * ldy + j0 + r] = wide ? INFINITY : __fadd_ru(lj, rj);
+                if (!wide) lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
             }
         } else {
 #pragma unroll
@@ -1100,10 +1107,12 @@ constexpr int PICK_CAP = 512, PICK_REG = 8;
  * bound T (lmax[r]; every row when T is not finite): the true argmax is among them. Each candidate's
  * logit is summed as k_gemv sums a bf16 row (x * norm_w staged by gemv_stage, gemv_chunk_bf16 in
  * chunk order, warp_sum, times 1 / rms from gemv_inv): the bits the full lm_head GEMV gives it.
+ * x_fix: NULL, or [rows, K] the pending fixed-point terms gemv_stage folds in, as k_gemv's.
  * The blocks' best (value, lowest id) meet as in k_argmax; the last block of a row writes ids[r]
  * and resets lmax[r] to -inf and count[r] to 0. n_cand: NULL, or [rows] += the candidates summed. */
 __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, const float *u, int ldu, const float *x,
-                                                              int ldx, const uint16_t *__restrict__ w, int K, int M,
+                                                              int ldx, const long long *x_fix,
+                                                              const uint16_t *__restrict__ w, int K, int M,
                                                               int chunk, const float *__restrict__ nw, float eps,
                                                               int *lmax, float2 *part, unsigned *count,
                                                               int32_t *n_cand) {
@@ -1147,7 +1156,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
         }
     }
     float sq[1];
-    gemv_stage<1, 8>(xs, x + (size_t)r * ldx, ldx, K, Kp, nw, nwv, NULL, sq, ss_part, 1);
+    gemv_stage<1, 8>(xs, x + (size_t)r * ldx, ldx, K, Kp, nw, nwv, x_fix ? x_fix + (size_t)r * K : NULL, sq, ss_part,
+                     1);
     float inv[1];
     gemv_inv(inv, ss_part, K, nw, eps);
     auto add = [&](int j) {
@@ -1174,7 +1184,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
             gemv_chunk_bf16<1, 1>(acc, q, gemv_smem, c, Kp, lane);
         }
         const float v = __fmul_rn(warp_sum(acc[0][0]), inv[0]);
-        if (am_better(v, j, bv, bi)) bv = v, bi = j;
+        if (v > -INFINITY && am_better(v, j, bv, bi)) bv = v, bi = j; /* as k_argmax: -inf never wins */
     }
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
@@ -1226,61 +1236,80 @@ extern "C" lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t 
     return LM_OK;
 }
 
-/* The rounding terms' coefficient of the screen's bound for k: (the longest chain of roundings a
- * logit's sum takes, in either kernel: a lane's k_gemv chunks of 256 give Kp / 32 products, its
- * warp_sum 5 more; the screen's fewer) + 16, times twice the unit roundoff 2^-24. */
+/* The rounding terms of the screen's bound for k. rho: (the longest chain of roundings a logit's
+ * sum takes, in either kernel: a lane's k_gemv chunks of 256 give Kp / 32 products, its warp_sum
+ * 5 more; the screen's fewer) + 16, times twice the unit roundoff 2^-24. tiny: where partial sums
+ * are subnormal a rounding errs by up to 2^-150 whatever their size: (Kp + 48) x 2^-149 covers
+ * every rounding of both sums (Kp + 31 a sum at most). */
 static float screen_rho(int k) { return (float)(((k + 255) / 256 * 8 + 16) * 0x1p-23); }
+static float screen_tiny(int k) { return ldexpf((float)((k + 255) / 256 * 256 + 48), -149); }
+
+extern "C" bool lm_cuda_screen_fits(int k) {
+    return k >= 32 && k % 32 == 0 && gemv_smem_bytes<GEMV_SCREEN>(1, k) <= 200 * 1024 &&
+           gemv_smem_bytes<GEMV_BF16>(1, k) <= 200 * 1024;
+}
 
 extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
-                                        const int8_t *q, const uint16_t *s, const float *ab, int n, int k, int m,
-                                        const float *norm_w, float eps) {
-    const int per = (int)std::min<size_t>(8, 200 * 1024 / gemv_smem_bytes<GEMV_SCREEN>(1, k));
-    if (n < 1 || n > c->max_rows || per < 1 || k < 32 || k % 32 || m < 1 || ((uintptr_t)q & 15) ||
-        ((uintptr_t)s & 1) || ((uintptr_t)ab & 7))
+                                        const int64_t *x_fix, const int8_t *q, const uint16_t *s, const float *ab,
+                                        int n, int k, int m, const float *norm_w, float eps) {
+    if (n < 1 || n > c->max_rows || !lm_cuda_screen_fits(k) || m < 1 || ((uintptr_t)q & 15) || ((uintptr_t)s & 1) ||
+        ((uintptr_t)ab & 7))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemv screen: [%d, %d] x [%d, %d]^T: rows 1 to the context's max_rows %d, k a "
-                         "positive multiple of 32 whose staging fits 200 KiB, the quants 16-byte, the scales "
-                         "2-byte and ab 8-byte aligned",
+                         "positive multiple of 32 whose staging fits 200 KiB (lm_cuda_screen_fits), the quants "
+                         "16-byte, the scales 2-byte and ab 8-byte aligned",
                          n, k, m, k, c->max_rows);
+    const int per = (int)std::min<size_t>(8, 200 * 1024 / gemv_smem_bytes<GEMV_SCREEN>(1, k));
     /* Four weight rows a warp, two chunks (of 512) a batch: v33 measured 4 rows and 4 chunks (the
      * Q8_0 GEMV's) at 56 us for Qwen3-0.6B's lm_head, 4 and 2 at 49 (no registers held for chunks a
      * 1,024-wide row does not have), 8 and 2 at 58 (spills). */
     for (int t0 = 0; t0 < n; t0 += per) {
         const int T = std::min(per, n - t0);
-        const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k)};
+        const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k), screen_tiny(k)};
         float *ut = u + (size_t)t0 * ldu;
         const float *xt = x + (size_t)t0 * ldx;
         const gemv_w w = {q, s};
-        const gemv_fix nofix = {NULL, NULL, 0};
+        /* the pending fixed-point terms fold into x as it is staged (gemv_stage), as the bf16 GEMV's */
+        const gemv_fix fx = {x_fix ? (const long long *)x_fix + (size_t)t0 * k : NULL, NULL, 0};
         cudaError_t e;
         switch (T) {
-        case 1: e = launch_gemv_u<1, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 2: e = launch_gemv_u<2, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 3: e = launch_gemv_u<3, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 4: e = launch_gemv_u<4, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 5: e = launch_gemv_u<5, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 6: e = launch_gemv_u<6, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        case 7: e = launch_gemv_u<7, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
-        default: e = launch_gemv_u<8, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, nofix, scr); break;
+        case 1: e = launch_gemv_u<1, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 2: e = launch_gemv_u<2, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 3: e = launch_gemv_u<3, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 4: e = launch_gemv_u<4, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 5: e = launch_gemv_u<5, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 6: e = launch_gemv_u<6, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        case 7: e = launch_gemv_u<7, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
+        default: e = launch_gemv_u<8, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
         }
-        if (e != cudaSuccess) return lm_cuda_fail(e, "gemv screen launch");
+        if (e != cudaSuccess) {
+            lm_cuda_screen_reset(c); /* an earlier launch's bounds would outlive it */
+            return lm_cuda_fail(e, "gemv screen launch");
+        }
     }
     return LM_OK;
 }
 
 extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu,
-                                            const float *x, int ldx, const uint16_t *w, int n, int k, int m,
-                                            const float *norm_w, float eps, int32_t *n_cand) {
+                                            const float *x, int ldx, const int64_t *x_fix, const uint16_t *w, int n,
+                                            int k, int m, const float *norm_w, float eps, int32_t *n_cand) {
     const size_t smem = gemv_smem_bytes<GEMV_BF16>(1, k);
-    if (n < 1 || n > c->max_rows || k < 8 || k % 8 || m < 1 || smem > 200 * 1024 || ((uintptr_t)w & 15))
+    if (n < 1 || n > c->max_rows || k < 8 || k % 8 || m < 1 || smem > 200 * 1024 || ((uintptr_t)w & 15)) {
+        lm_cuda_screen_reset(c);
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA screened argmax: %d rows of [%d, %d]: rows 1 to the context's max_rows %d, k a "
                          "positive multiple of 8 whose staging fits 200 KiB, the weights 16-byte aligned",
                          n, m, k, c->max_rows);
+    }
     const int nb = std::min((int)LM_CUDA_AM_MAX_CHUNKS, (m + 255) / 256), chunk = (m + nb - 1) / nb;
     lm_cuda_occupancy((const void *)k_screen_pick, GEMV_THREADS, smem); /* raises the shared-memory limit */
-    LM_CU(lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, k_screen_pick, ids, u, ldu, x, ldx,
-                    w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand));
+    const cudaError_t e =
+        lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, k_screen_pick, ids, u, ldu, x, ldx,
+                  (const long long *)x_fix, w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand);
+    if (e != cudaSuccess) {
+        lm_cuda_screen_reset(c);
+        return lm_cuda_fail(e, "screened argmax launch");
+    }
     return LM_OK;
 }
 

@@ -123,6 +123,19 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     delete c;
 }
 
+/* The screen's per-row best lower bounds at -inf (the key gemv.cu's scr_key gives it). */
+static cudaError_t screen_fill(lm_cuda_ctx *c) {
+    const std::vector<int> neg((size_t)c->max_rows, (int)(0xff800000u ^ 0x7fffffffu));
+    return cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
+}
+
+extern "C" void lm_cuda_screen_reset(struct lm_cuda_ctx *c) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return;
+    cudaStreamSynchronize(c->stream);
+    screen_fill(c);
+}
+
 extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
                                         struct lm_cuda_ctx **out) {
     *out = NULL;
@@ -164,10 +177,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMalloc(&c->scr_max, sizeof(int) * c->max_rows);
-    if (e == cudaSuccess) { /* the key of -inf (gemv.cu scr_key) */
-        const std::vector<int> neg((size_t)c->max_rows, (int)(0xff800000u ^ 0x7fffffffu));
-        e = cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
-    }
+    if (e == cudaSuccess) e = screen_fill(c);
     const size_t ctr_bytes = sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE;
     if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, ctr_bytes);
     if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, ctr_bytes);

@@ -61,6 +61,7 @@ layout make_layout(int nt, int no, int ns, int W, int wb) {
 
 struct graph_slot {
     cudaGraphExec_t exec;
+    bool screened; /* its step chose from the lm_head's screen */
 };
 
 /* Split-KV decode: contexts up to split_min_ctx() positions run one block per (token, KV head);
@@ -93,6 +94,7 @@ struct lm_cuda_qwen3 {
     dmat embed, lm_head;
     dmat screen;      /* the lm_head's Q8_0 screen (lm_cuda_screen_build; q NULL: none) */
     float *screen_ab; /* [V][2] its rows' (a_j, b_j) */
+    long screened_steps; /* forward calls that chose from the screen (lm_cuda_qwen3_info) */
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
     bool mlp_q8; /* some layer's gate/up or down_proj has Q8_0 quants */
     bool mlp1_fits; /* lm_cuda_mlp1_fits(hidden, intermediate) */
@@ -407,7 +409,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(upload_vec(m, &m->norm, w->norm, m->H, "norm"));
     /* The lm_head's screen for greedy steps (params.lm_screen): over bf16 rows only (a Q8_0
      * checkpoint's lm_head GEMV already reads its quants). */
-    if (p.lm_screen && m->lm_head.bf && !m->lm_head.q && m->H % 32 == 0) {
+    if (p.lm_screen && m->lm_head.bf && !m->lm_head.q && lm_cuda_screen_fits(m->H)) {
         LM_TRY(dev_alloc_t(m, &m->screen.q, (size_t)m->V * m->H));
         LM_TRY(dev_alloc_t(m, &m->screen.s, (size_t)m->V * (m->H / 32)));
         LM_TRY(dev_alloc_t(m, &m->screen_ab, (size_t)m->V * 2));
@@ -515,7 +517,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((split_min_ctx() << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL});
+    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL, false});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -597,6 +599,9 @@ extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda
     out->mlp1_min_rows = mlp1_min_rows(m);
     out->tc_decode = m->tc_decode;
     out->lm_screen = m->p.lm_screen && m->screen.q;
+    out->screened_steps = m->screened_steps;
+    const size_t VH = (size_t)m->V * m->H;
+    out->screen_step_bytes = out->lm_screen ? m->step_bytes - 2 * VH + VH + VH / 32 * 2 + (size_t)m->V * 8 : 0;
 }
 
 extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
@@ -783,7 +788,8 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
                              bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv,
-                             bool screen) {
+                             bool screen, bool *screened) {
+    *screened = false;
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -875,10 +881,12 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     if (no <= m->p.gemv_max_rows) {
         const bool pending = mlp1 && out_identity; /* else the gather folded them */
         /* A greedy step whose logits nobody reads: the screen's exact choice (lm_cuda_gemv_screen) */
-        if (screen && !sampling && !pending && m->screen.q) {
-            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
+        if (screen && !sampling && m->screen.q) {
+            const int64_t *xf = pending ? acc_of(m->NL - 1) : NULL;
+            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
                                        m->norm, eps));
-            return lm_cuda_argmax_screened(c, m->ids_dev, m->logits, V, src, H, m->lm_head.bf, no, H, V, m->norm,
+            *screened = true;
+            return lm_cuda_argmax_screened(c, m->ids_dev, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
                                            eps, NULL);
         }
         const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
@@ -1051,12 +1059,13 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen, &g.screened));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen,
+                                                &g.screened)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -1076,11 +1085,14 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (rc) return fail_rc(rc);
         }
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
+        m->screened_steps += g.screened;
         m->last_exec = g.exec;
         m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
+        bool screened = false;
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen, &screened));
+        m->screened_steps += screened;
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)

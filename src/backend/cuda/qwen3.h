@@ -166,7 +166,13 @@ struct lm_cuda_qwen3_info {
                                             and neither LM_CUDA_GEMV_PLAIN_ROWS nor
                                             lm_cuda_qwen3_set_tc_decode(false) chose the GEMV */
     bool lm_screen;                      /* params.lm_screen is on and the lm_head's screen was
-                                            built (bf16 lm_head, hidden size a multiple of 32) */
+                                            built (bf16 lm_head, lm_cuda_screen_fits(hidden)) */
+    long screened_steps;                 /* forward calls so far whose tokens came from the
+                                            screen (lm_cuda_gemv_screen) */
+    size_t screen_step_bytes;            /* with lm_screen: the weight bytes a screened greedy
+                                            step reads (step_bytes with the screen's quants,
+                                            scales and row norms in place of the bf16 lm_head),
+                                            else 0 */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
 
