@@ -65,6 +65,13 @@ struct lm_cuda_ctx {
 };
 
 enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128, LM_CUDA_GEMV_CLASSES = 32, LM_CUDA_GEMV_CTR_STRIDE = 32 };
+/* scr_max's value between launches: gemv.cu's order-preserving key of -inf (0xff800000 ^ 0x7fffffff). */
+constexpr int LM_CUDA_SCR_KEY_NEG_INF = (int)(0xff800000u ^ 0x7fffffffu);
+/* After an lm_cuda_gemv_screen whose lm_cuda_argmax_screened will not run (a failed launch):
+ * waits for the stream (unless it is capturing a graph, which then ran nothing) and puts scr_max
+ * back to -inf, as the argmax would have; a later screen would otherwise start from a stale bound.
+ * ops.cu. */
+void lm_cuda_screen_reset(lm_cuda_ctx *c);
 
 /* Launches kernel k on the context's stream, with the programmatic-stream-serialization
  * attribute when c->pdl (kernels then call pdl_wait() before touching a predecessor's output). */

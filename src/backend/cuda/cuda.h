@@ -280,7 +280,7 @@ bool lm_cuda_screen_fits(int k);
  * (rounded up; +inf for a row whose sums could overflow); the best lower bound of each row goes to
  * the context's scratch for the next lm_cuda_argmax_screened, which must follow on the same stream
  * with the same n, x, x_fix, norm_w and eps before another screen. LM_ERR_SHAPE for a bad shape;
- * a failed launch puts the scratch back (lm_cuda_screen_reset). */
+ * a failed launch puts the scratch back. */
 lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const int64_t *x_fix,
                               const int8_t *q, const uint16_t *s, const float *ab, int n, int k, int m,
                               const float *norm_w, float eps);
@@ -292,12 +292,6 @@ lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const fl
 lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu, const float *x,
                                   int ldx, const int64_t *x_fix, const uint16_t *w, int n, int k, int m,
                                   const float *norm_w, float eps, int32_t *n_cand);
-
-/* After an lm_cuda_gemv_screen whose lm_cuda_argmax_screened failed to launch: waits for the
- * stream (unless it is capturing a graph, which then ran nothing) and puts the screen's per-row
- * best lower bounds back to -inf, as the argmax would have; a later screen would otherwise start
- * from a stale bound. */
-void lm_cuda_screen_reset(struct lm_cuda_ctx *c);
 
 /* The MLP of 1 to LM_CUDA_MLP1_MAX_ROWS tokens as one kernel (decode on the GEMV path: one
  * dependency a layer instead of two; each block copies its weights to shared memory before its

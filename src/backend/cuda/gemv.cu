@@ -2,6 +2,8 @@
  * once). See cuda.h for the contracts, docs/perf-notes.md for why. */
 #include <limits.h>
 
+#include <type_traits>
+
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -47,7 +49,8 @@ struct gemv_scr {
                          subnormal round by up to 2^-150 a step, not relatively */
 };
 
-/* An order-preserving map of a float (not NaN) to a signed int, for atomicMax, and back. */
+/* An order-preserving map of a float (not NaN) to a signed int, for atomicMax, and back
+ * (scr_key(-inf) is LM_CUDA_SCR_KEY_NEG_INF). */
 __device__ __forceinline__ int scr_key(float f) {
     const int i = __float_as_int(f);
     return i >= 0 ? i : i ^ 0x7fffffff;
@@ -146,11 +149,6 @@ __device__ __forceinline__ float gemv_slot_load(float4 (&v)[4], int tc, int l, b
     return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
 }
 
-/* GEMV_Q8: T staged rows (x * norm_w, gemv_slot<16> in gemv_smem) quantized to int8 per
- * 32-element block with ggml's rounding and float32 scales (q8_scale). One thread a lane slot of
- * 16 elements; the two slots of a block share their amax through one shuffle. xq: [T][nch][32
- * lanes] uint4 (a lane's 16 quants of a chunk), xd: [T][nch][16] scales. Slots come in whole
- * warps (32 a chunk). Ends with a block barrier. */
 /* Calls f(v, tc, l, in, amax) for every lane slot of T staged rows (gemv_slot_load's values), a
  * thread a slot, whole warps at a time; no barrier. */
 template <int T, class F>
@@ -165,6 +163,11 @@ __device__ __forceinline__ void gemv_for_slots(int nch, F &&f) {
     }
 }
 
+/* GEMV_Q8: T staged rows (x * norm_w, gemv_slot<16> in gemv_smem) quantized to int8 per
+ * 32-element block with ggml's rounding and float32 scales (q8_scale). One thread a lane slot of
+ * 16 elements; the two slots of a block share their amax through one shuffle. xq: [T][nch][32
+ * lanes] uint4 (a lane's 16 quants of a chunk), xd: [T][nch][16] scales. Slots come in whole
+ * warps (32 a chunk). Ends with a block barrier. */
 template <int T>
 __device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
     gemv_for_slots<T>(nch, [&](const float4(&v)[4], int tc, int l, bool in, float amax) {
@@ -185,9 +188,10 @@ __device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
  * integers P = round(s / u_b) with the unit u_b = (amax_b / 127, rounded up) / 254, so |P| <=
  * 32,259, split as P = 254 hi + lo with hi, lo in [-127, 127] (two int8 quants: xh, xl [T][nch][32
  * lanes] uint4; xu [T][nch][16] the units). P rounds s times 1 / u (both rounded to nearest: a
- * relative error under 2^-23 of s / u <= 32,259, 0.004 u), so s' = u P is within 0.51 u of s. Also, per row t: s2[t] >= ||s||_2 and e2[t] >= ||s - s'||_2, each
- * summed with upward rounding (a block whose unit is not a positive finite number keeps P = 0 and
- * counts all of s as error; part: [T * nch][2] scratch). Ends with a block barrier. */
+ * relative error under 2^-23 of s / u <= 32,259, 0.004 u), so s' = u P is within 0.51 u of s.
+ * Also, per row t: s2[t] >= ||s||_2 and e2[t] >= ||s - s'||_2, each summed with upward rounding (a
+ * block whose unit is below 2^-100 or not finite keeps P = 0 and counts all of s as error; part:
+ * [T * nch][2] scratch). Ends with a block barrier. */
 template <int T>
 __device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *xu, float2 *part, int nch,
                                                   float (&s2)[T], float (&e2)[T]) {
@@ -369,7 +373,7 @@ __device__ __forceinline__ void gemv_inv(float (&inv)[T], const float (&ss_part)
 
 /* log2 of N rounded up to a power of 2 (N <= 32) */
 template <int N>
-__host__ __device__ constexpr int scr_log2() {
+__device__ constexpr int scr_log2() {
     return N <= 1 ? 0 : N <= 2 ? 1 : N <= 4 ? 2 : N <= 8 ? 3 : N <= 16 ? 4 : 5;
 }
 
@@ -955,39 +959,37 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
 
 template <int T, int R, int EPI, int F>
 cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
-                        int k, int m, const float *nw, float eps, gemv_fix fix, gemv_scr scr) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+                        int k, int m, const float *nw, float eps, gemv_fix fix) {
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, gemv_scr{});
 }
 
 template <int T, int EPI, int F>
 cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, const float *x,
-                               int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix,
-                               gemv_scr scr) {
+                               int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     if constexpr (EPI == LM_CUDA_EPI_SWIGLU) {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     } else {
         if constexpr (T == 1)
-            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+            if (R == 4) return launch_gemv<T, 4, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        if (R == 1) return launch_gemv<T, 1, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+        return launch_gemv<T, 2, EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     }
 }
 
 template <int EPI, int F>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
-                          int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix,
-                          gemv_scr scr = {}) {
+                          int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
-    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix, scr);
+    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
     }
 }
 
@@ -1196,7 +1198,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     int win;
     if (am_block_final(bv, bi, part, count, r, b, nb, &win)) {
         ids[r] = win;
-        lmax[r] = scr_key(-INFINITY);
+        lmax[r] = LM_CUDA_SCR_KEY_NEG_INF;
     }
 }
 
@@ -1271,17 +1273,19 @@ extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ld
         const gemv_w w = {q, s};
         /* the pending fixed-point terms fold into x as it is staged (gemv_stage), as the bf16 GEMV's */
         const gemv_fix fx = {x_fix ? (const long long *)x_fix + (size_t)t0 * k : NULL, NULL, 0};
-        cudaError_t e;
-        switch (T) {
-        case 1: e = launch_gemv_u<1, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 2: e = launch_gemv_u<2, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 3: e = launch_gemv_u<3, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 4: e = launch_gemv_u<4, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 5: e = launch_gemv_u<5, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 6: e = launch_gemv_u<6, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        case 7: e = launch_gemv_u<7, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        default: e = launch_gemv_u<8, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m, norm_w, eps, fx, scr); break;
-        }
+        auto go = [&](auto t) { /* t: std::integral_constant of the activation rows */
+            return launch_gemv_u<decltype(t)::value, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m,
+                                                                                        norm_w, eps, fx, scr);
+        };
+        using std::integral_constant;
+        const cudaError_t e = T == 1   ? go(integral_constant<int, 1>{})
+                              : T == 2 ? go(integral_constant<int, 2>{})
+                              : T == 3 ? go(integral_constant<int, 3>{})
+                              : T == 4 ? go(integral_constant<int, 4>{})
+                              : T == 5 ? go(integral_constant<int, 5>{})
+                              : T == 6 ? go(integral_constant<int, 6>{})
+                              : T == 7 ? go(integral_constant<int, 7>{})
+                                       : go(integral_constant<int, 8>{});
         if (e != cudaSuccess) {
             lm_cuda_screen_reset(c); /* an earlier launch's bounds would outlive it */
             return lm_cuda_fail(e, "gemv screen launch");

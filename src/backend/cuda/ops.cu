@@ -123,13 +123,13 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     delete c;
 }
 
-/* The screen's per-row best lower bounds at -inf (the key gemv.cu's scr_key gives it). */
+/* The screen's per-row best lower bounds at -inf (common.cuh LM_CUDA_SCR_KEY_NEG_INF). */
 static cudaError_t screen_fill(lm_cuda_ctx *c) {
-    const std::vector<int> neg((size_t)c->max_rows, (int)(0xff800000u ^ 0x7fffffffu));
+    const std::vector<int> neg((size_t)c->max_rows, LM_CUDA_SCR_KEY_NEG_INF);
     return cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
 }
 
-extern "C" void lm_cuda_screen_reset(struct lm_cuda_ctx *c) {
+void lm_cuda_screen_reset(lm_cuda_ctx *c) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return;
     cudaStreamSynchronize(c->stream);

@@ -61,7 +61,6 @@ layout make_layout(int nt, int no, int ns, int W, int wb) {
 
 struct graph_slot {
     cudaGraphExec_t exec;
-    bool screened; /* its step chose from the lm_head's screen */
 };
 
 /* Split-KV decode: contexts up to split_min_ctx() positions run one block per (token, KV head);
@@ -517,7 +516,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((split_min_ctx() << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL, false});
+    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -788,8 +787,7 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
                              bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv,
-                             bool screen, bool *screened) {
-    *screened = false;
+                             bool screen) {
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
@@ -880,12 +878,12 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     }
     if (no <= m->p.gemv_max_rows) {
         const bool pending = mlp1 && out_identity; /* else the gather folded them */
-        /* A greedy step whose logits nobody reads: the screen's exact choice (lm_cuda_gemv_screen) */
-        if (screen && !sampling && m->screen.q) {
+        /* A greedy step whose logits nobody reads: the screen's exact choice (lm_cuda_gemv_screen;
+         * lm_cuda_qwen3_forward decided it) */
+        if (screen) {
             const int64_t *xf = pending ? acc_of(m->NL - 1) : NULL;
             LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
                                        m->norm, eps));
-            *screened = true;
             return lm_cuda_argmax_screened(c, m->ids_dev, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
                                            eps, NULL);
         }
@@ -1049,8 +1047,9 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                                                             LM_CUDA_WORK_ITEM * (size_t)(lists.n_tiles + lists.n_rest))
                              : L.work;
 
-    /* the screen's exact greedy choice where no logits are wanted (run_forward decides the rest) */
-    const bool screen = m->p.lm_screen && !b->out_logits;
+    /* The lm_head's screen for a greedy step of up to gemv_max_rows outputs that wants no logits
+     * (params.lm_screen, where the screen was built); a graph key of its own. */
+    const bool screen = m->p.lm_screen && m->screen.q && !b->out_logits && !any_sampling && noo <= m->p.gemv_max_rows;
     lm_status rc = LM_OK;
     if (use_graph) {
         graph_slot &g = m->graphs[(((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) *
@@ -1059,13 +1058,12 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
             LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen, &g.screened));
+            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
             cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen,
-                                                &g.screened)
+            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
                 e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
@@ -1085,14 +1083,11 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (rc) return fail_rc(rc);
         }
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
-        m->screened_steps += g.screened;
         m->last_exec = g.exec;
         m->last_rows = rows;
     } else {
         LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
-        bool screened = false;
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen, &screened));
-        m->screened_steps += screened;
+        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
         LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
@@ -1100,6 +1095,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                               cudaMemcpyDeviceToHost, c->stream));
     LM_TRY(lm_cuda_ctx_sync(c));
     memcpy(b->out_ids, m->ids_host, sizeof(int32_t) * no);
+    m->screened_steps += screen;
     return LM_OK;
 }
 
