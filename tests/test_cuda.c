@@ -309,7 +309,7 @@ static void test_gemv_q8(void) {
             int32_t *dids = dev_from(ids, sizeof ids);
             float *de = dev(sizeof(float) * 3 * (size_t)k), *emb = malloc(sizeof(float) * 3 * (size_t)k);
             poison(de, sizeof(float) * 3 * (size_t)k);
-            CHECK(lm_cuda_embed_q8(g_ctx, de, dw.q, dw.s, dids, 3, k) == LM_OK, "embed_q8: %s", lm_error_message());
+            CHECK(lm_cuda_embed_q8(g_ctx, de, dw.q, dw.s, dids, NULL, NULL, 3, k) == LM_OK, "embed_q8: %s", lm_error_message());
             sync_ok("embed_q8");
             lm_cuda_download(emb, de, sizeof(float) * 3 * (size_t)k);
             for (int t = 0; t < 3; t++)
@@ -1239,11 +1239,22 @@ static void test_rows(void) {
         float *de = dev(sizeof(float) * 4 * d), *dg = dev(sizeof(float) * 2 * d);
         poison(de, sizeof(float) * 4 * d);
         poison(dg, sizeof(float) * 2 * d);
-        lm_cuda_embed(g_ctx, de, dt, dids, 4, d);
+        /* fed ids first: rows 0 and 2 from prev (the ids an earlier kernel chose), 1 and 3 from ids */
+        int32_t feed[4] = {1, -1, 0, -1}, prev[2] = {5, 299}, fed[4] = {299, 0, 5, 17};
+        int32_t *dfeed = dev_from(feed, sizeof feed), *dprev = dev_from(prev, sizeof prev);
+        lm_cuda_embed(g_ctx, de, dt, dids, dfeed, dprev, 4, d);
+        sync_ok("embed (fed)");
+        lm_cuda_download(got, de, sizeof(float) * 4 * d);
+        int bad = 0;
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < d; i++) bad += got[t * d + i] != lm_bf16_to_f32(table[(size_t)fed[t] * d + i]);
+        CHECK(bad == 0, "embed (fed ids): %d values differ", bad);
+        lm_cuda_free(dfeed), lm_cuda_free(dprev);
+        lm_cuda_embed(g_ctx, de, dt, dids, NULL, NULL, 4, d);
         lm_cuda_gather_rows(g_ctx, dg, de, dgr, 2, d, NULL);
         sync_ok("embed");
         lm_cuda_download(got, de, sizeof(float) * 4 * d);
-        int bad = 0;
+        bad = 0;
         for (int t = 0; t < 4; t++)
             for (int i = 0; i < d; i++) bad += got[t * d + i] != lm_bf16_to_f32(table[(size_t)ids[t] * d + i]);
         CHECK(bad == 0, "embed: %d values differ", bad);
@@ -2231,9 +2242,10 @@ static lm_status prefill(struct dseq *s, const int32_t *ids, int n, int chunk, f
     return rc;
 }
 
-/* One decode step of n sequences (ids[i] at position ss[i]->len). */
-static lm_status decode(struct dseq **ss, int n, const int32_t *ids, const struct lm_cuda_sampling *sp,
-                        int32_t *next, float *logits) {
+/* One decode step of n sequences (ids[i] at position ss[i]->len); with feed (lm_cuda_batch.feed),
+ * queued (async: lm_cuda_qwen3_collect gives the ids). */
+static lm_status decode_fed(struct dseq **ss, int n, const int32_t *ids, const int32_t *feed, bool async,
+                            const struct lm_cuda_sampling *sp, int32_t *next, float *logits) {
     const int W = g_info.bt_width;
     int32_t *bt = malloc(sizeof(int32_t) * (size_t)n * W), *pos = malloc(sizeof(int32_t) * n);
     int32_t *seq = malloc(sizeof(int32_t) * n), *outt = malloc(sizeof(int32_t) * n);
@@ -2245,11 +2257,17 @@ static lm_status decode(struct dseq **ss, int n, const int32_t *ids, const struc
     struct lm_cuda_batch b = {0};
     b.n_tokens = n, b.ids = ids, b.pos = pos, b.seq = seq, b.n_seqs = n, b.block_tables = bt;
     b.n_out = n, b.out_tokens = outt, b.sampling = sp, b.out_ids = next, b.out_logits = logits;
+    b.feed = feed, b.async = async;
     lm_status rc = lm_cuda_qwen3_forward(g_m, &b);
     if (!rc)
         for (int i = 0; i < n; i++) ss[i]->len++;
     free(bt), free(pos), free(seq), free(outt);
     return rc;
+}
+
+static lm_status decode(struct dseq **ss, int n, const int32_t *ids, const struct lm_cuda_sampling *sp,
+                        int32_t *next, float *logits) {
+    return decode_fed(ss, n, ids, NULL, false, sp, next, logits);
 }
 
 static float *cpu_last_logits(struct lm_model *cm, const struct lm_ids *prompt, int vocab) {
@@ -2275,7 +2293,7 @@ static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, i
     for (int i = 0; i < B; i++) { /* prefill: P tokens of sequence i */
         int32_t pid[4], ppos[4], pseq[4] = {0, 0, 0, 0}, o = P - 1;
         for (int j = 0; j < P; j++) pid[j] = (i * 37 + j * 11) % V, ppos[j] = j;
-        struct lm_cuda_batch b = {P, pid, ppos, pseq, 1, bt + (size_t)i * W, 1, &o, NULL, &next[i], NULL};
+        struct lm_cuda_batch b = {P, pid, ppos, pseq, 1, bt + (size_t)i * W, 1, &o, NULL, &next[i], NULL, NULL, false};
         CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model prefill: %s", lm_error_message());
     }
     for (int st = 0; st < steps; st++) {
@@ -2283,7 +2301,7 @@ static void link_run(struct lm_cuda_qwen3 *m, int B, int steps, float *logits, i
          * cores, norm link on or off) see the same tokens even where a near tie turns one's choice,
          * after which their later logits would share nothing */
         for (int i = 0; i < B; i++) ids[i] = (i * 37 + st * 13 + 5) % V, pos[i] = P + st, seq[i] = i, out[i] = i;
-        struct lm_cuda_batch b = {B, ids, pos, seq, B, bt, B, out, NULL, next, logits + (size_t)st * B * V};
+        struct lm_cuda_batch b = {B, ids, pos, seq, B, bt, B, out, NULL, next, logits + (size_t)st * B * V, NULL, false};
         CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link model decode: %s", lm_error_message());
     }
     free(bt);
@@ -2298,15 +2316,15 @@ static void link_verify(struct lm_cuda_qwen3 *m, bool run, float *logits, int V)
     int32_t *bt = malloc(sizeof(int32_t) * inf.bt_width), pid[4], ppos[4], pseq[4] = {0, 0, 0, 0}, o = 3, next[3];
     for (int i = 0; i < inf.bt_width; i++) bt[i] = i;
     for (int j = 0; j < 4; j++) pid[j] = (5 + 13 * j) % V, ppos[j] = j;
-    struct lm_cuda_batch pb = {4, pid, ppos, pseq, 1, bt, 1, &o, NULL, next, NULL};
+    struct lm_cuda_batch pb = {4, pid, ppos, pseq, 1, bt, 1, &o, NULL, next, NULL, NULL, false};
     CHECK(lm_cuda_qwen3_forward(m, &pb) == LM_OK, "link verify prefill: %s", lm_error_message());
     const int32_t tok[3] = {17 % V, 301 % V, 77 % V}, tpos[3] = {4, 5, 6}, tseq[3] = {0, 0, 0}, outs[3] = {0, 1, 2};
     if (run) {
-        struct lm_cuda_batch b = {3, tok, tpos, tseq, 1, bt, 3, outs, NULL, next, logits};
+        struct lm_cuda_batch b = {3, tok, tpos, tseq, 1, bt, 3, outs, NULL, next, logits, NULL, false};
         CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link verify run: %s", lm_error_message());
     } else {
         for (int i = 0; i < 3; i++) {
-            struct lm_cuda_batch b = {1, tok + i, tpos + i, tseq, 1, bt, 1, outs, NULL, next, logits + (size_t)i * V};
+            struct lm_cuda_batch b = {1, tok + i, tpos + i, tseq, 1, bt, 1, outs, NULL, next, logits + (size_t)i * V, NULL, false};
             CHECK(lm_cuda_qwen3_forward(m, &b) == LM_OK, "link verify step: %s", lm_error_message());
         }
     }
@@ -2576,6 +2594,60 @@ static void test_model(void) {
         lm_cuda_qwen3_set_lm_screen(g_m, lm_cuda_qwen3_default_params().lm_screen);
         CHECK(rc == LM_OK && !memcmp(a[0], a[1], sizeof a[0]), "screened greedy steps alone differ: %s",
               rc ? lm_error_message() : "ids");
+
+        /* 1d. Queued steps (lm_cuda_batch.async), each fed the last one's ids on the device
+         * (feed) and queued before the host collects the last one: the ids of the plain steps
+         * above (a[1]: alone; got[1]: three a step), as graphs and, with graphs off, eagerly. */
+        for (int graphs = 1; graphs >= 0 && !rc; graphs--) {
+            lm_cuda_qwen3_set_options(g_m, graphs, true, 8);
+            for (int nb = 1; nb <= B && !rc; nb += B > 1 ? B - 1 : 1) {
+                struct dseq s[3], *sp[3];
+                int32_t cur[3], q[12][3], feed[3] = {0, 1, 2};
+                for (int i = 0; i < nb && !rc; i++) {
+                    dseq_init(&s[i]);
+                    sp[i] = &s[i];
+                    rc = prefill(&s[i], cs[i].prompt.v, (int)cs[i].prompt.n, 8, NULL, &cur[i]);
+                }
+                int n_got = 0;
+                for (int t = 0; t < steps && !rc; t++) {
+                    rc = decode_fed(sp, nb, cur, t ? feed : NULL, true, NULL, NULL, NULL);
+                    if (!rc && t) rc = lm_cuda_qwen3_collect(g_m, q[t - 1], &n_got);
+                    if (!rc && t) CHECK(n_got == nb, "collect: %d ids, want %d", n_got, nb);
+                }
+                if (!rc) rc = lm_cuda_qwen3_collect(g_m, q[steps - 1], NULL);
+                int bad = 0;
+                for (int t = 0; t < steps && !rc; t++)
+                    for (int i = 0; i < nb; i++) bad += q[t][i] != (nb == 1 ? a[1][t] : got[1][i][t]);
+                CHECK(rc == LM_OK && bad == 0, "queued fed steps (%d a step, graphs %d): %s %d of %d ids differ",
+                      nb, graphs, rc ? lm_error_message() : "", bad, nb * steps);
+                for (int i = 0; i < nb; i++) free(s[i].bt);
+            }
+        }
+        lm_cuda_qwen3_set_options(g_m, true, true, 8);
+        /* The queue's rules: nothing to collect; a plain call behind a queued one; a third queued
+         * step; a feed past the last call's outputs. */
+        if (!rc) {
+            struct dseq s, *sp = &s;
+            int32_t cur = 0, one, bad_feed = 3;
+            dseq_init(&s);
+            rc = prefill(&s, cs[0].prompt.v, (int)cs[0].prompt.n, 8, NULL, &cur);
+            CHECK(lm_cuda_qwen3_collect(g_m, &one, NULL) == LM_ERR_INVALID, "collect with none queued");
+            CHECK(decode_fed(&sp, 1, &cur, &bad_feed, false, NULL, &one, NULL) == LM_ERR_INVALID,
+                  "a feed past the last call's outputs");
+            CHECK(decode_fed(&sp, 1, &cur, NULL, true, NULL, NULL, NULL) == LM_OK, "queued step: %s", lm_error_message());
+            CHECK(decode(&sp, 1, &cur, NULL, &one, NULL) == LM_ERR_INVALID, "a plain step behind a queued one");
+            const int32_t f0 = 0;
+            CHECK(decode_fed(&sp, 1, &cur, &f0, true, NULL, NULL, NULL) == LM_OK, "second queued step: %s",
+                  lm_error_message());
+            CHECK(decode_fed(&sp, 1, &cur, &f0, true, NULL, NULL, NULL) == LM_ERR_INVALID, "a third queued step");
+            int32_t c2[2];
+            CHECK(lm_cuda_qwen3_collect(g_m, &c2[0], NULL) == LM_OK && lm_cuda_qwen3_collect(g_m, &c2[1], NULL) == LM_OK,
+                  "collect both: %s", lm_error_message());
+            CHECK(c2[0] == a[1][0] && c2[1] == a[1][1], "queued then fed: %d %d, want %d %d", c2[0], c2[1], a[1][0],
+                  a[1][1]);
+            free(s.bt);
+            rc = LM_OK;
+        }
     }
 
     lm_cuda_qwen3_set_options(g_m, true, true, 8);

@@ -320,10 +320,12 @@ static void test_kv_copy(void) {
 static void on_finish(struct lm_sched_req *r) { (*(int *)r->ctx)++; }
 
 static struct lm_spec_params g_spec; /* new_sched's speculative decoding (zeroed: off) */
+static bool g_no_queue;              /* new_sched's params.queue off */
 
 static struct lm_sched *new_sched(struct lm_model *m, int max_seqs) {
     struct lm_sched_params p = lm_sched_default_params();
     p.spec = g_spec;
+    p.queue = !g_no_queue;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = 256;
     p.max_ctx = 1100;
@@ -567,6 +569,92 @@ static void test_seeded(void) {
     for (int i = 0; i < 7; i++) lm_gen_result_free(&all[i]->result);
 }
 
+/* Steps queued ahead (sched.h, params.queue): the same ids as steps waited for, for greedy and
+ * seeded requests of different lengths (each one's end stops or thins the chain), a request
+ * submitted while steps are queued (the chain stops for its admission), one cancelled while a
+ * step is queued, and every block given back. Alone too (batch 1, the steady decode). */
+static void test_sched_queue(void) {
+    enum { N = 6, T = 20 };
+    int done = 0;
+    struct lm_sched_req r[2][N + 2];
+    struct lm_sched_stats st[2];
+    const struct lm_sampling_params sp = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 5,
+                                          .seeded = true};
+    atomic_bool cancel[2];
+    for (int k = 0; k < 2; k++) {
+        g_no_queue = k == 1;
+        struct lm_sched *s = new_sched(g_gpu, 8);
+        if (!s) break;
+        for (int i = 0; i < N + 2; i++) {
+            req_init(&r[k][i], &g_cases[i % g_n_cases], T - 2 * (i % 4), &done);
+            if (i % 2) r[k][i].gen.sampling = sp;
+        }
+        atomic_init(&cancel[k], false);
+        r[k][1].gen.cancel = &cancel[k];
+        for (int i = 0; i < N; i++) CHECK(!lm_sched_submit(s, &r[k][i]), "submit: %s", lm_error_message());
+        int steps = 0;
+        while (lm_sched_step(s) > 0 && steps < 100000) {
+            steps++;
+            if (steps == 12) /* one joins mid-run, another a little later */
+                CHECK(!lm_sched_submit(s, &r[k][N]), "submit: %s", lm_error_message());
+            if (steps == 16) CHECK(!lm_sched_submit(s, &r[k][N + 1]), "submit: %s", lm_error_message());
+            if (steps == 14) atomic_store(&cancel[k], true);
+        }
+        lm_sched_stats(s, &st[k]);
+        CHECK(st[k].kv_blocks_used == 0, "queue %s: %d KV blocks still held", k ? "off" : "on", st[k].kv_blocks_used);
+        lm_sched_destroy(s);
+    }
+    g_no_queue = false;
+    CHECK(st[0].queued_steps > 0 && st[1].queued_steps == 0, "queued steps: %lld on, %lld off", st[0].queued_steps,
+          st[1].queued_steps);
+    int same = 0;
+    for (int i = 0; i < N + 2; i++) {
+        if (i == 1) { /* cancelled: its ids are a prefix of the other run's or the other way round */
+            CHECK(r[0][i].result.finish == LM_FINISH_CANCELLED && r[1][i].result.finish == LM_FINISH_CANCELLED,
+                  "the cancelled request finished as %d / %d", r[0][i].result.finish, r[1][i].result.finish);
+            const struct lm_ids *x = &r[0][i].result.ids, *y = &r[1][i].result.ids;
+            const size_t n = x->n < y->n ? x->n : y->n;
+            CHECK(n == 0 || !memcmp(x->v, y->v, sizeof(int32_t) * n), "the cancelled request's ids differ");
+            continue;
+        }
+        CHECK(r[0][i].status == LM_OK && r[1][i].status == LM_OK, "request %d: %s / %s", i, r[0][i].error, r[1][i].error);
+        const bool eq = r[0][i].result.ids.n == r[1][i].result.ids.n &&
+                        !memcmp(r[0][i].result.ids.v, r[1][i].result.ids.v, sizeof(int32_t) * r[0][i].result.ids.n);
+        CHECK(eq, "request %d (%s): %zu ids queued ahead, %zu waited for, or they differ", i,
+              i % 2 ? "seeded" : "greedy", r[0][i].result.ids.n, r[1][i].result.ids.n);
+        CHECK(r[0][i].result.text.len == r[1][i].result.text.len &&
+                  (!r[0][i].result.text.len || !memcmp(r[0][i].result.text.p, r[1][i].result.text.p, r[0][i].result.text.len)),
+              "request %d: the text differs", i);
+        same += eq;
+    }
+    const struct lm_sched_stats many = st[0];
+    /* Alone: a steady decode, every step after the first queued behind the one before. */
+    struct lm_sched_req a[2];
+    for (int k = 0; k < 2; k++) {
+        g_no_queue = k == 1;
+        struct lm_sched *s = new_sched(g_gpu, 8);
+        if (!s) break;
+        req_init(&a[k], &g_cases[2], 40, &done);
+        run_all(s, &a[k], 1);
+        lm_sched_stats(s, &st[k]);
+        lm_sched_destroy(s);
+    }
+    g_no_queue = false;
+    CHECK(a[0].result.ids.n == 40 && a[1].result.ids.n == 40 &&
+              !memcmp(a[0].result.ids.v, a[1].result.ids.v, sizeof(int32_t) * 40),
+          "alone: the ids queued ahead differ from the ids waited for");
+    /* 39 decode steps: the first planned, then each queued behind the last until max_tokens is one away */
+    CHECK(st[0].queued_steps >= 37 && st[0].steps == st[1].steps, "alone: %lld of %lld steps queued (%lld waited for)",
+          st[0].queued_steps, st[0].steps, st[1].steps);
+    fprintf(stderr, "scheduler, steps queued ahead: %d of %d requests the same ids as waited for (one cancelled), "
+                    "%lld of %lld steps queued; alone %lld of %lld\n", same, N + 1, many.queued_steps, many.steps,
+            st[0].queued_steps, st[0].steps);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N + 2; i++) lm_gen_result_free(&r[k][i].result);
+        lm_gen_result_free(&a[k].result);
+    }
+}
+
 /* Speculative verification at the model level: a prompt, then 4 tokens as one step with every
  * row's logits (the decode kernel takes the run: lm_cuda_attn.run_prev), against the same 4
  * tokens one step each: the logits must be the same bits, on bf16 and on the Q8_0 GGUF's quants,
@@ -724,6 +812,7 @@ int main(void) {
         test_all_rows();
         test_kv_copy();
         test_sched_greedy();
+        test_sched_queue();
         test_cancel();
         test_seeded();
         test_seeded_mixed();

@@ -29,7 +29,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
             "                  [-r 3] [-d 0] [--batch 1] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
-            "                  [--device cpu|cuda|cuda:N]\n\n"
+            "                  [--device cpu|cuda|cuda:N] [--no-queue]\n\n"
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
             "prints a table of tokens per second (mean ± std over the repetitions, the median\n"
             "and the min - max), the weight bandwidth each decode test achieves, and a read\n"
@@ -69,7 +69,12 @@ static void usage(FILE *f) {
             "  --device D        run on cpu (default), cuda or cuda:N (a GPU: weights and KV cache\n"
             "                    in bf16; pp copies the logits row back to the host as lm_seq does;\n"
             "                    decode (tg, any B) has the GPU choose greedy ids, as lumen serve\n"
-            "                    does, so only ids come back)\n"
+            "                    does, so only ids come back; each step's tokens are the ids the\n"
+            "                    step before chose, as in generation)\n"
+            "  --no-queue        on a GPU, wait for each decode step's ids before starting the\n"
+            "                    next (by default step N + 1 is queued first, its tokens taken from\n"
+            "                    step N's on the device, as lumen serve's scheduler runs a steady\n"
+            "                    decode: the GPU then does not wait for the host between steps)\n"
             "  -h, --help        show this help\n");
 }
 
@@ -219,7 +224,7 @@ static lm_status run_seq(struct lm_seq *s, const int32_t *ids, int depth, int p,
 /* B sequences decoding together: n steps of one batched forward each, after an untimed prefill
  * of `depth` tokens per sequence. */
 static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps, const int32_t *ids,
-                           int n_ids, double *tps, struct bw_probe *bw, double *bws) {
+                           int n_ids, bool queue, double *tps, struct bw_probe *bw, double *bws) {
     const struct lm_model_config *cfg = lm_model_config(m);
     const int ctx = depth + n, nbps = (ctx + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
     const int chunk = depth > 64 ? 64 : B > depth ? B : depth > 0 ? depth : 1;
@@ -233,8 +238,10 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     struct lm_batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
     float *logits = dev ? NULL : malloc(logits_bytes);
     struct lm_device_sampling *greedy = calloc((size_t)B, sizeof *greedy);
-    int32_t *chosen = calloc((size_t)B, sizeof *chosen);
-    if (!blocks || !seqs || (!dev && !logits) || !greedy || !chosen)
+    int32_t *chosen = calloc((size_t)B, sizeof *chosen), *feed = calloc((size_t)B, sizeof *feed);
+    for (int b = 0; b < B && feed; b++) feed[b] = b; /* sequence b's token: row b of the step before */
+    queue = queue && dev && lm_model_can_queue(m);
+    if (!blocks || !seqs || (!dev && !logits) || !greedy || !chosen || !feed)
         st = lm_errorf(LM_ERR_NOMEM, "--batch %d: out of memory for the step's buffers (%.1f GB of logits: %d "
                        "rows of vocab_size %d floats)", B, logits_bytes / 1e9, B, cfg->vocab_size);
     for (int i = 0; i < B * nbps && !st; i++) blocks[i] = i;
@@ -248,13 +255,21 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
             }
         if (rep >= 0) bws[rep] = bw_sample(bw);
         double t0 = now_s();
+        /* On a device, each step's tokens are the ids the step before chose (the first step's
+         * come from the prompt ids), queued on the device (queue) or from the host. */
         for (int step = 0; step < n && !st; step++) {
             for (int b = 0; b < B; b++)
-                seqs[b] = (struct lm_batch_seq){ids + (b * 131 + step) % n_ids, 1, depth + step,
-                                                blocks + b * nbps, LM_LOGITS_LAST};
-            st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen, NULL)
-                     : lm_model_forward(m, kv, seqs, B, logits);
+                seqs[b] = (struct lm_batch_seq){dev && step ? chosen + b : ids + (b * 131 + step) % n_ids, 1,
+                                                depth + step, blocks + b * nbps, LM_LOGITS_LAST};
+            if (queue) {
+                st = lm_model_queue_sample(m, kv, seqs, B, greedy, step ? feed : NULL);
+                if (!st && step) st = lm_model_collect(m, kv, chosen, NULL); /* step - 1's, while step runs */
+            } else {
+                st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen, NULL)
+                         : lm_model_forward(m, kv, seqs, B, logits);
+            }
         }
+        if (queue && !st) st = lm_model_collect(m, kv, chosen, NULL);
         double dt = now_s() - t0;
         if (rep >= 0) tps[rep] = (double)B * n / dt;
     }
@@ -263,6 +278,7 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
     free(logits);
     free(greedy);
     free(chosen);
+    free(feed);
     lm_kv_cache_destroy(kv);
     return st;
 }
@@ -379,13 +395,14 @@ int lm_cmd_perf(int argc, char **argv) {
                                          {"no-bw", no_argument, 0, 'W'},
                                          {"scalar", no_argument, 0, 'S'},
                                          {"device", required_argument, 0, 'D'},
+                                         {"no-queue", no_argument, 0, 'Q'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
     params.tokenizer_optional = true; /* ids only: vocab_size bounds them when there is none */
     const char *model_dir = NULL;
     int p = 512, n = 128, reps = 3, depth = 0, c, batches[16] = {1}, n_batches = 1;
-    bool json = false, bw = true;
+    bool json = false, bw = true, queue = true;
     optind = 1;
     while ((c = getopt_long(argc, argv, "ht:p:n:r:d:b:o:", opts, NULL)) != -1) {
         switch (c) {
@@ -444,6 +461,7 @@ int lm_cmd_perf(int argc, char **argv) {
             if (!lm_cmd_device_ok("perf", optarg)) return 2;
             params.device = optarg;
             break;
+        case 'Q': queue = false; break;
         case 'h': usage(stdout); return 0;
         default: return lm_cmd_usage_error("perf");
         }
@@ -555,11 +573,11 @@ int lm_cmd_perf(int argc, char **argv) {
                 /* A CUDA model holds one KV cache at a time: the sequence's makes way. */
                 lm_seq_destroy(s);
                 s = NULL;
-                st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
+                st = run_batch(m, B, depth, n, reps, ids, cap, queue, x, &probe, rep_bw);
                 if (!st) st = lm_seq_create(m, cap, &s);
                 if (!st && depth) st = lm_seq_forward(s, ids, depth, logits, false);
             } else {
-                st = run_batch(m, B, depth, n, reps, ids, cap, x, &probe, rep_bw);
+                st = run_batch(m, B, depth, n, reps, ids, cap, queue, x, &probe, rep_bw);
             }
             r->batch = B;
         }
@@ -615,6 +633,10 @@ int lm_cmd_perf(int argc, char **argv) {
             printf("; %% of read: that over\nthe read bandwidth sampled just before each repetition (mean of the ratios).\n");
         else
             printf(" (no read-bandwidth\nprobe: --no-bw, a GPU run, or no memory for it, so %% of read stays empty).\n");
+        if (lm_model_can_queue(m) && n)
+            printf("decode on the GPU: %s\n", queue ? "each step queued before the host reads the last one's ids (its "
+                                                     "tokens fed on the device; --no-queue waits instead)"
+                                                   : "each step waits for the last one's ids (--no-queue)");
         if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
             printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"
                    "cache, so decode steps read them from cache while the probe reads 512 MiB from memory.\n",

@@ -6,6 +6,8 @@
  * preempts from the other end. Everything a sequence allocates is released in finish(). */
 #include "engine/sched.h"
 
+#include "base/env.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,11 +61,18 @@ struct lm_sched {
     long long arrivals;
     struct lm_sched_stats st;
     FILE *trace; /* LM_STEP_TRACE: one line a step (sched.h), or NULL */
+    /* Steps queued ahead (sched.h): the sequences of the step whose ids are collected next, and
+     * of the one queued behind it, each in row order, NULL where a sequence has finished since. */
+    bool queue;            /* params.queue, the environment and lm_model_can_queue agree */
+    int n_queued;          /* steps queued and not collected (0-2) */
+    struct seq **ahead, **behind; /* [max_seqs] */
+    int n_ahead, n_behind;
+    int32_t *feed;         /* [max_seqs] */
 };
 
 struct lm_sched_params lm_sched_default_params(void) {
     return (struct lm_sched_params){
-        .max_seqs = 16, .max_batch_tokens = 512, .n_blocks = 0, .max_ctx = 0};
+        .max_seqs = 16, .max_batch_tokens = 512, .n_blocks = 0, .max_ctx = 0, .queue = true};
 }
 
 const struct lm_sched_params *lm_sched_params(const struct lm_sched *s) {
@@ -130,7 +139,14 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
     s->running = calloc((size_t)p->max_seqs, sizeof *s->running);
     s->dsamp = calloc((size_t)s->max_rows, sizeof *s->dsamp);
     s->ids = calloc((size_t)s->max_rows, sizeof *s->ids);
-    if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids) {
+    s->ahead = calloc((size_t)p->max_seqs, sizeof *s->ahead);
+    s->behind = calloc((size_t)p->max_seqs, sizeof *s->behind);
+    s->feed = calloc((size_t)p->max_seqs, sizeof *s->feed);
+    /* not with speculative decoding: a queued step carries no drafts, and one behind it none either */
+    s->queue = p->queue && p->spec.num_speculative_tokens == 0 && lm_model_can_queue(m) &&
+               lm_env_flag("LM_SCHED_QUEUE", true);
+    if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids || !s->ahead || !s->behind ||
+        !s->feed) {
         lm_sched_destroy(s);
         return lm_errorf(LM_ERR_NOMEM, "out of memory for the scheduler's logits (%d x %d floats)",
                          s->max_rows, s->vocab);
@@ -220,6 +236,10 @@ static void seq_free(struct seq *q) {
 static void finish(struct lm_sched *s, struct seq *q, enum lm_finish how, lm_status status,
                    const char *error) {
     struct lm_sched_req *r = q->r;
+    for (int i = 0; i < s->n_ahead; i++) /* its rows of queued steps go unread */
+        if (s->ahead[i] == q) s->ahead[i] = NULL;
+    for (int i = 0; i < s->n_behind; i++)
+        if (s->behind[i] == q) s->behind[i] = NULL;
     struct lm_gen_result *res = &r->result;
     /* At EOS or the length limit the held text is flushed (a stop string may still end it);
      * after a stop string or a cancellation it is dropped. */
@@ -620,7 +640,110 @@ static void trace_step(struct lm_sched *s, int n, int tokens, int drafts, int ro
     fflush(s->trace); /* a line a step even if the process dies */
 }
 
+/* ---- steps queued ahead (sched.h) ---- */
+
+/* Collects every queued step and drops its ids (the scheduler is closing, or a step failed). */
+static void drain(struct lm_sched *s) {
+    while (s->n_queued > 0) {
+        s->n_queued--;
+        (void)lm_model_collect(s->m, s->cache, s->ids, NULL);
+    }
+    s->n_ahead = s->n_behind = 0;
+}
+
+/* Fails every sequence of the queued steps with the model's error. */
+static void fail_queued(struct lm_sched *s) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", lm_error_message());
+    for (int i = 0; i < s->n_ahead; i++)
+        if (s->ahead[i]) finish_running(s, s->ahead[i], LM_FINISH_NONE, LM_ERR_IO, msg);
+    for (int i = 0; i < s->n_behind; i++)
+        if (s->behind[i]) finish_running(s, s->behind[i], LM_FINISH_NONE, LM_ERR_IO, msg);
+    drain(s);
+}
+
+/* Queues the step after the one in s->ahead: each of its sequences decodes the token that step
+ * chooses for it (fed on the device from its row). Only when every running sequence is in it,
+ * none is cancelled or could reach max_tokens with that token, nothing waits, and each gets a KV
+ * block for the new position from the free pool; else nothing is queued (false). */
+static bool queue_behind(struct lm_sched *s) {
+    if (s->n_waiting > 0) return false;
+    int n = 0;
+    for (int i = 0; i < s->n_ahead; i++) {
+        struct seq *q = s->ahead[i];
+        if (!q) continue;
+        const struct lm_gen_result *res = &q->r->result;
+        /* after the ahead step's token, room for one more */
+        if (cancelled(q) || res->completion_tokens + 2 > q->r->gen.max_tokens) return false;
+        s->behind[n] = q;
+        s->feed[n++] = i;
+    }
+    if (n == 0 || n != s->n_running) return false;
+    for (int i = 0; i < n; i++) {
+        struct seq *q = s->behind[i];
+        /* the ahead step computes position n_computed; this one the next */
+        const int need = (q->n_computed + 2 + LM_KV_BLOCK - 1) / LM_KV_BLOCK;
+        while (q->n_blocks < need) {
+            const int b = lm_kv_alloc_free(&s->kv);
+            if (b < 0) return false; /* blocks taken so far stay with their sequences */
+            q->blocks[q->n_blocks++] = b;
+        }
+        s->batch[i] = (struct lm_batch_seq){q->tokens, 1, q->n_computed + 1, q->blocks, LM_LOGITS_LAST};
+        s->plan[i] = q;
+        s->dsamp[i] = device_params(q);
+        s->dsamp[i].counter++; /* the token after the ahead step's */
+    }
+    double tf = lm_now_ms();
+    const lm_status rc = lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, s->feed);
+    s->st.forward_s += (lm_now_ms() - tf) / 1e3;
+    if (rc) return false; /* the ahead step is collected as usual; the next step plans afresh */
+    if (s->trace) trace_step(s, n, n, 0, n, tf, tf);
+    s->n_behind = n;
+    s->n_queued++;
+    s->st.steps++;
+    s->st.step_tokens += n;
+    s->st.decode_steps++;
+    s->st.device_sampled_steps++;
+    s->st.queued_steps++;
+    return true;
+}
+
+/* The start of lm_sched_step while a step is queued: queue the next one if it can be, then
+ * collect the queued one and take its tokens (step 5). */
+static void step_queued(struct lm_sched *s) {
+    const double t0 = lm_now_ms();
+    queue_behind(s);
+    double tf = lm_now_ms();
+    lm_status rc = lm_model_collect(s->m, s->cache, s->ids, NULL);
+    s->st.forward_s += (lm_now_ms() - tf) / 1e3;
+    s->n_queued--;
+    if (rc) {
+        fail_queued(s);
+        return;
+    }
+    for (int i = 0; i < s->n_ahead; i++) {
+        struct seq *q = s->ahead[i];
+        if (!q) continue; /* finished since it was queued */
+        q->n_computed++;
+        index_full_blocks(s, q);
+        take_token(s, q, NULL, s->ids[i]);
+    }
+    /* The step behind (if any) is next. */
+    struct seq **t = s->ahead;
+    s->ahead = s->behind;
+    s->behind = t;
+    s->n_ahead = s->n_behind;
+    s->n_behind = 0;
+    s->st.busy_s += (lm_now_ms() - t0) / 1e3;
+}
+
 int lm_sched_step(struct lm_sched *s) {
+    /* A queued step: collected now, the next queued behind it if it can be; if not, this call
+     * goes on to plan a step as below (every call runs a forward step while there is work). */
+    if (s->n_queued > 0) {
+        step_queued(s);
+        if (s->n_queued > 0) return s->n_running + s->n_waiting;
+    }
     /* 1. Cancellations: running sequences stop, waiting ones never run. */
     for (int i = s->n_running - 1; i >= 0; i--)
         if (cancelled(s->running[i]))
@@ -678,6 +801,30 @@ int lm_sched_step(struct lm_sched *s) {
         }
     }
     double tf = lm_now_ms();
+    /* A steady decode step (every running sequence one token the device chooses, nothing
+     * waiting) is queued, not waited for: the next lm_sched_step queues the one after it and
+     * then takes this one's tokens (sched.h). */
+    if (s->queue && dev && !host_rows && drafts == 0 && tokens == n && rows == n && n == s->n_running &&
+        s->n_waiting == 0) {
+        bool steady = true;
+        for (int i = 0; i < n && steady; i++)
+            steady = s->plan[i]->chunk == 1 && s->plan[i]->n_tokens - s->plan[i]->n_computed == 1 &&
+                     s->batch[i].logits == LM_LOGITS_LAST;
+        if (steady && !lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, NULL)) {
+            s->st.forward_s += (lm_now_ms() - tf) / 1e3;
+            if (s->trace) trace_step(s, n, tokens, drafts, rows, t0, tf);
+            for (int i = 0; i < n; i++) s->ahead[i] = s->plan[i];
+            s->n_ahead = n;
+            s->n_queued = 1;
+            s->st.steps++;
+            s->st.step_tokens += tokens;
+            s->st.decode_steps++;
+            s->st.device_sampled_steps++;
+            s->st.queued_steps++;
+            s->st.busy_s += (lm_now_ms() - t0) / 1e3;
+            return s->n_running + s->n_waiting;
+        }
+    }
     lm_status rc = dev ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids,
                                                  host_rows ? s->logits : NULL)
                        : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
@@ -724,6 +871,7 @@ int lm_sched_step(struct lm_sched *s) {
 }
 
 void lm_sched_cancel_all(struct lm_sched *s) {
+    drain(s);
     while (s->n_running > 0)
         finish_running(s, s->running[s->n_running - 1], LM_FINISH_CANCELLED, LM_OK, NULL);
     while (s->wait_head) {
@@ -737,6 +885,7 @@ void lm_sched_cancel_all(struct lm_sched *s) {
 void lm_sched_destroy(struct lm_sched *s) {
     if (!s) return;
     if (s->running) lm_sched_cancel_all(s);
+    if (s->cache) drain(s);
     if (s->trace) fclose(s->trace);
     lm_kv_free(&s->kv);
     lm_kv_cache_destroy(s->cache);
@@ -747,6 +896,9 @@ void lm_sched_destroy(struct lm_sched *s) {
     free(s->batch);
     free(s->plan);
     free(s->running);
+    free(s->ahead);
+    free(s->behind);
+    free(s->feed);
     free(s);
 }
 

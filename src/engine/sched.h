@@ -31,6 +31,17 @@
  *     is kept: it is the model's own); the K/V of the rejected draft positions is overwritten
  *     later. So speculation changes how many steps a request takes, never its tokens (spec.h).
  *
+ * Steps queued ahead (params.queue, on a model that can: lm_model_can_queue, CUDA): a step whose
+ * every running sequence decodes one token the device chooses, with nothing waiting and no
+ * drafts, is queued (lm_model_queue_sample) rather than waited for. Each later lm_sched_step
+ * then queues the next such step first, its tokens the queued step's choices taken on the device,
+ * and only then collects the queued step's ids and does step 5 with them, so that the GPU runs a
+ * step while the host streams the last one (vLLM's asynchronous scheduling). A sequence that
+ * ends at a collected step leaves a row of the step behind it unread (its K/V written past the
+ * positions it keeps: never read, nor cached); one that could end by max_tokens, a cancellation,
+ * a waiting request or no free KV block for the next position stops the chain: the queued step
+ * is collected and the next lm_sched_step plans as above. The tokens are the same either way.
+ *
  * Batch invariance: the forward computes every row as it would alone (family/model.h), and
  * sampling is per sequence, so a request's ids do not depend on what runs beside it, on the
  * chunking of its prompt, on the blocks it got or on preemption.
@@ -66,6 +77,9 @@ struct lm_sched_params {
     int n_blocks;         /* KV blocks of LM_KV_BLOCK positions in the pool; must hold max_ctx */
     int max_ctx;          /* positions one sequence may reach (prompt + completion) */
     struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed: off */
+    bool queue;           /* queue steady decode steps ahead where the model can (default true;
+                             LM_SCHED_QUEUE=0 in the environment turns it off; never with
+                             speculative decoding, whose steps carry drafts) */
 };
 struct lm_sched_params lm_sched_default_params(void); /* n_blocks and max_ctx are 0: set them */
 
@@ -116,6 +130,7 @@ struct lm_sched_stats {
                                 plus its draft with speculative decoding) */
     long long device_sampled_steps; /* steps whose tokens the device chose alone (only ids came
                                        back; lm_model_forward_sample without logits) */
+    long long queued_steps;         /* of which queued ahead (lm_model_queue_sample) */
     /* Speculative decoding (vLLM's spec_decode counters): */
     long long spec_drafts;          /* sequence-steps that verified a draft */
     long long spec_draft_tokens;    /* draft tokens run in those steps (vLLM's num_draft_tokens:

@@ -153,6 +153,12 @@ struct lm_family {
     lm_status (*forward_sample)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                                 const struct lm_device_sampling *sampling, int32_t *ids,
                                 float *logits);
+    /* Optional (NULL: none): a step queued without waiting, its fed tokens taken from the last
+     * step's choices on the device, and the oldest queued step's ids (model.h,
+     * lm_model_queue_sample, lm_model_collect). LM_ERR_UNSUPPORTED when this state cannot. */
+    lm_status (*queue_sample)(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
+                              const struct lm_device_sampling *sampling, const int32_t *feed);
+    lm_status (*collect)(void *state, void *kv, int32_t *ids, int *n_ids);
 
     /* Renders a conversation with the family's chat template (see model.h). */
     lm_status (*render_chat)(const struct lm_chat_msg *msgs, size_t n,

@@ -437,8 +437,9 @@ void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows) {
 }
 
 /* Checks a step (model.h, lm_model_forward); *rows gets its output rows. */
+/* feed: NULL, or per sequence -1 or the output row its one token is fed from (its ids unread). */
 static lm_status check_step(const struct lm_model *m, const struct lm_kv_cache *kv,
-                            const struct lm_batch_seq *seqs, int n_seqs, long *rows_out) {
+                            const struct lm_batch_seq *seqs, int n_seqs, const int32_t *feed, long *rows_out) {
     if (n_seqs < 1) return lm_errorf(LM_ERR_INVALID, "forward step of %d sequences", n_seqs);
     long tokens = 0, rows = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -450,7 +451,7 @@ static lm_status check_step(const struct lm_model *m, const struct lm_kv_cache *
             return lm_errorf(LM_ERR_RANGE,
                              "%d positions in the cache plus %d new tokens exceed its capacity of %d",
                              b->pos, b->n, kv->max_ctx);
-        for (int i = 0; i < b->n; i++)
+        for (int i = 0; i < b->n && !(feed && feed[s] >= 0); i++)
             if (b->ids[i] < 0 || b->ids[i] >= m->cfg.vocab_size)
                 return lm_errorf(LM_ERR_INVALID,
                                  "token id %d at index %d of sequence %d is outside the vocabulary "
@@ -470,7 +471,7 @@ static lm_status check_step(const struct lm_model *m, const struct lm_kv_cache *
 lm_status lm_model_forward(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
                            int n_seqs, float *logits) {
     long rows = 0;
-    lm_status rc = check_step(m, kv, seqs, n_seqs, &rows);
+    lm_status rc = check_step(m, kv, seqs, n_seqs, NULL, &rows);
     if (rc) return rc;
     assert(rows == 0 || logits);
     pthread_mutex_lock(&m->forward_mu);
@@ -499,11 +500,40 @@ lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
         return lm_errorf(LM_ERR_UNSUPPORTED, "choosing tokens in the forward step needs a model on "
                          "a CUDA device (this one runs on %s)", m->device);
     long rows = 0;
-    lm_status rc = check_step(m, kv, seqs, n_seqs, &rows);
+    lm_status rc = check_step(m, kv, seqs, n_seqs, NULL, &rows);
     if (rc) return rc;
     assert(rows == 0 || (sampling && ids));
     pthread_mutex_lock(&m->forward_mu);
     rc = m->family->forward_sample(m->state, kv->state, seqs, n_seqs, sampling, ids, logits);
+    pthread_mutex_unlock(&m->forward_mu);
+    return rc;
+}
+
+bool lm_model_can_queue(const struct lm_model *m) {
+    return lm_model_samples_on_device(m) && m->family->queue_sample && m->family->collect;
+}
+
+lm_status lm_model_queue_sample(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
+                                int n_seqs, const struct lm_device_sampling *sampling, const int32_t *feed) {
+    if (!lm_model_can_queue(m))
+        return lm_errorf(LM_ERR_UNSUPPORTED, "queued steps need a model on a CUDA device (this one runs on %s)",
+                         m->device);
+    long rows = 0;
+    lm_status rc = check_step(m, kv, seqs, n_seqs, feed, &rows);
+    if (rc) return rc;
+    assert(sampling);
+    pthread_mutex_lock(&m->forward_mu);
+    rc = m->family->queue_sample(m->state, kv->state, seqs, n_seqs, sampling, feed);
+    pthread_mutex_unlock(&m->forward_mu);
+    return rc;
+}
+
+lm_status lm_model_collect(struct lm_model *m, struct lm_kv_cache *kv, int32_t *ids, int *n_ids) {
+    if (!lm_model_can_queue(m))
+        return lm_errorf(LM_ERR_UNSUPPORTED, "queued steps need a model on a CUDA device (this one runs on %s)",
+                         m->device);
+    pthread_mutex_lock(&m->forward_mu);
+    lm_status rc = m->family->collect(m->state, kv->state, ids, n_ids);
     pthread_mutex_unlock(&m->forward_mu);
     return rc;
 }

@@ -221,6 +221,34 @@ lm_status lm_model_forward_sample(struct lm_model *m, struct lm_kv_cache *kv,
                                   const struct lm_device_sampling *sampling, int32_t *ids,
                                   float *logits);
 
+/* ---- decode steps queued ahead ----
+ *
+ * lm_model_forward_sample waits for its step, so the GPU idles while the host takes the step's
+ * tokens and builds the next one (~10 us a step on an H200: perf-notes v34). A decode loop whose
+ * next step carries the tokens this one chooses can queue that step first: its tokens are taken
+ * from this step's choices on the device, and the host collects this step's ids while the GPU
+ * runs the next (vLLM's asynchronous scheduling). Steps are collected in the order queued, at
+ * most two queued at a time; lm_model_forward and lm_model_forward_sample need none queued. */
+
+/* True when lm_model_queue_sample can run (the model runs on CUDA). */
+bool lm_model_can_queue(const struct lm_model *m);
+
+/* Queues a step as lm_model_forward_sample would run it, without logits, and returns once it is
+ * queued: every sequence one token (n 1, LM_LOGITS_LAST). feed: NULL, or [n_seqs]: -1, the
+ * token is seqs[i].ids[0]; r >= 0, it is the id the step queued just before this one chose for
+ * its output row r (seqs[i].ids is not read). sampling: [n_seqs]. The tokens' K/V are written
+ * to the blocks as by lm_model_forward, in queue order, before anything queued later reads them.
+ * Errors as lm_model_forward_sample; LM_ERR_RANGE for a step that is not one token a sequence
+ * or has more sequences than one device call takes; LM_ERR_INVALID for a feed outside the last
+ * step's rows, or with two steps queued already. */
+lm_status lm_model_queue_sample(struct lm_model *m, struct lm_kv_cache *kv, const struct lm_batch_seq *seqs,
+                                int n_seqs, const struct lm_device_sampling *sampling, const int32_t *feed);
+
+/* Waits for the oldest queued step and writes its ids, one a sequence in order (*n_ids of them,
+ * when n_ids is not NULL). LM_ERR_INVALID with none queued; LM_ERR_IO when it failed on the
+ * device. */
+lm_status lm_model_collect(struct lm_model *m, struct lm_kv_cache *kv, int32_t *ids, int *n_ids);
+
 /* ---- one sequence on its own cache (run, perf, logits, tests) ---- */
 
 /* A sequence with a private paged cache of `max_tokens` positions (blocks in order) and the

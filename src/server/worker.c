@@ -440,7 +440,8 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
                                  .max_batch_tokens = p.max_batch_tokens,
                                  .n_blocks = (int)((kv + LM_KV_BLOCK - 1) / LM_KV_BLOCK),
                                  .max_ctx = p.ctx_size,
-                                 .spec = p.spec};
+                                 .spec = p.spec,
+                                 .queue = true}; /* steady decode steps queued ahead (sched.h) */
     struct lm_worker *w = calloc(1, sizeof *w);
     if (!w) return lm_errorf(LM_ERR_NOMEM, "out of memory");
     w->model = m;
@@ -514,7 +515,7 @@ void lm_worker_shutdown(struct lm_worker *w) {
             "%.1f%% of the %lld their history holds; "
             "%lld canonical-turn prefills (%lld tokens); %lld steps, %.1f tokens a step; %lld "
             "preemptions, %lld evictions; %lld decode-only steps, %lld with tokens chosen on the "
-            "device; engine busy %.2f s, %.2f s of it in the forward step\n",
+            "device, %lld queued ahead; engine busy %.2f s, %.2f s of it in the forward step\n",
             st.requests, st.prompt_tokens, st.cached_tokens,
             st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0.0,
             st.later_turn_requests, st.later_turn_cached_tokens, st.later_turn_prompt_tokens,
@@ -526,7 +527,7 @@ void lm_worker_shutdown(struct lm_worker *w) {
                                           : 0.0,
             st.later_turn_reusable_tokens, st.warm_requests, st.warm_tokens, e->steps,
             e->steps ? (double)e->step_tokens / (double)e->steps : 0.0, e->preemptions,
-            e->evictions, e->decode_steps, e->device_sampled_steps, e->busy_s, e->forward_s);
+            e->evictions, e->decode_steps, e->device_sampled_steps, e->queued_steps, e->busy_s, e->forward_s);
         if (e->spec_drafts)
             fprintf(stderr,
                     "lumen serve: speculative decoding: %lld drafts, %lld draft tokens, %lld "

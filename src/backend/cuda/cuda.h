@@ -444,15 +444,17 @@ lm_status lm_cuda_rmsnorm_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *
  * layout lm_cuda_gemv's SwiGLU epilogue reads). SwiGLU, Shazeer 2020. */
 lm_status lm_cuda_swiglu_bf16(struct lm_cuda_ctx *c, uint16_t *y, const float *gu, int n, int inter);
 
-/* x[t, :] = float32(table[ids[t], :]) for t < n; table [vocab, d] bf16; ids device int32 [n]
- * (the caller checked them). */
+/* x[t, :] = float32(table[ids'[t], :]) for t < n; table [vocab, d] bf16; ids device int32 [n]
+ * (the caller checked them). feed: NULL (ids' = ids), or device int32 [n]: ids'[t] = feed[t] < 0 ?
+ * ids[t] : prev[feed[t]], prev a device array of ids an earlier kernel chose (in [0, vocab): the
+ * next decode step's tokens taken where the last one left them, lm_cuda_batch.feed). */
 lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16_t *table, const int32_t *ids,
-                        int n, int d);
+                        const int32_t *feed, const int32_t *prev, int n, int d);
 
-/* The same from a Q8_0 table: x[t, i] = wd[ids[t], i / 32] * wq[ids[t], i] (exact in float32);
+/* The same from a Q8_0 table: x[t, i] = wd[ids'[t], i / 32] * wq[ids'[t], i] (exact in float32);
  * wq [vocab, d] int8, wd [vocab, d / 32] float16, d a multiple of 32. */
 lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq, const uint16_t *wd,
-                           const int32_t *ids, int n, int d);
+                           const int32_t *ids, const int32_t *feed, const int32_t *prev, int n, int d);
 
 /* y[i, :] = x[rows[i], :] for i < n, d float32 per row (gathers the rows that need logits);
  * add: NULL, or the rows' pending fixed-point terms ([*, d] int64, lm_cuda_fix_io), folded in as

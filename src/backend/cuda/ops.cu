@@ -256,19 +256,26 @@ namespace {
 
 /* ---- row kernels ---- */
 
-__global__ void k_embed(float *x, const uint16_t *__restrict__ table, const int32_t *ids, int d) {
+/* Token t's id: ids[t], or the one an earlier kernel left at prev[feed[t]] (lm_cuda_embed). */
+__device__ __forceinline__ int embed_id(const int32_t *ids, const int32_t *feed, const int32_t *prev, int t) {
+    const int f = feed ? feed[t] : -1;
+    return f < 0 ? ids[t] : prev[f];
+}
+
+__global__ void k_embed(float *x, const uint16_t *__restrict__ table, const int32_t *ids, const int32_t *feed,
+                        const int32_t *prev, int d) {
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
-    const uint16_t *row = table + (size_t)ids[blockIdx.x] * d;
+    const uint16_t *row = table + (size_t)embed_id(ids, feed, prev, blockIdx.x) * d;
     float *o = x + (size_t)blockIdx.x * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = bf2f(row[i]);
 }
 
 __global__ void k_embed_q8(float *x, const int8_t *__restrict__ wq, const uint16_t *__restrict__ wd,
-                           const int32_t *ids, int d) {
+                           const int32_t *ids, const int32_t *feed, const int32_t *prev, int d) {
     pdl_trigger();
     pdl_wait();
-    const size_t r = (size_t)ids[blockIdx.x];
+    const size_t r = (size_t)embed_id(ids, feed, prev, blockIdx.x);
     float *o = x + (size_t)blockIdx.x * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x)
         o[i] = __fmul_rn(__half2float(__ushort_as_half(wd[r * (d >> 5) + (i >> 5)])), (float)wq[r * d + i]);
@@ -428,17 +435,19 @@ extern "C" lm_status lm_cuda_swiglu_bf16(struct lm_cuda_ctx *c, uint16_t *y, con
 }
 
 extern "C" lm_status lm_cuda_embed(struct lm_cuda_ctx *c, float *x, const uint16_t *table,
-                                   const int32_t *ids, int n, int d) {
+                                   const int32_t *ids, const int32_t *feed, const int32_t *prev, int n,
+                                   int d) {
     if (n < 1) return LM_OK;
-    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed, x, table, ids, d));
+    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed, x, table, ids, feed, prev, d));
     return LM_OK;
 }
 
 extern "C" lm_status lm_cuda_embed_q8(struct lm_cuda_ctx *c, float *x, const int8_t *wq,
-                                      const uint16_t *wd, const int32_t *ids, int n, int d) {
+                                      const uint16_t *wd, const int32_t *ids, const int32_t *feed,
+                                      const int32_t *prev, int n, int d) {
     if (d % 32) return lm_errorf(LM_ERR_SHAPE, "CUDA embed (Q8_0): row width %d is not whole blocks of 32", d);
     if (n < 1) return LM_OK;
-    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed_q8, x, wq, wd, ids, d));
+    LM_CU(lm_launch(c, dim3(n), dim3(256), 0, k_embed_q8, x, wq, wd, ids, feed, prev, d));
     return LM_OK;
 }
 

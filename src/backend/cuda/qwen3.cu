@@ -42,7 +42,7 @@ struct layer_dev {
  * or a prefill step's tiles (lm_cuda_attn.tiles: two headers and at most nt + wb items, in room
  * for one item more). */
 struct layout {
-    size_t ids, pos, seq, run, out, bt, samp, work, total;
+    size_t ids, pos, seq, run, feed, out, bt, samp, work, total;
 };
 
 layout make_layout(int nt, int no, int ns, int W, int wb) {
@@ -51,7 +51,8 @@ layout make_layout(int nt, int no, int ns, int W, int wb) {
     L.pos = L.ids + 4 * (size_t)nt;
     L.seq = L.pos + 4 * (size_t)nt;
     L.run = L.seq + 4 * (size_t)nt; /* lm_cuda_attn.run_prev of a decode step */
-    L.out = L.run + 4 * (size_t)nt;
+    L.feed = L.run + 4 * (size_t)nt; /* lm_cuda_batch.feed, -1 where none */
+    L.out = L.feed + 4 * (size_t)nt;
     L.bt = L.out + 4 * (size_t)no;
     L.samp = (L.bt + 4 * (size_t)ns * W + 15) / 16 * 16;
     L.work = L.samp + sizeof(lm_cuda_sampling) * (size_t)no;
@@ -110,15 +111,23 @@ struct lm_cuda_qwen3 {
     uint16_t *xb, *attb, *hb;
     float *ssq; /* [rows][H / 64] the norm link's sums of squares (lm_cuda_norm_link), NULL (no link)
                  * when H is not a multiple of 256, which its consumers need */
-    int32_t *ids_dev;
+    int32_t *ids_dev; /* [2][MO] the chosen ids: a call of parity p writes row p and feeds from
+                         the other (lm_cuda_batch.feed), so that a step captured after its eager
+                         run still reads the previous call's choices */
+    int par;          /* the next call's parity: it alternates call by call */
+    int prev_no;      /* outputs of the previous call (0: none; feeds refer to them) */
+    /* steps queued (lm_cuda_batch.async) and not yet collected, oldest first: parity, outputs */
+    int n_pend, pend_par[2], pend_no[2];
+    cudaEvent_t done[2]; /* recorded after each parity's last queued step */
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
     unsigned *split_count;
     int n_classes; /* context classes of the decode graphs: <= split_min_ctx() positions, twice that, ... */
     int work_max;  /* the most blocks a KV head a work-list attention launch has (make_layout) */
     /* staging */
-    char *in_dev, *in_host;
-    int32_t *ids_host;
+    char *in_dev, *in_host; /* in_host: [2][in_cap], a parity each (a queued step's copy may not
+                               have run when the next call fills its inputs) */
+    int32_t *ids_host;      /* [2][MO] */
     size_t in_cap;
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
     bool tc_decode;  /* decode steps take the tensor-core GEMM from one token (tc_decode_rule) */
@@ -339,6 +348,8 @@ extern "C" void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m) {
     for (void *p : m->allocs) cudaFree(p);
     if (m->in_host) cudaFreeHost(m->in_host);
     if (m->ids_host) cudaFreeHost(m->ids_host);
+    for (cudaEvent_t e : m->done)
+        if (e) cudaEventDestroy(e);
     lm_cuda_ctx_destroy(m->ctx);
     delete m;
 }
@@ -489,7 +500,8 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     LM_TRY(dev_alloc_t(m, &m->hb, T * m->I));
     LM_TRY(dev_alloc_t(m, &m->xo, MO * m->H));
     LM_TRY(dev_alloc_t(m, &m->logits, MO * m->V));
-    LM_TRY(dev_alloc_t(m, &m->ids_dev, MO));
+    LM_TRY(dev_alloc_t(m, &m->ids_dev, 2 * MO));
+    for (cudaEvent_t &e : m->done) LM_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 
     /* Staging: sized for the largest eager call and the largest graph bucket. */
     {
@@ -504,8 +516,8 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     const layout b = make_layout(m->MO, m->MO, m->MO, m->W, m->work_max);
     m->in_cap = a.total > b.total ? a.total : b.total;
     LM_TRY(dev_alloc(m, (void **)&m->in_dev, m->in_cap));
-    LM_CU(cudaMallocHost((void **)&m->in_host, m->in_cap));
-    LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * MO));
+    LM_CU(cudaMallocHost((void **)&m->in_host, 2 * m->in_cap));
+    LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * 2 * MO));
     const int G = m->cfg.n_heads / m->cfg.n_kv_heads;
     LM_TRY(dev_alloc_t(m, &m->split_part, MO * m->cfg.n_kv_heads * SPLIT_MAX * G * (m->D + 2)));
     LM_TRY(dev_alloc_t(m, &m->split_count, MO * m->cfg.n_kv_heads));
@@ -516,7 +528,7 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     static const bool split_kv = lm_env_flag("LM_CUDA_SPLIT_KV", true);
     if (split_kv)
         while ((split_min_ctx() << (m->n_classes - 1)) < p.max_context) m->n_classes++;
-    m->graphs.assign((size_t)(m->MO + 16) * 16 * m->n_classes, graph_slot{NULL});
+    m->graphs.assign((size_t)(m->MO + 16) * 32 * m->n_classes, graph_slot{NULL});
     return lm_cuda_ctx_sync(m->ctx);
 }
 
@@ -798,8 +810,10 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     /* The first kernel follows a copy, not a kernel: launch it plainly. */
     const bool pdl = c->pdl;
     c->pdl = false;
-    lm_status rc = m->embed.q && m->q8_use ? lm_cuda_embed_q8(c, m->x, m->embed.q, m->embed.s, ids, nt, H)
-                              : lm_cuda_embed(c, m->x, m->embed.bf, ids, nt, H);
+    const int32_t *feed = (const int32_t *)(m->in_dev + L.feed), *prev = m->ids_dev + (size_t)(1 - m->par) * m->MO;
+    int32_t *ids_out = m->ids_dev + (size_t)m->par * m->MO;
+    lm_status rc = m->embed.q && m->q8_use ? lm_cuda_embed_q8(c, m->x, m->embed.q, m->embed.s, ids, feed, prev, nt, H)
+                              : lm_cuda_embed(c, m->x, m->embed.bf, ids, feed, prev, nt, H);
     c->pdl = pdl;
     if (rc) return rc;
 
@@ -884,7 +898,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
             const int64_t *xf = pending ? acc_of(m->NL - 1) : NULL;
             LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
                                        m->norm, eps));
-            return lm_cuda_argmax_screened(c, m->ids_dev, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
+            return lm_cuda_argmax_screened(c, ids_out, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
                                            eps, NULL);
         }
         const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
@@ -894,7 +908,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
         LM_TRY(lm_cuda_rmsnorm_bf16(c, m->xb, src, m->norm, NULL, no, H, eps));
         LM_TRY(lm_cuda_gemm(c, m->logits, m->xb, m->lm_head.bf, decode ? no : gemm_rows(no, m->MO), H, V, false));
     }
-    return lm_cuda_sample(c, m->ids_dev, m->logits, V, no, V, samp);
+    return lm_cuda_sample(c, ids_out, m->logits, V, no, V, samp);
 }
 
 static int bucket_of(const lm_cuda_qwen3 *m, int n) {
@@ -915,11 +929,21 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     if (no < 1 || no > nt || no > m->MO)
         return lm_errorf(LM_ERR_RANGE, "CUDA forward: %d outputs (1 to min(tokens %d, max_seqs %d))",
                          no, nt, m->MO);
+    if (m->n_pend > (b->async ? 1 : 0))
+        return lm_errorf(LM_ERR_INVALID, "CUDA forward: %d queued step%s not collected (a %s step may have %s: "
+                         "lm_cuda_qwen3_collect)", m->n_pend, m->n_pend == 1 ? "" : "s",
+                         b->async ? "queued" : "plain", b->async ? "one" : "none");
+    if (b->async && b->out_logits)
+        return lm_errorf(LM_ERR_INVALID, "CUDA forward: a queued step returns no logits (out_logits must be NULL)");
     /* Validate ids, positions, sequences, outputs and the blocks each sequence uses. */
     std::vector<int> max_pos(ns, -1);
     int max_len = 0; /* the longest context of the step: its decode graphs' class */
     for (int i = 0; i < nt; i++) {
-        if (b->ids[i] < 0 || b->ids[i] >= m->V)
+        const int f = b->feed ? b->feed[i] : -1;
+        if (f >= m->prev_no || f < -1)
+            return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: feed %d is outside [-1, %d) (the previous "
+                             "call's outputs)", i, f, m->prev_no);
+        if (f < 0 && (b->ids[i] < 0 || b->ids[i] >= m->V))
             return lm_errorf(LM_ERR_INVALID, "CUDA forward: token %d: id %d is outside [0, %d)", i,
                              b->ids[i], m->V);
         if (b->pos[i] < 0 || b->pos[i] >= p.max_context)
@@ -978,15 +1002,18 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const bool gemv = step_on_gemv(m, rows, decode, runs);
     const int nso = use_graph ? rows : ns, noo = use_graph ? rows : no;
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
-    char *h = m->in_host;
+    const int par = m->par;
+    char *h = m->in_host + (size_t)par * m->in_cap;
+    int32_t *const ids_host = m->ids_host + (size_t)par * m->MO;
     int32_t *ids = (int32_t *)(h + L.ids), *pos = (int32_t *)(h + L.pos), *seq = (int32_t *)(h + L.seq);
-    int32_t *run = (int32_t *)(h + L.run);
+    int32_t *run = (int32_t *)(h + L.run), *feed = (int32_t *)(h + L.feed);
     int32_t *out = (int32_t *)(h + L.out), *bt = (int32_t *)(h + L.bt);
     lm_cuda_sampling *samp = (lm_cuda_sampling *)(h + L.samp);
     if (use_graph) {
         for (int i = 0; i < rows; i++) {
             const bool real = i < nt;
-            ids[i] = real ? b->ids[i] : 0;
+            feed[i] = real && b->feed ? b->feed[i] : -1;
+            ids[i] = real && feed[i] < 0 ? b->ids[i] : 0;
             pos[i] = real ? b->pos[i] : 0;
             seq[i] = i; /* a row of its own (a run's rows hold copies of its sequence's table) */
             run[i] = real ? prev[i] : 0;
@@ -1000,7 +1027,10 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (real && b->sampling) samp[i] = b->sampling[i];
         }
     } else {
-        memcpy(ids, b->ids, sizeof(int32_t) * nt);
+        for (int i = 0; i < nt; i++) {
+            feed[i] = b->feed ? b->feed[i] : -1;
+            ids[i] = feed[i] < 0 ? b->ids[i] : 0;
+        }
         memcpy(pos, b->pos, sizeof(int32_t) * nt);
         memcpy(seq, b->seq, sizeof(int32_t) * nt);
         memcpy(run, prev.data(), sizeof(int32_t) * nt);
@@ -1052,22 +1082,22 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const bool screen = m->p.lm_screen && m->screen.q && !b->out_logits && !any_sampling && noo <= m->p.gemv_max_rows;
     lm_status rc = LM_OK;
     if (use_graph) {
-        graph_slot &g = m->graphs[(((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) *
-                                       2 + gemv) * 2 + screen];
+        graph_slot &g = m->graphs[((((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) *
+                                        2 + gemv) * 2 + screen) * 2 + par];
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
-            LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
+            LM_CU(cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream));
             LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-            cudaError_t e = cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream);
+            cudaError_t e = cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream);
             rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen)
                                   : lm_cuda_fail(e, "capture: input copy");
             if (!rc) {
-                e = cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
-                                    c->stream);
+                e = cudaMemcpyAsync(ids_host, m->ids_dev + (size_t)par * m->MO, sizeof(int32_t) * rows,
+                                    cudaMemcpyDeviceToHost, c->stream);
                 if (e != cudaSuccess) rc = lm_cuda_fail(e, "capture: output copy");
             }
             cudaError_t e2 = cudaStreamEndCapture(c->stream, &graph);
@@ -1086,18 +1116,47 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         m->last_exec = g.exec;
         m->last_rows = rows;
     } else {
-        LM_CU(cudaMemcpyAsync(m->in_dev, m->in_host, in_bytes, cudaMemcpyHostToDevice, c->stream));
+        LM_CU(cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream));
         LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
-        LM_CU(cudaMemcpyAsync(m->ids_host, m->ids_dev, sizeof(int32_t) * no, cudaMemcpyDeviceToHost, c->stream));
+        LM_CU(cudaMemcpyAsync(ids_host, m->ids_dev + (size_t)par * m->MO, sizeof(int32_t) * no,
+                              cudaMemcpyDeviceToHost, c->stream));
     }
     if (b->out_logits)
         LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
                               cudaMemcpyDeviceToHost, c->stream));
-    LM_TRY(lm_cuda_ctx_sync(c));
-    memcpy(b->out_ids, m->ids_host, sizeof(int32_t) * no);
     m->screened_steps += screen;
+    m->par = 1 - par;
+    m->prev_no = no;
+    if (b->async) {
+        LM_CU(cudaEventRecord(m->done[par], c->stream));
+        m->pend_par[m->n_pend] = par;
+        m->pend_no[m->n_pend] = no;
+        m->n_pend++;
+        return LM_OK;
+    }
+    LM_TRY(lm_cuda_ctx_sync(c));
+    memcpy(b->out_ids, ids_host, sizeof(int32_t) * no);
     return LM_OK;
 }
+
+extern "C" lm_status lm_cuda_qwen3_collect(struct lm_cuda_qwen3 *m, int32_t *out_ids, int *n_out) {
+    if (m->n_pend == 0) return lm_errorf(LM_ERR_INVALID, "CUDA collect: no queued step");
+    const int par = m->pend_par[0], no = m->pend_no[0];
+    m->n_pend--;
+    m->pend_par[0] = m->pend_par[1];
+    m->pend_no[0] = m->pend_no[1];
+    const cudaError_t e = cudaEventSynchronize(m->done[par]);
+    if (e != cudaSuccess) {
+        m->n_pend = 0; /* what was queued after it failed with it */
+        m->prev_no = 0;
+        return lm_cuda_fail(e, "queued step");
+    }
+    memcpy(out_ids, m->ids_host + (size_t)par * m->MO, sizeof(int32_t) * no);
+    if (n_out) *n_out = no;
+    return LM_OK;
+}
+
+
 
 extern "C" struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m) { return m->ctx; }
 

@@ -242,11 +242,28 @@ struct lm_cuda_batch {
     int n_out;                    /* 1 .. min(n_tokens, max_seqs): tokens that produce a choice */
     const int32_t *out_tokens;    /* [n_out] indices into the tokens */
     const struct lm_cuda_sampling *sampling; /* [n_out] (host) or NULL: greedy */
-    int32_t *out_ids;             /* [n_out] written: the chosen next ids */
+    int32_t *out_ids;             /* [n_out] written: the chosen next ids (not written by a queued
+                                     step: lm_cuda_qwen3_collect gives them) */
     float *out_logits;            /* NULL, or [n_out, vocab] written (float32) */
+    /* The next decode step queued before the host has the last one's ids (vLLM's asynchronous
+     * scheduling: the GPU runs step N + 1 while the host takes step N's tokens, instead of
+     * waiting for the host between steps). feed: NULL, or [n_tokens]: -1, token i's id is
+     * ids[i]; r >= 0, it is the id the previous call chose for its output r (r below that call's
+     * n_out), read on the device when this step runs (ids[i] is not read). async: queue the step
+     * and return once it is queued; out_logits must be NULL. */
+    const int32_t *feed;
+    bool async;
 };
 
+/* Runs (or, with b->async, queues) one step. Besides the range checks above: LM_ERR_INVALID for
+ * a feed outside the previous call's outputs, and for a call while steps are queued and not
+ * collected: a queued step may follow one queued step, a plain one none. */
 lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b);
+
+/* Waits for the oldest queued step that was not collected and writes its n_out chosen ids to
+ * out_ids (*n_out, when not NULL, gets the count). LM_ERR_INVALID with none queued; LM_ERR_IO
+ * when the step failed on the device (a step queued after it is then dropped too). */
+lm_status lm_cuda_qwen3_collect(struct lm_cuda_qwen3 *m, int32_t *out_ids, int *n_out);
 
 /* Copies the K/V of the first n_rows (0..block_size) positions of block src into block dst, every
  * layer, K and V (one kernel on the model's stream, not waited for: the steps queued after it

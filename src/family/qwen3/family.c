@@ -15,6 +15,8 @@ const struct lm_family lm_family_qwen3 = {
     .kv_copy = lm_qwen3_kv_copy,
     .forward = lm_qwen3_forward,
     .forward_sample = lm_qwen3_forward_sample,
+    .queue_sample = lm_qwen3_queue_sample,
+    .collect = lm_qwen3_collect,
     .render_chat = lm_qwen3_render_chat,
     .reasoning = &lm_qwen3_reasoning,
 };

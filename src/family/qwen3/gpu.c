@@ -28,6 +28,11 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
                                int32_t *ids) {
     return no_cuda();
 }
+lm_status lm_qwen3_gpu_queue(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
+                             const struct lm_device_sampling *sampling, const int32_t *feed) {
+    return no_cuda();
+}
+lm_status lm_qwen3_gpu_collect(struct lm_qwen3_gpu *g, int32_t *ids, int *n_ids) { return no_cuda(); }
 
 #else
 
@@ -47,7 +52,7 @@ struct lm_qwen3_gpu {
     bool kv_open;
     int W;                                 /* block-table width: ceil(max_context / block) */
     /* The host side of one device call, sized at kv_open. */
-    int32_t *ids, *pos, *seq, *out, *bt, *chosen;
+    int32_t *ids, *pos, *seq, *out, *bt, *chosen, *feed;
     struct lm_cuda_sampling *samp;
 };
 
@@ -85,9 +90,9 @@ static lm_status use_device(const struct lm_qwen3_gpu *g) {
 }
 
 static void free_staging(struct lm_qwen3_gpu *g) {
-    free(g->ids), free(g->pos), free(g->seq), free(g->out), free(g->bt), free(g->chosen);
+    free(g->ids), free(g->pos), free(g->seq), free(g->out), free(g->bt), free(g->chosen), free(g->feed);
     free(g->samp);
-    g->ids = g->pos = g->seq = g->out = g->bt = g->chosen = NULL;
+    g->ids = g->pos = g->seq = g->out = g->bt = g->chosen = g->feed = NULL;
     g->samp = NULL;
 }
 
@@ -137,7 +142,8 @@ lm_status lm_qwen3_gpu_kv_open(struct lm_qwen3_gpu *g, int n_blocks, int max_bat
         g->chosen = malloc(sizeof(int32_t) * S);
         g->bt = calloc(S * (size_t)g->W, sizeof(int32_t));
         g->samp = calloc(S, sizeof *g->samp);
-        if (!g->ids || !g->pos || !g->seq || !g->out || !g->chosen || !g->bt || !g->samp) {
+        g->feed = malloc(sizeof(int32_t) * T);
+        if (!g->ids || !g->pos || !g->seq || !g->out || !g->chosen || !g->bt || !g->samp || !g->feed) {
             lm_cuda_qwen3_destroy(g->cm);
             g->cm = NULL;
             free_staging(g);
@@ -155,15 +161,27 @@ lm_status lm_qwen3_gpu_kv_copy(struct lm_qwen3_gpu *g, int src, int dst, int n_r
     return rc ? rc : lm_cuda_qwen3_kv_copy(g->cm, src, dst, n_rows);
 }
 
+/* An output row's device sampling (zero: greedy) from the engine's (NULL: greedy). */
+static void put_sampling(struct lm_cuda_sampling *d, const struct lm_device_sampling *from) {
+    memset(d, 0, sizeof *d);
+    if (!from) return;
+    d->temperature = from->temperature;
+    d->top_p = from->top_p;
+    d->top_k = from->top_k;
+    d->seed = from->seed;
+    d->counter = from->counter;
+}
+
 /* The call being built: nt tokens of ns sequences, no output rows (the first is global row r0). */
 struct call {
     int nt, ns, no, r0;
 };
 
 /* Runs the call and starts the next. Output rows go to logits/ids at row r0 (a call with none
- * still needs one output on the device: the last token's, thrown away). */
-static lm_status flush(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled,
-                       int32_t *ids) {
+ * still needs one output on the device: the last token's, thrown away). fed: g->feed holds the
+ * call's feeds (lm_cuda_batch.feed); async: queue it (lm_cuda_batch.async). */
+static lm_status flush_call(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled,
+                            int32_t *ids, bool fed, bool async) {
     if (c->nt == 0) return LM_OK;
     const size_t V = (size_t)g->w->cfg.vocab;
     bool none = c->no == 0;
@@ -175,13 +193,19 @@ static lm_status flush(struct lm_qwen3_gpu *g, struct call *c, float *logits, bo
         .sampling = sampled && !none ? g->samp : NULL,
         .out_ids = g->chosen,
         .out_logits = logits && !none ? logits + (size_t)c->r0 * V : NULL,
+        .feed = fed ? g->feed : NULL,
+        .async = async,
     };
     lm_status rc = lm_cuda_qwen3_forward(g->cm, &b);
     if (rc) return rc;
-    if (ids && !none) memcpy(ids + c->r0, g->chosen, sizeof(int32_t) * (size_t)c->no);
+    if (ids && !none && !async) memcpy(ids + c->r0, g->chosen, sizeof(int32_t) * (size_t)c->no);
     c->r0 += c->no;
     c->nt = c->ns = c->no = 0;
     return LM_OK;
+}
+
+static lm_status flush(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled, int32_t *ids) {
+    return flush_call(g, c, logits, sampled, ids, false, false);
 }
 
 lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
@@ -216,15 +240,7 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
                 if (b->logits == LM_LOGITS_ALL || (b->logits == LM_LOGITS_LAST && i == b->n - 1)) {
                     const int r = c.r0 + c.no;
                     g->out[c.no] = c.nt;
-                    struct lm_cuda_sampling *d = &g->samp[c.no];
-                    memset(d, 0, sizeof *d);
-                    if (sampling) {
-                        d->temperature = sampling[r].temperature;
-                        d->top_p = sampling[r].top_p;
-                        d->top_k = sampling[r].top_k;
-                        d->seed = sampling[r].seed;
-                        d->counter = sampling[r].counter;
-                    }
+                    put_sampling(&g->samp[c.no], sampling ? &sampling[r] : NULL);
                     c.no++;
                 }
                 c.nt++;
@@ -234,6 +250,39 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
         }
     }
     return flush(g, &c, logits, sampling != NULL, ids);
+}
+
+lm_status lm_qwen3_gpu_queue(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
+                             const struct lm_device_sampling *sampling, const int32_t *feed) {
+    if (!g->kv_open) return lm_errorf(LM_ERR_INVALID, "cuda:%d: forward without a KV cache", g->device);
+    if (n_seqs > g->p.max_seqs)
+        return lm_errorf(LM_ERR_RANGE, "cuda:%d: a queued step of %d sequences (one device call: at most %d)",
+                         g->device, n_seqs, g->p.max_seqs);
+    lm_status rc = use_device(g);
+    if (rc) return rc;
+    const int W = g->W;
+    for (int s = 0; s < n_seqs; s++) {
+        const struct lm_batch_seq *b = &seqs[s];
+        if (b->n != 1 || b->logits != LM_LOGITS_LAST)
+            return lm_errorf(LM_ERR_RANGE, "cuda:%d: queued step: sequence %d has %d tokens (%s logits); a queued "
+                             "step decodes one token a sequence, with its last row", g->device, s, b->n,
+                             b->logits == LM_LOGITS_LAST ? "last" : "not the last");
+        memcpy(g->bt + (size_t)s * W, b->blocks, sizeof(int32_t) * (size_t)((b->pos + 1 + LM_KV_BLOCK - 1) / LM_KV_BLOCK));
+        g->ids[s] = b->ids ? b->ids[0] : 0;
+        g->feed[s] = feed ? feed[s] : -1;
+        g->pos[s] = b->pos;
+        g->seq[s] = s;
+        g->out[s] = s;
+        put_sampling(&g->samp[s], sampling ? &sampling[s] : NULL);
+    }
+    struct call c = {n_seqs, n_seqs, n_seqs, 0};
+    return flush_call(g, &c, NULL, sampling != NULL, NULL, true, true);
+}
+
+lm_status lm_qwen3_gpu_collect(struct lm_qwen3_gpu *g, int32_t *ids, int *n_ids) {
+    if (!g->cm) return lm_errorf(LM_ERR_INVALID, "cuda:%d: collect without a KV cache", g->device);
+    lm_status rc = use_device(g);
+    return rc ? rc : lm_cuda_qwen3_collect(g->cm, ids, n_ids);
 }
 
 #endif

@@ -44,4 +44,13 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
                                float *logits, const struct lm_device_sampling *sampling,
                                int32_t *ids);
 
+/* A step queued, not waited for (model.h, lm_model_queue_sample; the caller checked the step):
+ * one device call (lm_cuda_batch.async) whose token i is fed the previous call's output feed[i]
+ * where feed is not NULL and feed[i] >= 0. LM_ERR_RANGE when the step does not fit one call
+ * (more than max_seqs sequences, or a sequence of more than one token or without LAST logits). */
+lm_status lm_qwen3_gpu_queue(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
+                             const struct lm_device_sampling *sampling, const int32_t *feed);
+/* The oldest queued step's ids (lm_cuda_qwen3_collect): *n_ids of them into ids. */
+lm_status lm_qwen3_gpu_collect(struct lm_qwen3_gpu *g, int32_t *ids, int *n_ids);
+
 #endif

@@ -454,3 +454,20 @@ lm_status lm_qwen3_forward_sample(void *state, void *kvp, const struct lm_batch_
                                              "CUDA device (the model runs on the CPU)");
     return lm_qwen3_gpu_forward(kv->gpu, seqs, n_seqs, logits, sampling, ids);
 }
+
+lm_status lm_qwen3_queue_sample(void *state, void *kvp, const struct lm_batch_seq *seqs, int n_seqs,
+                                const struct lm_device_sampling *sampling, const int32_t *feed) {
+    struct lm_qwen3_kv *kv = kvp;
+    (void)state;
+    if (!kv->gpu)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "qwen3: queued steps need a CUDA device (the model runs on the CPU)");
+    return lm_qwen3_gpu_queue(kv->gpu, seqs, n_seqs, sampling, feed);
+}
+
+lm_status lm_qwen3_collect(void *state, void *kvp, int32_t *ids, int *n_ids) {
+    struct lm_qwen3_kv *kv = kvp;
+    (void)state;
+    if (!kv->gpu)
+        return lm_errorf(LM_ERR_UNSUPPORTED, "qwen3: queued steps need a CUDA device (the model runs on the CPU)");
+    return lm_qwen3_gpu_collect(kv->gpu, ids, n_ids);
+}

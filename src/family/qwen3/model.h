@@ -45,5 +45,10 @@ bool lm_qwen3_cpu_kv_bf16(void);
 lm_status lm_qwen3_forward_sample(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
                                   const struct lm_device_sampling *sampling, int32_t *ids,
                                   float *logits);
+/* A queued step and the oldest queued step's ids on CUDA (model.h, lm_model_queue_sample,
+ * lm_model_collect; qwen3/gpu.h); LM_ERR_UNSUPPORTED on the CPU. */
+lm_status lm_qwen3_queue_sample(void *state, void *kv, const struct lm_batch_seq *seqs, int n_seqs,
+                                const struct lm_device_sampling *sampling, const int32_t *feed);
+lm_status lm_qwen3_collect(void *state, void *kv, int32_t *ids, int *n_ids);
 
 #endif
