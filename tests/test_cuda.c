@@ -315,6 +315,17 @@ static void test_gemv_q8(void) {
             for (int t = 0; t < 3; t++)
                 CHECK(!memcmp(emb + (size_t)t * k, wf + (size_t)ids[t] * k, sizeof(float) * (size_t)k),
                       "embed_q8 k=%d: row %d differs from scale * quant", k, ids[t]);
+            /* row 1 fed from an earlier kernel's ids (lm_cuda_batch.feed): prev[0] = 5 */
+            const int32_t feed[3] = {-1, 0, -1}, prev[1] = {5};
+            int32_t *dfeed = dev_from(feed, sizeof feed), *dprev = dev_from(prev, sizeof prev);
+            CHECK(lm_cuda_embed_q8(g_ctx, de, dw.q, dw.s, dids, dfeed, dprev, 3, k) == LM_OK, "embed_q8 (fed): %s",
+                  lm_error_message());
+            sync_ok("embed_q8 (fed)");
+            lm_cuda_download(emb, de, sizeof(float) * 3 * (size_t)k);
+            CHECK(!memcmp(emb + (size_t)k, wf + (size_t)5 * k, sizeof(float) * (size_t)k) &&
+                      !memcmp(emb, wf + (size_t)ids[0] * k, sizeof(float) * (size_t)k),
+                  "embed_q8 k=%d: the fed row differs from row 5's scale * quant", k);
+            lm_cuda_free(dfeed), lm_cuda_free(dprev);
             lm_cuda_free(dids), lm_cuda_free(de), free(emb);
         }
         free(x), free(nw), free(wf), free(q), free(sc);
@@ -2631,6 +2642,7 @@ static void test_model(void) {
             int32_t cur = 0, one, bad_feed = 3;
             dseq_init(&s);
             rc = prefill(&s, cs[0].prompt.v, (int)cs[0].prompt.n, 8, NULL, &cur);
+            CHECK(rc == LM_OK, "the queue's rules: prefill: %s", lm_error_message());
             CHECK(lm_cuda_qwen3_collect(g_m, &one, NULL) == LM_ERR_INVALID, "collect with none queued");
             CHECK(decode_fed(&sp, 1, &cur, &bad_feed, false, NULL, &one, NULL) == LM_ERR_INVALID,
                   "a feed past the last call's outputs");

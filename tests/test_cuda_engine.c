@@ -569,10 +569,96 @@ static void test_seeded(void) {
     for (int i = 0; i < 7; i++) lm_gen_result_free(&all[i]->result);
 }
 
+/* Steps queued ahead, a request that ends mid-chain: S stops at a stop string taken from the
+ * middle of its own text (while two others run on, so the step queued behind it leaves its row
+ * unread and the chain goes on thinner), then R continues S's conversation (its prompt is S's
+ * prompt and answer: the prefix cache gives it S's blocks, the partly filled one copied up to
+ * the rows S kept, though the step behind S wrote K/V one position further). S's, the others'
+ * and R's ids and text must be those of the same requests waited for. */
+static void test_queue_stop(void) {
+    enum { T = 24 };
+    int done = 0;
+    struct lm_sched_req probe;
+    req_init(&probe, &g_cases[3], T, &done);
+    run_fresh(&probe);
+    const struct lm_buf *pt = &probe.result.text;
+    size_t at = pt->len / 3;
+    char stop[4] = {0};
+    /* 3 printable ASCII bytes from past a third of the text that do not occur before them (so S
+     * stops there, mid-chain) */
+    for (; at + 3 <= pt->len; at++) {
+        bool ok = true, seen = false;
+        for (int i = 0; i < 3; i++) ok = ok && pt->p[at + i] >= 0x20 && pt->p[at + i] < 0x7f;
+        for (size_t j = 0; ok && j < at; j++) seen = seen || !memcmp(pt->p + j, pt->p + at, 3);
+        if (ok && !seen) break;
+    }
+    if (at + 3 <= pt->len) memcpy(stop, pt->p + at, 3);
+    if (at + 3 > pt->len || probe.result.ids.n < T) {
+        CHECK(0, "queue stop: no stop string found in the probe's %zu bytes of text", pt->len);
+        lm_gen_result_free(&probe.result);
+        return;
+    }
+    const char *stops[1] = {stop};
+    struct lm_sched_req S[2], O[2][2], R[2];
+    struct lm_sched_stats st[2];
+    int32_t *rprompt[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        g_no_queue = k == 1;
+        struct lm_sched *s = new_sched(g_gpu, 8);
+        if (!s) break;
+        req_init(&S[k], &g_cases[3], T, &done);
+        S[k].gen.stop = stops;
+        S[k].gen.n_stop = 1;
+        for (int i = 0; i < 2; i++) {
+            req_init(&O[k][i], &g_cases[4 + i], T, &done);
+            CHECK(!lm_sched_submit(s, &O[k][i]), "submit: %s", lm_error_message());
+        }
+        run_all(s, &S[k], 1); /* runs the others too */
+        const struct fcase *c = &g_cases[3];
+        const size_t n = (size_t)c->n_prompt + S[k].result.ids.n;
+        rprompt[k] = malloc(sizeof(int32_t) * n);
+        memcpy(rprompt[k], c->prompt, sizeof(int32_t) * (size_t)c->n_prompt);
+        memcpy(rprompt[k] + c->n_prompt, S[k].result.ids.v, sizeof(int32_t) * S[k].result.ids.n);
+        req_init(&R[k], c, 12, &done);
+        R[k].gen.prompt = rprompt[k];
+        R[k].gen.n_prompt = n;
+        run_all(s, &R[k], 1);
+        lm_sched_stats(s, &st[k]);
+        CHECK(st[k].kv_blocks_used == 0, "queue stop: %d KV blocks still held", st[k].kv_blocks_used);
+        lm_sched_destroy(s);
+    }
+    g_no_queue = false;
+    struct lm_sched_req *pairs[4][2] = {{&S[0], &S[1]}, {&O[0][0], &O[1][0]}, {&O[0][1], &O[1][1]}, {&R[0], &R[1]}};
+    const char *names[4] = {"the stopped request", "the first beside it", "the second beside it", "its next turn"};
+    for (int j = 0; j < 4; j++) {
+        const struct lm_gen_result *a = &pairs[j][0]->result, *b = &pairs[j][1]->result;
+        CHECK(a->ids.n == b->ids.n && !memcmp(a->ids.v, b->ids.v, sizeof(int32_t) * a->ids.n) &&
+                  a->text.len == b->text.len && (!a->text.len || !memcmp(a->text.p, b->text.p, a->text.len)),
+              "queue stop: %s: %zu ids queued ahead, %zu waited for, or the ids or text differ", names[j], a->ids.n,
+              b->ids.n);
+    }
+    CHECK(S[0].result.finish == LM_FINISH_STOP && S[0].result.ids.n < T - 2,
+          "queue stop: the stopped request finished as %d after %zu of %d tokens (a stop mid-chain expected)",
+          S[0].result.finish, S[0].result.ids.n, T);
+    CHECK(R[0].result.cached_tokens > 0 && st[0].queued_steps > 0, "queue stop: %d cached tokens, %lld queued steps",
+          R[0].result.cached_tokens, st[0].queued_steps);
+    fprintf(stderr, "scheduler, a request stopped mid-chain at \"%s\" after %zu tokens: the same ids queued or not, "
+                    "beside it and in its next turn (%d prompt tokens cached)\n",
+            stop, S[0].result.ids.n, R[0].result.cached_tokens);
+    for (int k = 0; k < 2; k++) {
+        lm_gen_result_free(&S[k].result);
+        lm_gen_result_free(&R[k].result);
+        for (int i = 0; i < 2; i++) lm_gen_result_free(&O[k][i].result);
+        free(rprompt[k]);
+    }
+    lm_gen_result_free(&probe.result);
+}
+
 /* Steps queued ahead (sched.h, params.queue): the same ids as steps waited for, for greedy and
- * seeded requests of different lengths (each one's end stops or thins the chain), a request
- * submitted while steps are queued (the chain stops for its admission), one cancelled while a
- * step is queued, and every block given back. Alone too (batch 1, the steady decode). */
+ * seeded requests of different lengths (each one's end at max_tokens stops the chain a step
+ * early), a request submitted while steps are queued (the chain stops for its admission), one
+ * cancelled while a step is queued (no token after the flag is seen), and every block given
+ * back. Alone too (batch 1, the steady decode). */
 static void test_sched_queue(void) {
     enum { N = 6, T = 20 };
     int done = 0;
@@ -813,6 +899,7 @@ int main(void) {
         test_kv_copy();
         test_sched_greedy();
         test_sched_queue();
+        test_queue_stop();
         test_cancel();
         test_seeded();
         test_seeded_mixed();

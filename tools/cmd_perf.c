@@ -263,8 +263,14 @@ static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps
                                                 depth + step, blocks + b * nbps, LM_LOGITS_LAST};
             if (queue) {
                 st = lm_model_queue_sample(m, kv, seqs, B, greedy, step ? feed : NULL);
-                if (!st && step) st = lm_model_collect(m, kv, chosen, NULL); /* step - 1's, while step runs */
-            } else {
+                if (st == LM_ERR_RANGE && step == 0) {
+                    queue = false; /* more sequences than one device call takes: wait for each step */
+                    st = LM_OK;
+                } else if (!st && step) {
+                    st = lm_model_collect(m, kv, chosen, NULL); /* step - 1's, while step runs */
+                }
+            }
+            if (!queue && !st) {
                 st = dev ? lm_model_forward_sample(m, kv, seqs, B, greedy, chosen, NULL)
                          : lm_model_forward(m, kv, seqs, B, logits);
             }
@@ -635,7 +641,8 @@ int lm_cmd_perf(int argc, char **argv) {
             printf(" (no read-bandwidth\nprobe: --no-bw, a GPU run, or no memory for it, so %% of read stays empty).\n");
         if (lm_model_can_queue(m) && n)
             printf("decode on the GPU: %s\n", queue ? "each step queued before the host reads the last one's ids (its "
-                                                     "tokens fed on the device; --no-queue waits instead)"
+                                                     "tokens fed on the device; --no-queue waits instead; a "
+                                                     "step of more sequences than one device call takes waits)"
                                                    : "each step waits for the last one's ids (--no-queue)");
         if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
             printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"

@@ -64,6 +64,8 @@ struct lm_sched {
     /* Steps queued ahead (sched.h): the sequences of the step whose ids are collected next, and
      * of the one queued behind it, each in row order, NULL where a sequence has finished since. */
     bool queue;            /* params.queue, the environment and lm_model_can_queue agree */
+    int queue_max;         /* the most sequences a queued step may have (lowered when the model
+                              refuses a step as too large for one device call) */
     int n_queued;          /* steps queued and not collected (0-2) */
     struct seq **ahead, **behind; /* [max_seqs] */
     int n_ahead, n_behind;
@@ -145,6 +147,7 @@ lm_status lm_sched_create(struct lm_model *m, const struct lm_sched_params *p,
     /* not with speculative decoding: a queued step carries no drafts, and one behind it none either */
     s->queue = p->queue && p->spec.num_speculative_tokens == 0 && lm_model_can_queue(m) &&
                lm_env_flag("LM_SCHED_QUEUE", true);
+    s->queue_max = p->max_seqs;
     if (!s->logits || !s->batch || !s->plan || !s->running || !s->dsamp || !s->ids || !s->ahead || !s->behind ||
         !s->feed) {
         lm_sched_destroy(s);
@@ -678,7 +681,7 @@ static bool queue_behind(struct lm_sched *s) {
         s->behind[n] = q;
         s->feed[n++] = i;
     }
-    if (n == 0 || n != s->n_running) return false;
+    if (n == 0 || n != s->n_running || n > s->queue_max) return false;
     for (int i = 0; i < n; i++) {
         struct seq *q = s->behind[i];
         /* the ahead step computes position n_computed; this one the next */
@@ -696,7 +699,8 @@ static bool queue_behind(struct lm_sched *s) {
     double tf = lm_now_ms();
     const lm_status rc = lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, s->feed);
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
-    if (rc) return false; /* the ahead step is collected as usual; the next step plans afresh */
+    if (rc == LM_ERR_RANGE) s->queue_max = n - 1; /* more than one device call takes */
+    if (rc) return false; /* the ahead step is collected as usual; this call then plans afresh */
     if (s->trace) trace_step(s, n, n, 0, n, tf, tf);
     s->n_behind = n;
     s->n_queued++;
@@ -724,6 +728,10 @@ static void step_queued(struct lm_sched *s) {
     for (int i = 0; i < s->n_ahead; i++) {
         struct seq *q = s->ahead[i];
         if (!q) continue; /* finished since it was queued */
+        if (cancelled(q)) { /* as step 1 would have it: no token after the flag is seen */
+            finish_running(s, q, LM_FINISH_CANCELLED, LM_OK, NULL);
+            continue;
+        }
         q->n_computed++;
         index_full_blocks(s, q);
         take_token(s, q, NULL, s->ids[i]);
@@ -805,12 +813,14 @@ int lm_sched_step(struct lm_sched *s) {
      * waiting) is queued, not waited for: the next lm_sched_step queues the one after it and
      * then takes this one's tokens (sched.h). */
     if (s->queue && dev && !host_rows && drafts == 0 && tokens == n && rows == n && n == s->n_running &&
-        s->n_waiting == 0) {
+        n <= s->queue_max && s->n_waiting == 0) {
         bool steady = true;
         for (int i = 0; i < n && steady; i++)
             steady = s->plan[i]->chunk == 1 && s->plan[i]->n_tokens - s->plan[i]->n_computed == 1 &&
                      s->batch[i].logits == LM_LOGITS_LAST;
-        if (steady && !lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, NULL)) {
+        const lm_status qrc = steady ? lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, NULL) : LM_OK;
+        if (qrc == LM_ERR_RANGE) s->queue_max = n - 1; /* waited for below */
+        if (steady && !qrc) {
             s->st.forward_s += (lm_now_ms() - tf) / 1e3;
             if (s->trace) trace_step(s, n, tokens, drafts, rows, t0, tf);
             for (int i = 0; i < n; i++) s->ahead[i] = s->plan[i];

@@ -39,8 +39,14 @@
  * step while the host streams the last one (vLLM's asynchronous scheduling). A sequence that
  * ends at a collected step leaves a row of the step behind it unread (its K/V written past the
  * positions it keeps: never read, nor cached); one that could end by max_tokens, a cancellation,
- * a waiting request or no free KV block for the next position stops the chain: the queued step
- * is collected and the next lm_sched_step plans as above. The tokens are the same either way.
+ * a waiting request, no free KV block for the next position, or more sequences than one device
+ * call takes stops the chain: the queued step is collected (a cancelled sequence's token is
+ * dropped, as step 1 would) and the same lm_sched_step goes on to plan as above. The tokens are
+ * the same either way. A request that arrives while a step is queued behind the running one
+ * waits for both before its prefill is planned (time to first token one step longer). When
+ * every sequence has ended, lm_sched_step may return 0 with a step still queued (its rows all
+ * unread); the next call, lm_sched_cancel_all or lm_sched_destroy collects it. The stats count
+ * queued steps as steps (also one whose ids a cancel-all or a failure dropped).
  *
  * Batch invariance: the forward computes every row as it would alone (family/model.h), and
  * sampling is per sequence, so a request's ids do not depend on what runs beside it, on the
@@ -53,7 +59,10 @@
  * prefill chunks of more than one token, its output rows, and its longest context (positions). A
  * header line starting with # names the columns. For finding where serving time goes
  * (docs/ENGINE.md): the next line's forward start minus this one's forward end, less the next
- * line's plan_ms, is the sampling, streaming and bookkeeping between the two forwards.
+ * line's plan_ms, is the sampling, streaming and bookkeeping between the two forwards. A queued
+ * step's line (see below) times only its queueing (its plan_ms is 0 when it was queued behind
+ * another): the GPU's time and the host's overlap there, and the wait for its ids falls in the
+ * next line's gap.
  *
  * Not thread-safe: everything here runs on the engine thread; callbacks are called from
  * lm_sched_step on that thread. */

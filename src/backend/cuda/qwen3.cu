@@ -132,7 +132,8 @@ struct lm_cuda_qwen3 {
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
     bool tc_decode;  /* decode steps take the tensor-core GEMM from one token (tc_decode_rule) */
     bool tc_decode_off; /* lm_cuda_qwen3_set_tc_decode(false) */
-    std::vector<graph_slot> graphs; /* [(((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV] */
+    std::vector<graph_slot> graphs; /* [(((((class * (MO + 16) + bucket) * 2 + sampling) * 2 + work list) * 2 + GEMV)
+                                       * 2 + screen) * 2 + parity] */
     cudaGraphExec_t last_exec; /* the graph the last decode step replayed (lm_cuda_qwen3_bench_step) */
     int last_rows;             /* its bucket */
     char device_name[128];
@@ -1124,11 +1125,11 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     if (b->out_logits)
         LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
                               cudaMemcpyDeviceToHost, c->stream));
+    if (b->async) LM_CU(cudaEventRecord(m->done[par], c->stream));
     m->screened_steps += screen;
     m->par = 1 - par;
     m->prev_no = no;
     if (b->async) {
-        LM_CU(cudaEventRecord(m->done[par], c->stream));
         m->pend_par[m->n_pend] = par;
         m->pend_no[m->n_pend] = no;
         m->n_pend++;
