@@ -578,9 +578,22 @@ static void test_seeded(void) {
 static void test_queue_stop(void) {
     enum { T = 24 };
     int done = 0;
-    struct lm_sched_req probe;
+    /* The probe: S without its stop string, beside the same two, steps waited for; S's ids are
+     * those up to its stop (a batch's rows do not depend on one another; the batch here is the
+     * same until S stops). */
+    struct lm_sched_req probe, pside[2];
+    g_no_queue = true;
+    struct lm_sched *ps = new_sched(g_gpu, 8);
+    g_no_queue = false;
+    if (!ps) return;
     req_init(&probe, &g_cases[3], T, &done);
-    run_fresh(&probe);
+    for (int i = 0; i < 2; i++) {
+        req_init(&pside[i], &g_cases[4 + i], T, &done);
+        CHECK(!lm_sched_submit(ps, &pside[i]), "submit: %s", lm_error_message());
+    }
+    run_all(ps, &probe, 1);
+    lm_sched_destroy(ps);
+    for (int i = 0; i < 2; i++) lm_gen_result_free(&pside[i].result);
     const struct lm_buf *pt = &probe.result.text;
     size_t at = pt->len / 3;
     char stop[4] = {0};

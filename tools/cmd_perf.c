@@ -29,7 +29,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen perf --model DIR|FILE.gguf [--tokenizer DIR] [-t N] [-p 512] [-n 128]\n"
             "                  [-r 3] [-d 0] [--batch 1] [-o md|json] [--mmap] [--no-bw] [--scalar]\n"
-            "                  [--device cpu|cuda|cuda:N] [--no-queue]\n\n"
+            "                  [--device cpu|cuda|cuda:N] [--no-async-scheduling]\n\n"
             "Measures the CPU forward pass (or a CUDA GPU's, --device) like llama-bench and\n"
             "prints a table of tokens per second (mean ± std over the repetitions, the median\n"
             "and the min - max), the weight bandwidth each decode test achieves, and a read\n"
@@ -71,10 +71,11 @@ static void usage(FILE *f) {
             "                    decode (tg, any B) has the GPU choose greedy ids, as lumen serve\n"
             "                    does, so only ids come back; each step's tokens are the ids the\n"
             "                    step before chose, as in generation)\n"
-            "  --no-queue        on a GPU, wait for each decode step's ids before starting the\n"
-            "                    next (by default step N + 1 is queued first, its tokens taken from\n"
-            "                    step N's on the device, as lumen serve's scheduler runs a steady\n"
-            "                    decode: the GPU then does not wait for the host between steps)\n"
+            "  --no-async-scheduling  on a GPU, wait for each decode step's ids before starting\n"
+            "                    the next (by default step N + 1 is queued first, its tokens taken\n"
+            "                    from step N's on the device, as lumen serve's scheduler runs a\n"
+            "                    steady decode: the GPU then does not wait for the host between\n"
+            "                    steps; the same flag turns it off in lumen serve)\n"
             "  -h, --help        show this help\n");
 }
 
@@ -401,7 +402,7 @@ int lm_cmd_perf(int argc, char **argv) {
                                          {"no-bw", no_argument, 0, 'W'},
                                          {"scalar", no_argument, 0, 'S'},
                                          {"device", required_argument, 0, 'D'},
-                                         {"no-queue", no_argument, 0, 'Q'},
+                                         {"no-async-scheduling", no_argument, 0, 'Q'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct lm_model_open_params params = lm_model_default_open_params();
@@ -641,9 +642,9 @@ int lm_cmd_perf(int argc, char **argv) {
             printf(" (no read-bandwidth\nprobe: --no-bw, a GPU run, or no memory for it, so %% of read stays empty).\n");
         if (lm_model_can_queue(m) && n)
             printf("decode on the GPU: %s\n", queue ? "each step queued before the host reads the last one's ids (its "
-                                                     "tokens fed on the device; --no-queue waits instead; a "
+                                                     "tokens fed on the device; --no-async-scheduling waits instead; a "
                                                      "step of more sequences than one device call takes waits)"
-                                                   : "each step waits for the last one's ids (--no-queue)");
+                                                   : "each step waits for the last one's ids (--no-async-scheduling)");
         if (on_cpu && probe.p && max_pct > 0 && llc && info.weight_bytes < llc)
             printf("note: %% of read can exceed 100%% here: the %.1f MiB of weights fit in the %.1f MiB last-level\n"
                    "cache, so decode steps read them from cache while the probe reads 512 MiB from memory.\n",

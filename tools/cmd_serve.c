@@ -89,6 +89,13 @@ static void help(FILE *f) {
             "                   of up to 4 tokens, else as batching: to bf16 near ties), in fewer\n"
             "                   steps where text repeats. \"disable_by_batch_size\": N drafts nothing\n"
             "                   in a step of more than N requests (default: off)\n"
+            "  --no-async-scheduling  wait for each engine step's tokens before the next step.\n"
+            "                   By default (on CUDA) a steady decode, every running request\n"
+            "                   decoding and none waiting, queues each step before the host takes\n"
+            "                   the last one's tokens, as vLLM's --async-scheduling: the same\n"
+            "                   tokens, more throughput and shorter ITL; a request arriving then\n"
+            "                   waits one step longer for its first token. Off with\n"
+            "                   --speculative-config\n"
             "  --records FILE   append one JSON line per generation request to FILE: ids, headers\n"
             "                   (X-Request-Id, X-Conversation-Id, X-Lumen-Phase, X-Lumen-Turn),\n"
             "                   engine times, token counts and SHA-256 digests of the contents,\n"
@@ -164,6 +171,7 @@ int lm_cmd_serve(int argc, char **argv) {
         {"device", required_argument, 0, 'd'},
         {"timeout-keep-alive", required_argument, 0, 'A'}, {"max-connections", required_argument, 0, 'C'},
         {"speculative-config", required_argument, 0, 'X'},
+        {"no-async-scheduling", no_argument, 0, 'Y'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     const char *model_dir = NULL, *tok_dir = NULL;
@@ -225,6 +233,7 @@ int lm_cmd_serve(int argc, char **argv) {
             }
             kv_size = optarg;
             break;
+        case 'Y': sp.no_async_scheduling = true; break;
         case 'X':
             if (lm_spec_parse(optarg, &sp.spec)) {
                 fprintf(stderr, "lumen serve: %s\n", lm_error_message()); /* "speculative config: ..." */

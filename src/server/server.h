@@ -36,6 +36,9 @@ struct lm_server_params {
     double shutdown_timeout_s; /* stop lets in-flight requests finish this long; default 10 (a
                                   negative value: cancel at once) */
     struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed (default): off */
+    bool no_async_scheduling;   /* wait for each engine step's ids before the next step; default
+                                   false: a steady decode is queued a step ahead where the model
+                                   can (CUDA; engine/sched.h, params.queue) */
     const char *records_path; /* append one JSONL record per generation request (records.h);
                                  NULL (default): none */
     bool reasoning;    /* split chat output into reasoning_content and content with the family's

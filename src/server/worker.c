@@ -54,7 +54,8 @@ struct lm_worker_params lm_worker_default_params(void) {
                                      .max_batch_tokens = 512,
                                      .kv_tokens = 0,
                                      .shutdown_timeout_s = 10,
-                                     .warm_next_turn = true};
+                                     .warm_next_turn = true,
+                                     .queue_steps = true};
 }
 
 struct lm_worker_params lm_worker_params_from_server(const struct lm_server_params *sp) {
@@ -65,6 +66,7 @@ struct lm_worker_params lm_worker_params_from_server(const struct lm_server_para
     if (sp->max_batch_tokens > 0) p.max_batch_tokens = sp->max_batch_tokens;
     if (sp->kv_tokens > 0) p.kv_tokens = sp->kv_tokens;
     p.spec = sp->spec;
+    p.queue_steps = !sp->no_async_scheduling;
     p.log_summary = sp->log_requests;
     if (sp->shutdown_timeout_s > 0)
         p.shutdown_timeout_s = sp->shutdown_timeout_s;
@@ -441,7 +443,7 @@ lm_status lm_worker_start(struct lm_model *m, const struct lm_worker_params *pp,
                                  .n_blocks = (int)((kv + LM_KV_BLOCK - 1) / LM_KV_BLOCK),
                                  .max_ctx = p.ctx_size,
                                  .spec = p.spec,
-                                 .queue = true}; /* steady decode steps queued ahead (sched.h) */
+                                 .queue = p.queue_steps}; /* steady decode steps queued ahead (sched.h) */
     struct lm_worker *w = calloc(1, sizeof *w);
     if (!w) return lm_errorf(LM_ERR_NOMEM, "out of memory");
     w->model = m;

@@ -102,6 +102,8 @@ struct lm_worker_params {
     double shutdown_timeout_s; /* how long shutdown lets in-flight requests finish (default 10) */
     bool warm_next_turn;       /* cache each chat turn's canonical form (default true) */
     struct lm_spec_params spec; /* speculative decoding (engine/spec.h); zeroed (default): off */
+    bool queue_steps;           /* queue steady decode steps a step ahead (engine/sched.h,
+                                   params.queue; default true) */
     bool log_summary;          /* at shutdown, one line on stderr: requests, prefix-cache hit
                                   rates, steps, preemptions (default false) */
 };
