@@ -742,9 +742,12 @@ static void test_sched_queue(void) {
     CHECK(a[0].result.ids.n == 40 && a[1].result.ids.n == 40 &&
               !memcmp(a[0].result.ids.v, a[1].result.ids.v, sizeof(int32_t) * 40),
           "alone: the ids queued ahead differ from the ids waited for");
-    /* 39 decode steps: the first planned, then each queued behind the last until max_tokens is one away */
-    CHECK(st[0].queued_steps >= 37 && st[0].steps == st[1].steps, "alone: %lld of %lld steps queued (%lld waited for)",
-          st[0].queued_steps, st[0].steps, st[1].steps);
+    /* 39 decode steps, every one queued (the first as planned, then each behind the one before:
+     * the last is queued while the one before it still leaves room for its token); none wasted */
+    CHECK(st[0].decode_steps == 39 && st[0].queued_steps == st[0].decode_steps && st[0].steps == st[1].steps &&
+              st[1].queued_steps == 0,
+          "alone: %lld of %lld decode steps queued (%lld steps; waited for: %lld steps, %lld queued)",
+          st[0].queued_steps, st[0].decode_steps, st[0].steps, st[1].steps, st[1].queued_steps);
     fprintf(stderr, "scheduler, steps queued ahead: %d of %d requests the same ids as waited for (one cancelled), "
                     "%lld of %lld steps queued; alone %lld of %lld\n", same, N + 1, many.queued_steps, many.steps,
             st[0].queued_steps, st[0].steps);

@@ -809,41 +809,35 @@ int lm_sched_step(struct lm_sched *s) {
         }
     }
     double tf = lm_now_ms();
-    /* A steady decode step (every running sequence one token the device chooses, nothing
-     * waiting) is queued, not waited for: the next lm_sched_step queues the one after it and
-     * then takes this one's tokens (sched.h). */
+    /* A steady decode step (every running sequence one token, the last of its list, that the
+     * device chooses; nothing waiting) is queued, not waited for: the next lm_sched_step queues
+     * the one after it and then takes this one's tokens (sched.h). One token a sequence and an
+     * output row each (tokens == rows == n, no drafts) is what makes every sequence's row LAST. */
+    bool queued = false;
     if (s->queue && dev && !host_rows && drafts == 0 && tokens == n && rows == n && n == s->n_running &&
         n <= s->queue_max && s->n_waiting == 0) {
-        bool steady = true;
-        for (int i = 0; i < n && steady; i++)
-            steady = s->plan[i]->chunk == 1 && s->plan[i]->n_tokens - s->plan[i]->n_computed == 1 &&
-                     s->batch[i].logits == LM_LOGITS_LAST;
-        const lm_status qrc = steady ? lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, NULL) : LM_OK;
+        const lm_status qrc = lm_model_queue_sample(s->m, s->cache, s->batch, n, s->dsamp, NULL);
         if (qrc == LM_ERR_RANGE) s->queue_max = n - 1; /* waited for below */
-        if (steady && !qrc) {
-            s->st.forward_s += (lm_now_ms() - tf) / 1e3;
-            if (s->trace) trace_step(s, n, tokens, drafts, rows, t0, tf);
-            for (int i = 0; i < n; i++) s->ahead[i] = s->plan[i];
-            s->n_ahead = n;
-            s->n_queued = 1;
-            s->st.steps++;
-            s->st.step_tokens += tokens;
-            s->st.decode_steps++;
-            s->st.device_sampled_steps++;
-            s->st.queued_steps++;
-            s->st.busy_s += (lm_now_ms() - t0) / 1e3;
-            return s->n_running + s->n_waiting;
-        }
+        queued = !qrc;
     }
-    lm_status rc = dev ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids,
-                                                 host_rows ? s->logits : NULL)
-                       : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
+    lm_status rc = queued ? LM_OK
+                   : dev  ? lm_model_forward_sample(s->m, s->cache, s->batch, n, s->dsamp, s->ids,
+                                                    host_rows ? s->logits : NULL)
+                          : lm_model_forward(s->m, s->cache, s->batch, n, s->logits);
     s->st.forward_s += (lm_now_ms() - tf) / 1e3;
     if (s->trace) trace_step(s, n, tokens, drafts, rows, t0, tf);
     s->st.steps++;
     s->st.step_tokens += tokens;
     s->st.decode_steps += tokens - drafts == n; /* no prefill chunk (drafts may ride along) */
     s->st.device_sampled_steps += dev && !host_rows;
+    s->st.queued_steps += queued;
+    if (queued) { /* its tokens are taken by the next lm_sched_step (step_queued) */
+        for (int i = 0; i < n; i++) s->ahead[i] = s->plan[i];
+        s->n_ahead = n;
+        s->n_queued = 1;
+        s->st.busy_s += (lm_now_ms() - t0) / 1e3;
+        return s->n_running + s->n_waiting;
+    }
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", lm_error_message());

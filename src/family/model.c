@@ -436,8 +436,8 @@ void lm_kv_cache_copy(struct lm_kv_cache *kv, int src, int dst, int n_rows) {
     if (n_rows) kv->m->family->kv_copy(kv->state, src, dst, n_rows);
 }
 
-/* Checks a step (model.h, lm_model_forward); *rows gets its output rows. */
-/* feed: NULL, or per sequence -1 or the output row its one token is fed from (its ids unread). */
+/* Checks a step (model.h, lm_model_forward); *rows gets its output rows. feed: NULL, or per
+ * sequence -1 or the output row its one token is fed from (lm_model_queue_sample: ids unread). */
 static lm_status check_step(const struct lm_model *m, const struct lm_kv_cache *kv,
                             const struct lm_batch_seq *seqs, int n_seqs, const int32_t *feed, long *rows_out) {
     if (n_seqs < 1) return lm_errorf(LM_ERR_INVALID, "forward step of %d sequences", n_seqs);

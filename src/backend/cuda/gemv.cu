@@ -978,19 +978,28 @@ cudaError_t gemv_rows_dispatch(const lm_cuda_ctx *c, int R, float *y, int ldy, c
     }
 }
 
+/* go(std::integral_constant<int, T>) for the launch's T activation rows, 1 to 8 (more: 8). */
+template <class G>
+cudaError_t by_act_rows(int T, G &&go) {
+    using std::integral_constant;
+    switch (T) {
+    case 1: return go(integral_constant<int, 1>{});
+    case 2: return go(integral_constant<int, 2>{});
+    case 3: return go(integral_constant<int, 3>{});
+    case 4: return go(integral_constant<int, 4>{});
+    case 5: return go(integral_constant<int, 5>{});
+    case 6: return go(integral_constant<int, 6>{});
+    case 7: return go(integral_constant<int, 7>{});
+    default: return go(integral_constant<int, 8>{});
+    }
+}
+
 template <int EPI, int F>
 cudaError_t gemv_dispatch(const lm_cuda_ctx *c, int T, int R, float *y, int ldy, const float *x,
                           int ldx, gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
-    switch (T) {
-    case 1: return gemv_rows_dispatch<1, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 2: return gemv_rows_dispatch<2, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 3: return gemv_rows_dispatch<3, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 4: return gemv_rows_dispatch<4, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 5: return gemv_rows_dispatch<5, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 6: return gemv_rows_dispatch<6, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    case 7: return gemv_rows_dispatch<7, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    default: return gemv_rows_dispatch<8, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
-    }
+    return by_act_rows(T, [&](auto t) {
+        return gemv_rows_dispatch<decltype(t)::value, EPI, F>(c, R, y, ldy, x, ldx, w, k, m, nw, eps, fix);
+    });
 }
 
 /* Both formats' entry: rows 8 at a time (fewer when k needs more shared memory). */
@@ -1273,19 +1282,10 @@ extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ld
         const gemv_w w = {q, s};
         /* the pending fixed-point terms fold into x as it is staged (gemv_stage), as the bf16 GEMV's */
         const gemv_fix fx = {x_fix ? (const long long *)x_fix + (size_t)t0 * k : NULL, NULL, 0};
-        auto go = [&](auto t) { /* t: std::integral_constant of the activation rows */
+        const cudaError_t e = by_act_rows(T, [&](auto t) {
             return launch_gemv_u<decltype(t)::value, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m,
                                                                                         norm_w, eps, fx, scr);
-        };
-        using std::integral_constant;
-        const cudaError_t e = T == 1   ? go(integral_constant<int, 1>{})
-                              : T == 2 ? go(integral_constant<int, 2>{})
-                              : T == 3 ? go(integral_constant<int, 3>{})
-                              : T == 4 ? go(integral_constant<int, 4>{})
-                              : T == 5 ? go(integral_constant<int, 5>{})
-                              : T == 6 ? go(integral_constant<int, 6>{})
-                              : T == 7 ? go(integral_constant<int, 7>{})
-                                       : go(integral_constant<int, 8>{});
+        });
         if (e != cudaSuccess) {
             lm_cuda_screen_reset(c); /* an earlier launch's bounds would outlive it */
             return lm_cuda_fail(e, "gemv screen launch");

@@ -1126,17 +1126,17 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
                               cudaMemcpyDeviceToHost, c->stream));
     if (b->async) LM_CU(cudaEventRecord(m->done[par], c->stream));
+    else LM_TRY(lm_cuda_ctx_sync(c));
     m->screened_steps += screen;
     m->par = 1 - par;
     m->prev_no = no;
-    if (b->async) {
-        m->pend_par[m->n_pend] = par;
-        m->pend_no[m->n_pend] = no;
-        m->n_pend++;
+    if (!b->async) {
+        memcpy(b->out_ids, ids_host, sizeof(int32_t) * no);
         return LM_OK;
     }
-    LM_TRY(lm_cuda_ctx_sync(c));
-    memcpy(b->out_ids, ids_host, sizeof(int32_t) * no);
+    m->pend_par[m->n_pend] = par;
+    m->pend_no[m->n_pend] = no;
+    m->n_pend++;
     return LM_OK;
 }
 
@@ -1156,8 +1156,6 @@ extern "C" lm_status lm_cuda_qwen3_collect(struct lm_cuda_qwen3 *m, int32_t *out
     if (n_out) *n_out = no;
     return LM_OK;
 }
-
-
 
 extern "C" struct lm_cuda_ctx *lm_cuda_qwen3_ctx(struct lm_cuda_qwen3 *m) { return m->ctx; }
 

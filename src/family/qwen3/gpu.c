@@ -179,9 +179,9 @@ struct call {
 
 /* Runs the call and starts the next. Output rows go to logits/ids at row r0 (a call with none
  * still needs one output on the device: the last token's, thrown away). fed: g->feed holds the
- * call's feeds (lm_cuda_batch.feed); async: queue it (lm_cuda_batch.async). */
-static lm_status flush_call(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled,
-                            int32_t *ids, bool fed, bool async) {
+ * call's feeds (lm_cuda_batch.feed); async: queue it (lm_cuda_batch.async; ids are not written). */
+static lm_status flush(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled, int32_t *ids,
+                       bool fed, bool async) {
     if (c->nt == 0) return LM_OK;
     const size_t V = (size_t)g->w->cfg.vocab;
     bool none = c->no == 0;
@@ -204,13 +204,11 @@ static lm_status flush_call(struct lm_qwen3_gpu *g, struct call *c, float *logit
     return LM_OK;
 }
 
-static lm_status flush(struct lm_qwen3_gpu *g, struct call *c, float *logits, bool sampled, int32_t *ids) {
-    return flush_call(g, c, logits, sampled, ids, false, false);
-}
-
-lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
-                               float *logits, const struct lm_device_sampling *sampling,
-                               int32_t *ids) {
+/* A step as device calls of at most max_seqs sequences and output rows each (lm_qwen3_gpu_forward);
+ * feed: NULL, or per sequence the output row of the last call its one token is fed from (-1:
+ * none); async: queue the calls (the caller made sure the step is one call). */
+static lm_status run_step(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs, float *logits,
+                          const struct lm_device_sampling *sampling, int32_t *ids, const int32_t *feed, bool async) {
     if (!g->kv_open) return lm_errorf(LM_ERR_INVALID, "cuda:%d: forward without a KV cache", g->device);
     lm_status drc = use_device(g);
     if (drc) return drc;
@@ -223,7 +221,7 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
             /* A piece of this sequence: all of it, unless its output rows overflow the call. */
             bool outputs = b->logits != LM_LOGITS_NONE;
             if (c.ns == S || (outputs && c.no == S)) {
-                lm_status rc = flush(g, &c, logits, sampling != NULL, ids);
+                lm_status rc = flush(g, &c, logits, sampling != NULL, ids, feed != NULL, async);
                 if (rc) return rc;
             }
             int take = b->n - done;
@@ -233,8 +231,10 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
              * there (calloc'd: valid ids or 0): the device reads only the blocks of positions up to
              * each token's own. */
             memcpy(row, b->blocks, sizeof(int32_t) * (size_t)nb);
+            const int f = feed ? feed[s] : -1; /* a fed sequence's ids are not read */
             for (int i = done; i < done + take; i++) {
-                g->ids[c.nt] = b->ids[i];
+                g->ids[c.nt] = f < 0 ? b->ids[i] : 0;
+                g->feed[c.nt] = f;
                 g->pos[c.nt] = b->pos + i;
                 g->seq[c.nt] = c.ns;
                 if (b->logits == LM_LOGITS_ALL || (b->logits == LM_LOGITS_LAST && i == b->n - 1)) {
@@ -249,34 +249,27 @@ lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq
             done += take;
         }
     }
-    return flush(g, &c, logits, sampling != NULL, ids);
+    return flush(g, &c, logits, sampling != NULL, ids, feed != NULL, async);
+}
+
+lm_status lm_qwen3_gpu_forward(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
+                               float *logits, const struct lm_device_sampling *sampling,
+                               int32_t *ids) {
+    return run_step(g, seqs, n_seqs, logits, sampling, ids, NULL, false);
 }
 
 lm_status lm_qwen3_gpu_queue(struct lm_qwen3_gpu *g, const struct lm_batch_seq *seqs, int n_seqs,
                              const struct lm_device_sampling *sampling, const int32_t *feed) {
-    if (!g->kv_open) return lm_errorf(LM_ERR_INVALID, "cuda:%d: forward without a KV cache", g->device);
-    if (n_seqs > g->p.max_seqs)
+    /* one device call: at most max_seqs sequences, one token and output row each */
+    if (g->kv_open && n_seqs > g->p.max_seqs)
         return lm_errorf(LM_ERR_RANGE, "cuda:%d: a queued step of %d sequences (one device call: at most %d)",
                          g->device, n_seqs, g->p.max_seqs);
-    lm_status rc = use_device(g);
-    if (rc) return rc;
-    const int W = g->W;
-    for (int s = 0; s < n_seqs; s++) {
-        const struct lm_batch_seq *b = &seqs[s];
-        if (b->n != 1 || b->logits != LM_LOGITS_LAST)
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].n != 1 || seqs[s].logits != LM_LOGITS_LAST)
             return lm_errorf(LM_ERR_RANGE, "cuda:%d: queued step: sequence %d has %d tokens (%s logits); a queued "
-                             "step decodes one token a sequence, with its last row", g->device, s, b->n,
-                             b->logits == LM_LOGITS_LAST ? "last" : "not the last");
-        memcpy(g->bt + (size_t)s * W, b->blocks, sizeof(int32_t) * (size_t)((b->pos + 1 + LM_KV_BLOCK - 1) / LM_KV_BLOCK));
-        g->ids[s] = b->ids ? b->ids[0] : 0;
-        g->feed[s] = feed ? feed[s] : -1;
-        g->pos[s] = b->pos;
-        g->seq[s] = s;
-        g->out[s] = s;
-        put_sampling(&g->samp[s], sampling ? &sampling[s] : NULL);
-    }
-    struct call c = {n_seqs, n_seqs, n_seqs, 0};
-    return flush_call(g, &c, NULL, sampling != NULL, NULL, true, true);
+                             "step decodes one token a sequence, with its last row", g->device, s, seqs[s].n,
+                             seqs[s].logits == LM_LOGITS_LAST ? "last" : "not the last");
+    return run_step(g, seqs, n_seqs, NULL, sampling, NULL, feed, true);
 }
 
 lm_status lm_qwen3_gpu_collect(struct lm_qwen3_gpu *g, int32_t *ids, int *n_ids) {
