@@ -15,6 +15,8 @@
 
 #include "check.h"
 
+#include <cuda_runtime_api.h> /* cudaMallocHost: lm_cuda_ids_to_host's page-locked destination */
+
 #ifndef LM_HAVE_CUDA
 int main(void) {
     fprintf(stderr, "test_cuda: built without CUDA (no nvcc found): skipped\n");
@@ -1926,6 +1928,28 @@ static int ref_sample(const float *l, int V, const struct lm_cuda_sampling *p, d
     return id;
 }
 
+/* lm_cuda_ids_to_host: ids stored into page-locked host memory by a kernel, more ids than one
+ * block's threads too; n < 1 refused. */
+static void test_ids_to_host(void) {
+    static const int ns[] = {1, 37, 1024, 2500};
+    int32_t *h = NULL, *want = malloc(sizeof(int32_t) * 2500);
+    CHECK(cudaMallocHost((void **)&h, sizeof(int32_t) * 2501) == cudaSuccess, "cudaMallocHost");
+    if (!h) return;
+    for (int i = 0; i < 2500; i++) want[i] = (int32_t)(i * 7919 % 151936);
+    int32_t *d = dev_from(want, sizeof(int32_t) * 2500);
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        memset(h, 0xff, sizeof(int32_t) * 2501);
+        CHECK(lm_cuda_ids_to_host(g_ctx, h, d, ns[c]) == LM_OK, "ids to host: %s", lm_error_message());
+        sync_ok("ids to host");
+        CHECK(!memcmp(h, want, sizeof(int32_t) * ns[c]) && h[ns[c]] == -1,
+              "ids to host: %d ids stored wrong, or past the end", ns[c]);
+    }
+    CHECK(lm_cuda_ids_to_host(g_ctx, h, d, 0) == LM_ERR_SHAPE, "ids to host: 0 ids taken");
+    lm_cuda_free(d);
+    cudaFreeHost(h);
+    free(want);
+}
+
 static void test_sample(void) {
     static const int vocabs[] = {1000, 151936};
     static const struct {
@@ -3096,6 +3120,7 @@ int main(void) {
     test_rows();
     test_attention();
     test_attention_runs();
+    test_ids_to_host();
     test_sample();
     test_model_link();
     test_model();

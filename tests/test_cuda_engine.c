@@ -569,8 +569,8 @@ static void test_seeded(void) {
     for (int i = 0; i < 7; i++) lm_gen_result_free(&all[i]->result);
 }
 
-/* Steps queued ahead, a request that ends mid-chain: S stops at a stop string taken from the
- * middle of its own text (while two others run on, so the step queued behind it leaves its row
+/* Steps queued ahead, a request that ends mid-chain: S (seeded sampling) stops at a stop string
+ * taken from the middle of its own text (while two others run on, so the step queued behind it leaves its row
  * unread and the chain goes on thinner), then R continues S's conversation (its prompt is S's
  * prompt and answer: the prefix cache gives it S's blocks, the partly filled one copied up to
  * the rows S kept, though the step behind S wrote K/V one position further). S's, the others'
@@ -582,11 +582,16 @@ static void test_queue_stop(void) {
      * those up to its stop (a batch's rows do not depend on one another; the batch here is the
      * same until S stops). */
     struct lm_sched_req probe, pside[2];
+    /* S samples (seeded: the same draws queued or not, test_sched_queue): a greedy request on
+     * random weights may repeat one token, whose text holds no piece that does not occur before */
+    const struct lm_sampling_params sp = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 11,
+                                          .seeded = true};
     g_no_queue = true;
     struct lm_sched *ps = new_sched(g_gpu, 8);
     g_no_queue = false;
     if (!ps) return;
     req_init(&probe, &g_cases[3], T, &done);
+    probe.gen.sampling = sp;
     for (int i = 0; i < 2; i++) {
         req_init(&pside[i], &g_cases[4 + i], T, &done);
         CHECK(!lm_sched_submit(ps, &pside[i]), "submit: %s", lm_error_message());
@@ -595,19 +600,26 @@ static void test_queue_stop(void) {
     lm_sched_destroy(ps);
     for (int i = 0; i < 2; i++) lm_gen_result_free(&pside[i].result);
     const struct lm_buf *pt = &probe.result.text;
-    size_t at = pt->len / 3;
-    char stop[4] = {0};
-    /* 3 printable ASCII bytes from past a third of the text that do not occur before them (so S
-     * stops there, mid-chain) */
-    for (; at + 3 <= pt->len; at++) {
-        bool ok = true, seen = false;
-        for (int i = 0; i < 3; i++) ok = ok && pt->p[at + i] >= 0x20 && pt->p[at + i] < 0x7f;
-        for (size_t j = 0; ok && j < at; j++) seen = seen || !memcmp(pt->p + j, pt->p + at, 3);
-        if (ok && !seen) break;
+    /* The stop string: the first piece of the text past its first third, 3 to 8 bytes starting
+     * and ending on character boundaries and holding no NUL, that does not occur before it (so
+     * S stops there, mid-chain). Random weights give text of any script, not just ASCII; the
+     * emitter matches stop strings byte for byte. */
+    char stop[9] = {0};
+    size_t at = pt->len / 3, len = 0;
+    for (; at + 3 <= pt->len && !len; at += !len) {
+        if (((unsigned char)pt->p[at] & 0xC0) == 0x80) continue;
+        for (size_t n = 3; n <= 8 && at + n <= pt->len && !len; n++) {
+            if (at + n < pt->len && ((unsigned char)pt->p[at + n] & 0xC0) == 0x80) continue;
+            if (memchr(pt->p + at, 0, n)) break;
+            bool seen = false;
+            for (size_t j = 0; !seen && j < at; j++) seen = !memcmp(pt->p + j, pt->p + at, n);
+            if (!seen) len = n;
+        }
     }
-    if (at + 3 <= pt->len) memcpy(stop, pt->p + at, 3);
-    if (at + 3 > pt->len || probe.result.ids.n < T) {
-        CHECK(0, "queue stop: no stop string found in the probe's %zu bytes of text", pt->len);
+    if (len) memcpy(stop, pt->p + at, len);
+    if (!len || probe.result.ids.n < T) {
+        CHECK(0, "queue stop: the probe gave %zu of %d ids and %zu bytes of text, %s", probe.result.ids.n, T, pt->len,
+              len ? "a stop string" : "no stop string in it");
         lm_gen_result_free(&probe.result);
         return;
     }
@@ -620,6 +632,7 @@ static void test_queue_stop(void) {
         struct lm_sched *s = new_sched(g_gpu, 8);
         if (!s) break;
         req_init(&S[k], &g_cases[3], T, &done);
+        S[k].gen.sampling = sp;
         S[k].gen.stop = stops;
         S[k].gen.n_stop = 1;
         for (int i = 0; i < 2; i++) {

@@ -125,8 +125,12 @@ struct lm_cuda_qwen3 {
     int n_classes; /* context classes of the decode graphs: <= split_min_ctx() positions, twice that, ... */
     int work_max;  /* the most blocks a KV head a work-list attention launch has (make_layout) */
     /* staging */
-    char *in_dev, *in_host; /* in_host: [2][in_cap], a parity each (a queued step's copy may not
-                               have run when the next call fills its inputs) */
+    char *in_dev, *in_host; /* [2][in_cap] each, a parity each (a queued step's copy may not
+                               have run when the next call fills its inputs, nor the step read them) */
+    char *in_cur;           /* in_dev's row of the step being queued (the kernels' inputs) */
+    cudaStream_t in_stream; /* the inputs' copies (in_copy; NULL: on the context's stream) */
+    cudaEvent_t copied[2], used[2]; /* a parity's copy done; its last step done (the next copy may
+                                       overwrite its inputs) */
     int32_t *ids_host;      /* [2][MO] */
     size_t in_cap;
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
@@ -351,6 +355,11 @@ extern "C" void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m) {
     if (m->ids_host) cudaFreeHost(m->ids_host);
     for (cudaEvent_t e : m->done)
         if (e) cudaEventDestroy(e);
+    for (int i = 0; i < 2; i++) {
+        if (m->copied[i]) cudaEventDestroy(m->copied[i]);
+        if (m->used[i]) cudaEventDestroy(m->used[i]);
+    }
+    if (m->in_stream) cudaStreamDestroy(m->in_stream);
     lm_cuda_ctx_destroy(m->ctx);
     delete m;
 }
@@ -516,7 +525,15 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     const layout a = make_layout(p.max_tokens, m->MO, m->MO, m->W, m->work_max);
     const layout b = make_layout(m->MO, m->MO, m->MO, m->W, m->work_max);
     m->in_cap = a.total > b.total ? a.total : b.total;
-    LM_TRY(dev_alloc(m, (void **)&m->in_dev, m->in_cap));
+    LM_TRY(dev_alloc(m, (void **)&m->in_dev, 2 * m->in_cap));
+    m->in_cur = m->in_dev;
+    /* LM_CUDA_IN_STREAM=0: the inputs copied on the context's stream, in the graph (before v35) */
+    static const bool in_stream = lm_env_flag("LM_CUDA_IN_STREAM", true);
+    if (in_stream) {
+        LM_CU(cudaStreamCreateWithFlags(&m->in_stream, cudaStreamNonBlocking));
+        for (cudaEvent_t &e : m->copied) LM_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        for (cudaEvent_t &e : m->used) LM_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     LM_CU(cudaMallocHost((void **)&m->in_host, 2 * m->in_cap));
     LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * 2 * MO));
     const int G = m->cfg.n_heads / m->cfg.n_kv_heads;
@@ -745,10 +762,10 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     a.inv_freq = m->inv_freq;
     a.eps = m->cfg.rms_norm_eps;
     a.scale = 1.0f / sqrtf((float)m->D);
-    a.block_tables = (const int32_t *)(m->in_dev + L.bt);
+    a.block_tables = (const int32_t *)(m->in_cur + L.bt);
     a.bt_width = m->W;
-    a.seq = (const int32_t *)(m->in_dev + L.seq);
-    a.pos = (const int32_t *)(m->in_dev + L.pos);
+    a.seq = (const int32_t *)(m->in_cur + L.seq);
+    a.pos = (const int32_t *)(m->in_cur + L.pos);
     a.out = out_f32 ? (void *)m->att : (void *)m->attb;
     a.out_bf16 = !out_f32;
     /* Contexts of up to split_min_ctx() << cls positions, n tokens: at most one wave of the decode
@@ -763,13 +780,13 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     } else if (lists.work) {
         /* Batched decode: the work list the host planned for this step (lm_cuda_attn_plan_work). */
         a.n_splits = SPLIT_MAX;
-        a.work = (const int32_t *)(m->in_dev + L.work);
+        a.work = (const int32_t *)(m->in_cur + L.work);
         a.work_blocks = lm_cuda_attn_work_blocks(m->ctx, &a, n);
     } else if (lists.tiles()) {
         /* Prefill: the tiles, and the other tokens' pieces merging through the scratch (rows:
          * their index among them, < MO). */
         a.n_splits = SPLIT_MAX;
-        a.tiles = (const int32_t *)(m->in_dev + L.work);
+        a.tiles = (const int32_t *)(m->in_cur + L.work);
         a.n_tiles = lists.n_tiles;
         a.n_rest = lists.n_rest;
     }
@@ -779,7 +796,7 @@ static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_
     }
     /* A decode step on the decode kernel takes runs of a sequence's tokens (verification of
      * speculative drafts); the host fills L.run (zeros for a plain decode step). */
-    if (dec) a.run_prev = (const int32_t *)(m->in_dev + L.run);
+    if (dec) a.run_prev = (const int32_t *)(m->in_cur + L.run);
     return a;
 }
 
@@ -797,6 +814,35 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
     a->v_cache = m->v_pool + (size_t)l * m->layer_elems;
 }
 
+/* The step's inputs (bytes of h, in_host's row par) into in_cur (in_dev's row par). On in_stream
+ * (default), after the last step of the same parity is done, and the context's stream waits for
+ * the copy: a queued step's copy runs while the step before it does, off the GPU's path (a copy
+ * node at a graph's start held it back ~2.4 us on the H200, perf-notes v35). Else on the context's
+ * stream (inside a capture: the graph's first node). */
+static lm_status in_copy(lm_cuda_qwen3 *m, const char *h, size_t bytes, int par) {
+    cudaStream_t s = m->ctx->stream;
+    if (!m->in_stream) {
+        const cudaError_t e = cudaMemcpyAsync(m->in_cur, h, bytes, cudaMemcpyHostToDevice, s);
+        return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "input copy");
+    }
+    LM_CU(cudaStreamWaitEvent(m->in_stream, m->used[par], 0));
+    LM_CU(cudaMemcpyAsync(m->in_cur, h, bytes, cudaMemcpyHostToDevice, m->in_stream));
+    LM_CU(cudaEventRecord(m->copied[par], m->in_stream));
+    LM_CU(cudaStreamWaitEvent(s, m->copied[par], 0));
+    return LM_OK;
+}
+
+/* The step's n chosen ids (ids_dev's row par) into ids_host: by lm_cuda_ids_to_host's kernel
+ * (default), or by a copy (LM_CUDA_IDS_KERNEL=0, as before v35: the copy node held every graph's
+ * end back by ~10 us on the H200). */
+static lm_status ids_to_host(const lm_cuda_qwen3 *m, int32_t *ids_host, int par, int n) {
+    static const bool kernel = lm_env_flag("LM_CUDA_IDS_KERNEL", true);
+    const int32_t *src = m->ids_dev + (size_t)par * m->MO;
+    if (kernel) return lm_cuda_ids_to_host(m->ctx, ids_host, src, n);
+    const cudaError_t e = cudaMemcpyAsync(ids_host, src, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, m->ctx->stream);
+    return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "output copy");
+}
+
 /* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
                              bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv,
@@ -804,14 +850,14 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     lm_cuda_ctx *c = m->ctx;
     const int H = m->H, Q = m->Q, I = m->I, V = m->V, QKV = m->QKV;
     const float eps = m->cfg.rms_norm_eps;
-    const int32_t *ids = (const int32_t *)(m->in_dev + L.ids);
-    const int32_t *out_rows = (const int32_t *)(m->in_dev + L.out);
-    const lm_cuda_sampling *samp = sampling ? (const lm_cuda_sampling *)(m->in_dev + L.samp) : NULL;
+    const int32_t *ids = (const int32_t *)(m->in_cur + L.ids);
+    const int32_t *out_rows = (const int32_t *)(m->in_cur + L.out);
+    const lm_cuda_sampling *samp = sampling ? (const lm_cuda_sampling *)(m->in_cur + L.samp) : NULL;
 
     /* The first kernel follows a copy, not a kernel: launch it plainly. */
     const bool pdl = c->pdl;
     c->pdl = false;
-    const int32_t *feed = (const int32_t *)(m->in_dev + L.feed), *prev = m->ids_dev + (size_t)(1 - m->par) * m->MO;
+    const int32_t *feed = (const int32_t *)(m->in_cur + L.feed), *prev = m->ids_dev + (size_t)(1 - m->par) * m->MO;
     int32_t *ids_out = m->ids_dev + (size_t)m->par * m->MO;
     lm_status rc = m->embed.q && m->q8_use ? lm_cuda_embed_q8(c, m->x, m->embed.q, m->embed.s, ids, feed, prev, nt, H)
                               : lm_cuda_embed(c, m->x, m->embed.bf, ids, feed, prev, nt, H);
@@ -1005,6 +1051,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     const layout L = make_layout(rows, noo, nso, W, m->work_max);
     const int par = m->par;
     char *h = m->in_host + (size_t)par * m->in_cap;
+    m->in_cur = m->in_dev + (size_t)par * m->in_cap;
     int32_t *const ids_host = m->ids_host + (size_t)par * m->MO;
     int32_t *ids = (int32_t *)(h + L.ids), *pos = (int32_t *)(h + L.pos), *seq = (int32_t *)(h + L.seq);
     int32_t *run = (int32_t *)(h + L.run), *feed = (int32_t *)(h + L.feed);
@@ -1088,23 +1135,18 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         if (!g.exec) {
             /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
              * checks the step), then capture it; replaying the step is harmless (same writes). */
-            LM_CU(cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream));
+            LM_TRY(in_copy(m, h, in_bytes, par));
             LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
             LM_TRY(lm_cuda_ctx_sync(c));
             cudaGraph_t graph = NULL;
             LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-            cudaError_t e = cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream);
-            rc = e == cudaSuccess ? run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen)
-                                  : lm_cuda_fail(e, "capture: input copy");
-            if (!rc) {
-                e = cudaMemcpyAsync(ids_host, m->ids_dev + (size_t)par * m->MO, sizeof(int32_t) * rows,
-                                    cudaMemcpyDeviceToHost, c->stream);
-                if (e != cudaSuccess) rc = lm_cuda_fail(e, "capture: output copy");
-            }
+            if (!m->in_stream) rc = in_copy(m, h, in_bytes, par);
+            if (!rc) rc = run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen);
+            if (!rc) rc = ids_to_host(m, ids_host, par, rows);
             cudaError_t e2 = cudaStreamEndCapture(c->stream, &graph);
             if (!rc && e2 != cudaSuccess) rc = lm_cuda_fail(e2, "cudaStreamEndCapture");
             if (!rc) {
-                e = cudaGraphInstantiate(&g.exec, graph, 0);
+                const cudaError_t e = cudaGraphInstantiate(&g.exec, graph, 0);
                 if (e != cudaSuccess) {
                     g.exec = NULL;
                     rc = lm_cuda_fail(e, "cudaGraphInstantiate");
@@ -1113,18 +1155,19 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
             if (graph) cudaGraphDestroy(graph);
             if (rc) return fail_rc(rc);
         }
+        if (m->in_stream) LM_TRY(in_copy(m, h, in_bytes, par));
         LM_CU(cudaGraphLaunch(g.exec, c->stream));
         m->last_exec = g.exec;
         m->last_rows = rows;
     } else {
-        LM_CU(cudaMemcpyAsync(m->in_dev, h, in_bytes, cudaMemcpyHostToDevice, c->stream));
+        LM_TRY(in_copy(m, h, in_bytes, par));
         LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
-        LM_CU(cudaMemcpyAsync(ids_host, m->ids_dev + (size_t)par * m->MO, sizeof(int32_t) * no,
-                              cudaMemcpyDeviceToHost, c->stream));
+        LM_TRY(ids_to_host(m, ids_host, par, no));
     }
     if (b->out_logits)
         LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
                               cudaMemcpyDeviceToHost, c->stream));
+    if (m->in_stream) LM_CU(cudaEventRecord(m->used[par], c->stream));
     if (b->async) LM_CU(cudaEventRecord(m->done[par], c->stream));
     else LM_TRY(lm_cuda_ctx_sync(c));
     m->screened_steps += screen;

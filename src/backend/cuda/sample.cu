@@ -308,7 +308,22 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(int32_t *ids, const floa
     if (threadIdx.x == 0) ids[r] = id < 0 ? 0 : id;
 }
 
+/* lm_cuda_ids_to_host: one block, strided over the ids, stores to page-locked host memory. */
+__global__ void __launch_bounds__(1024) k_ids_to_host(int32_t *host, const int32_t *ids, int n) {
+    pdl_trigger();
+    pdl_wait();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) host[i] = ids[i];
+    __threadfence_system(); /* the stores ordered before the grid's completion is signalled */
+}
+
 } // namespace
+
+extern "C" lm_status lm_cuda_ids_to_host(struct lm_cuda_ctx *c, int32_t *host, const int32_t *ids, int n) {
+    if (n < 1) return lm_errorf(LM_ERR_SHAPE, "CUDA ids to host: %d ids, at least 1 taken", n);
+    const unsigned t = (unsigned)std::min(1024, (n + 31) / 32 * 32);
+    LM_CU(lm_launch(c, dim3(1), dim3(t), 0, k_ids_to_host, host, ids, n));
+    return LM_OK;
+}
 
 extern "C" double lm_cuda_uniform(uint64_t seed, uint64_t counter) {
     uint64_t z = seed + (counter + 1) * 0x9e3779b97f4a7c15ull;
