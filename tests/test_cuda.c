@@ -15,14 +15,14 @@
 
 #include "check.h"
 
-#include <cuda_runtime_api.h> /* cudaMallocHost: lm_cuda_ids_to_host's page-locked destination */
-
 #ifndef LM_HAVE_CUDA
 int main(void) {
     fprintf(stderr, "test_cuda: built without CUDA (no nvcc found): skipped\n");
     return 77;
 }
 #else
+
+#include <cuda_runtime_api.h> /* cudaMallocHost: page-locked destinations of device-stored ids */
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/quant.h"
@@ -1934,7 +1934,10 @@ static void test_ids_to_host(void) {
     static const int ns[] = {1, 37, 1024, 2500};
     int32_t *h = NULL, *want = malloc(sizeof(int32_t) * 2500);
     CHECK(cudaMallocHost((void **)&h, sizeof(int32_t) * 2501) == cudaSuccess, "cudaMallocHost");
-    if (!h) return;
+    if (!h) {
+        free(want);
+        return;
+    }
     for (int i = 0; i < 2500; i++) want[i] = (int32_t)(i * 7919 % 151936);
     int32_t *d = dev_from(want, sizeof(int32_t) * 2500);
     for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {

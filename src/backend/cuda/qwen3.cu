@@ -118,7 +118,7 @@ struct lm_cuda_qwen3 {
     int prev_no;      /* outputs of the previous call (0: none; feeds refer to them) */
     /* steps queued (lm_cuda_batch.async) and not yet collected, oldest first: parity, outputs */
     int n_pend, pend_par[2], pend_no[2];
-    cudaEvent_t done[2]; /* recorded after each parity's last queued step */
+    cudaEvent_t done[2]; /* recorded after each parity's last step (queued, or any with in_stream) */
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
     unsigned *split_count;
@@ -129,8 +129,8 @@ struct lm_cuda_qwen3 {
                                have run when the next call fills its inputs, nor the step read them) */
     char *in_cur;           /* in_dev's row of the step being queued (the kernels' inputs) */
     cudaStream_t in_stream; /* the inputs' copies (in_copy; NULL: on the context's stream) */
-    cudaEvent_t copied[2], used[2]; /* a parity's copy done; its last step done (the next copy may
-                                       overwrite its inputs) */
+    cudaEvent_t copied[2];  /* a parity's input copy done (done[par]: its last step done, so the
+                               next copy may overwrite its inputs) */
     int32_t *ids_host;      /* [2][MO] */
     size_t in_cap;
     int gemv_plain;  /* a decode step without runs takes the GEMV up to this many tokens (forward) */
@@ -355,10 +355,8 @@ extern "C" void lm_cuda_qwen3_destroy(struct lm_cuda_qwen3 *m) {
     if (m->ids_host) cudaFreeHost(m->ids_host);
     for (cudaEvent_t e : m->done)
         if (e) cudaEventDestroy(e);
-    for (int i = 0; i < 2; i++) {
-        if (m->copied[i]) cudaEventDestroy(m->copied[i]);
-        if (m->used[i]) cudaEventDestroy(m->used[i]);
-    }
+    for (cudaEvent_t e : m->copied)
+        if (e) cudaEventDestroy(e);
     if (m->in_stream) cudaStreamDestroy(m->in_stream);
     lm_cuda_ctx_destroy(m->ctx);
     delete m;
@@ -532,7 +530,6 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     if (in_stream) {
         LM_CU(cudaStreamCreateWithFlags(&m->in_stream, cudaStreamNonBlocking));
         for (cudaEvent_t &e : m->copied) LM_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        for (cudaEvent_t &e : m->used) LM_CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     LM_CU(cudaMallocHost((void **)&m->in_host, 2 * m->in_cap));
     LM_CU(cudaMallocHost((void **)&m->ids_host, sizeof(int32_t) * 2 * MO));
@@ -752,7 +749,7 @@ struct attn_lists {
     bool tiles() const { return n_tiles + n_rest > 0; }
 };
 
-/* The attention arguments of a step whose inputs sit in in_dev at layout L (per layer, the
+/* The attention arguments of a step whose inputs sit in in_cur at layout L (per layer, the
  * caller sets q_norm, k_norm and the pools). */
 static lm_cuda_attn make_attn(const lm_cuda_qwen3 *m, const layout &L, bool out_f32, int cls, int n,
                               bool decode, const attn_lists &lists) {
@@ -815,7 +812,7 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 }
 
 /* The step's inputs (bytes of h, in_host's row par) into in_cur (in_dev's row par). On in_stream
- * (default), after the last step of the same parity is done, and the context's stream waits for
+ * (default), after the last step of the same parity is done (done[par]), and the context's stream waits for
  * the copy: a queued step's copy runs while the step before it does, off the GPU's path (a copy
  * node at a graph's start held it back ~2.4 us on the H200, perf-notes v35). Else on the context's
  * stream (inside a capture: the graph's first node). */
@@ -825,25 +822,31 @@ static lm_status in_copy(lm_cuda_qwen3 *m, const char *h, size_t bytes, int par)
         const cudaError_t e = cudaMemcpyAsync(m->in_cur, h, bytes, cudaMemcpyHostToDevice, s);
         return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "input copy");
     }
-    LM_CU(cudaStreamWaitEvent(m->in_stream, m->used[par], 0));
+    LM_CU(cudaStreamWaitEvent(m->in_stream, m->done[par], 0));
     LM_CU(cudaMemcpyAsync(m->in_cur, h, bytes, cudaMemcpyHostToDevice, m->in_stream));
     LM_CU(cudaEventRecord(m->copied[par], m->in_stream));
     LM_CU(cudaStreamWaitEvent(s, m->copied[par], 0));
     return LM_OK;
 }
 
+/* Whether a step's ids reach ids_host by a kernel's stores (LM_CUDA_IDS_KERNEL, default) or by
+ * a copy. */
+static bool ids_kernel() {
+    static const bool on = lm_env_flag("LM_CUDA_IDS_KERNEL", true);
+    return on;
+}
+
 /* The step's n chosen ids (ids_dev's row par) into ids_host: by lm_cuda_ids_to_host's kernel
  * (default), or by a copy (LM_CUDA_IDS_KERNEL=0, as before v35: the copy node held every graph's
  * end back by ~10 us on the H200). */
 static lm_status ids_to_host(const lm_cuda_qwen3 *m, int32_t *ids_host, int par, int n) {
-    static const bool kernel = lm_env_flag("LM_CUDA_IDS_KERNEL", true);
     const int32_t *src = m->ids_dev + (size_t)par * m->MO;
-    if (kernel) return lm_cuda_ids_to_host(m->ctx, ids_host, src, n);
+    if (ids_kernel()) return lm_cuda_ids_to_host(m->ctx, ids_host, src, n);
     const cudaError_t e = cudaMemcpyAsync(ids_host, src, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, m->ctx->stream);
     return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "output copy");
 }
 
-/* Queues the whole step for nt tokens whose inputs sit in in_dev at layout L. */
+/* Queues the whole step for nt tokens whose inputs sit in in_cur at layout L. */
 static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, bool decode,
                              bool out_identity, bool sampling, int cls, const attn_lists &lists, bool gemv,
                              bool screen) {
@@ -854,7 +857,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
     const int32_t *out_rows = (const int32_t *)(m->in_cur + L.out);
     const lm_cuda_sampling *samp = sampling ? (const lm_cuda_sampling *)(m->in_cur + L.samp) : NULL;
 
-    /* The first kernel follows a copy, not a kernel: launch it plainly. */
+    /* The first kernel follows a copy or the last step, not a kernel of this one: launch it plainly. */
     const bool pdl = c->pdl;
     c->pdl = false;
     const int32_t *feed = (const int32_t *)(m->in_cur + L.feed), *prev = m->ids_dev + (size_t)(1 - m->par) * m->MO;
@@ -964,7 +967,15 @@ static int bucket_of(const lm_cuda_qwen3 *m, int n) {
     return b > m->MO ? m->MO : b;
 }
 
-static lm_status fail_rc(lm_status rc) { return rc; }
+/* A step that failed after its input copy was queued: both streams drained (errors ignored: rc
+ * is the one reported), so that the next call of this parity neither rewrites the inputs nor
+ * copies over them while the failed step's work may still run. */
+static lm_status fail_rc(const lm_cuda_qwen3 *m, lm_status rc) {
+    cudaStreamSynchronize(m->ctx->stream);
+    if (m->in_stream) cudaStreamSynchronize(m->in_stream);
+    cudaGetLastError();
+    return rc;
+}
 
 extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct lm_cuda_batch *b) {
     const lm_cuda_qwen3_params &p = m->p;
@@ -1128,48 +1139,61 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
     /* The lm_head's screen for a greedy step of up to gemv_max_rows outputs that wants no logits
      * (params.lm_screen, where the screen was built); a graph key of its own. */
     const bool screen = m->p.lm_screen && m->screen.q && !b->out_logits && !any_sampling && noo <= m->p.gemv_max_rows;
-    lm_status rc = LM_OK;
-    if (use_graph) {
-        graph_slot &g = m->graphs[((((((size_t)cls * (m->MO + 16) + rows) * 2 + (any_sampling ? 1 : 0)) * 2 + lists.work) *
-                                        2 + gemv) * 2 + screen) * 2 + par];
-        if (!g.exec) {
-            /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
-             * checks the step), then capture it; replaying the step is harmless (same writes). */
-            LM_TRY(in_copy(m, h, in_bytes, par));
-            LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen));
-            LM_TRY(lm_cuda_ctx_sync(c));
-            cudaGraph_t graph = NULL;
-            LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-            if (!m->in_stream) rc = in_copy(m, h, in_bytes, par);
-            if (!rc) rc = run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv, screen);
-            if (!rc) rc = ids_to_host(m, ids_host, par, rows);
-            cudaError_t e2 = cudaStreamEndCapture(c->stream, &graph);
-            if (!rc && e2 != cudaSuccess) rc = lm_cuda_fail(e2, "cudaStreamEndCapture");
-            if (!rc) {
-                const cudaError_t e = cudaGraphInstantiate(&g.exec, graph, 0);
-                if (e != cudaSuccess) {
-                    g.exec = NULL;
-                    rc = lm_cuda_fail(e, "cudaGraphInstantiate");
+    const size_t slot =
+        ((((((size_t)cls * (m->MO + 16) + rows) * 2 + any_sampling) * 2 + lists.work) * 2 + gemv) * 2 + screen) * 2 +
+        par; /* the graph's: its key (graphs) */
+    /* Queues the step (its input copy, the graph or the kernels, its ids to the host, its event),
+     * or waits for it when it is not async. */
+    auto issue = [&]() -> lm_status {
+        lm_status rc = LM_OK;
+        if (use_graph) {
+            graph_slot &g = m->graphs[slot];
+            if (!g.exec) {
+                /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
+                 * checks the step), then capture it; replaying the step is harmless (same writes).
+                 */
+                LM_TRY(in_copy(m, h, in_bytes, par));
+                LM_TRY(run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv,
+                                   screen));
+                LM_TRY(lm_cuda_ctx_sync(c));
+                cudaGraph_t graph = NULL;
+                LM_CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+                if (!m->in_stream) rc = in_copy(m, h, in_bytes, par);
+                if (!rc)
+                    rc = run_forward(m, rows, rows, L, true, true, any_sampling, cls, lists, gemv,
+                                     screen);
+                if (!rc) rc = ids_to_host(m, ids_host, par, rows);
+                cudaError_t e2 = cudaStreamEndCapture(c->stream, &graph);
+                if (!rc && e2 != cudaSuccess) rc = lm_cuda_fail(e2, "cudaStreamEndCapture");
+                if (!rc) {
+                    const cudaError_t e = cudaGraphInstantiate(&g.exec, graph, 0);
+                    if (e != cudaSuccess) {
+                        g.exec = NULL;
+                        rc = lm_cuda_fail(e, "cudaGraphInstantiate");
+                    }
                 }
+                if (graph) cudaGraphDestroy(graph);
+                if (rc) return rc;
             }
-            if (graph) cudaGraphDestroy(graph);
-            if (rc) return fail_rc(rc);
+            if (m->in_stream) LM_TRY(in_copy(m, h, in_bytes, par));
+            LM_CU(cudaGraphLaunch(g.exec, c->stream));
+            m->last_exec = g.exec;
+            m->last_rows = rows;
+        } else {
+            LM_TRY(in_copy(m, h, in_bytes, par));
+            LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv,
+                               screen));
+            LM_TRY(ids_to_host(m, ids_host, par, no));
         }
-        if (m->in_stream) LM_TRY(in_copy(m, h, in_bytes, par));
-        LM_CU(cudaGraphLaunch(g.exec, c->stream));
-        m->last_exec = g.exec;
-        m->last_rows = rows;
-    } else {
-        LM_TRY(in_copy(m, h, in_bytes, par));
-        LM_TRY(run_forward(m, nt, no, L, decode, out_identity, any_sampling, cls, lists, gemv, screen));
-        LM_TRY(ids_to_host(m, ids_host, par, no));
-    }
-    if (b->out_logits)
-        LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
-                              cudaMemcpyDeviceToHost, c->stream));
-    if (m->in_stream) LM_CU(cudaEventRecord(m->used[par], c->stream));
-    if (b->async) LM_CU(cudaEventRecord(m->done[par], c->stream));
-    else LM_TRY(lm_cuda_ctx_sync(c));
+        if (b->out_logits)
+            LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
+                                  cudaMemcpyDeviceToHost, c->stream));
+        if (b->async || m->in_stream) LM_CU(cudaEventRecord(m->done[par], c->stream));
+        if (!b->async) LM_TRY(lm_cuda_ctx_sync(c));
+        return LM_OK;
+    };
+    const lm_status rc = issue();
+    if (rc) return fail_rc(m, rc);
     m->screened_steps += screen;
     m->par = 1 - par;
     m->prev_no = no;
@@ -1291,7 +1315,7 @@ extern "C" lm_status lm_cuda_qwen3_kv_copy(struct lm_cuda_qwen3 *m, int src, int
     if (n_rows < 0 || n_rows > BS)
         return lm_errorf(LM_ERR_INVALID, "CUDA KV copy: %d rows (0 to %d)", n_rows, BS);
     if (n_rows == 0 || src == dst) return LM_OK;
-    /* Queued before the next step's input copy, like it a plain launch (no kernel to overlap). */
+    /* Queued on the context's stream before the next step, a plain launch (no kernel to overlap). */
     lm_cuda_ctx *c = m->ctx;
     const bool pdl = c->pdl;
     c->pdl = false;

@@ -23,7 +23,8 @@
  *   the GEMV would read bf16 weights, decode steps from one token take it too, the RMSNorms
  *   carried by the GEMMs around them (lm_cuda_qwen3_info.tc_decode, params.norm_link).
  * - A decode step (every token its own sequence) is captured once per batch size bucket as a CUDA
- *   graph (input copy, every kernel, output copy), so a step is one launch.
+ *   graph (every kernel, the last storing the chosen ids into page-locked host memory), so a step
+ *   is one launch; its inputs are copied on a second stream first (lm_cuda_qwen3_forward).
  *
  * Plugging into the serving engine (`lumen serve --device cuda`, family/qwen3/gpu.c): the engine keeps
  * its paged KV allocator on the host and hands this model block ids in [0, n_blocks) with the
