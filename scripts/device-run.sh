@@ -13,7 +13,8 @@
 # in one whole decode step, by stall reason: Nsight Compute's sampling of the step's graph), trace (cudabench's block
 # timelines of a batch-1 step and of decode steps of $TRACE_BATCHES sequences), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
-# ARROW_ARGS=6: the kernel-chain table alone, 7: what follows the chain's waits), ab
+# ARROW_ARGS=6: the kernel-chain table alone, 7: what follows the chain's waits), copynode
+# (scripts/copy-node-bench.cu: what a graph's copy nodes cost; perf-notes v35), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh. The device tool brings back at most 8 files from $OUT (more are left out
@@ -172,6 +173,11 @@ for step in "$@"; do
   arrow)
     nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/arrow-bench scripts/arrow-bench.cu &&
       timeout 300 /tmp/arrow-bench ${ARROW_ARGS:-} 2>&1 | tee "$OUT/arrow.log" ;;
+  copynode)
+    # scripts/copy-node-bench.cu: a decode graph's input and output copy nodes against kernels
+    # (perf-notes v35)
+    nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/copy-node-bench scripts/copy-node-bench.cu &&
+      timeout 120 /tmp/copy-node-bench 2>&1 | tee "$OUT/copy-node.log" ;;
   cpu)
     # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried
     # test_kernels, test_bf16_act and test_quant (LM_PREBUILD_TARGETS), then lumen perf on the
