@@ -223,7 +223,10 @@ static lm_status run_seq(struct lm_seq *s, const int32_t *ids, int depth, int p,
 }
 
 /* B sequences decoding together: n steps of one batched forward each, after an untimed prefill
- * of `depth` tokens per sequence. */
+ * of `depth` tokens per sequence. Tokens come from ids[0, n_ids): the caller passes depth + n, not
+ * what -p needs, so that a decode test follows the same tokens whatever -p is (on a GPU the
+ * greedy path from the first token sets how many rows the lm_head's screen sums exactly: tg128
+ * ran 1.4% slower with -p 512 than with -p 0 before, perf-notes v35). */
 static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps, const int32_t *ids,
                            int n_ids, bool queue, double *tps, struct bw_probe *bw, double *bws) {
     const struct lm_model_config *cfg = lm_model_config(m);
@@ -580,11 +583,11 @@ int lm_cmd_perf(int argc, char **argv) {
                 /* A CUDA model holds one KV cache at a time: the sequence's makes way. */
                 lm_seq_destroy(s);
                 s = NULL;
-                st = run_batch(m, B, depth, n, reps, ids, cap, queue, x, &probe, rep_bw);
+                st = run_batch(m, B, depth, n, reps, ids, depth + n, queue, x, &probe, rep_bw);
                 if (!st) st = lm_seq_create(m, cap, &s);
                 if (!st && depth) st = lm_seq_forward(s, ids, depth, logits, false);
             } else {
-                st = run_batch(m, B, depth, n, reps, ids, cap, queue, x, &probe, rep_bw);
+                st = run_batch(m, B, depth, n, reps, ids, depth + n, queue, x, &probe, rep_bw);
             }
             r->batch = B;
         }

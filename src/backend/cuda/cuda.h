@@ -644,8 +644,8 @@ lm_status lm_cuda_sample(struct lm_cuda_ctx *c, int32_t *ids, const float *logit
 /* host[i] = ids[i] for i < n (n >= 1), by a kernel that waits for the stream's previous work
  * (programmatic dependent launch) and stores straight into host: page-locked host memory
  * (cudaMallocHost; unified addressing maps it), device int32 ids. A decode step's ids reach the
- * host this way instead of by a cudaMemcpyAsync, whose copy node held the next step back by ~10 us
- * on the H200 (perf-notes v35); the stores are visible to the host once an event recorded after
+ * host this way instead of by a cudaMemcpyAsync, whose copy node at a graph's end cost ~9 us a
+ * token at batch 1 on the H200 (perf-notes v35); the stores are visible to the host once an event recorded after
  * this call has completed. Asynchronous on c's stream; LM_ERR_SHAPE for n < 1. */
 lm_status lm_cuda_ids_to_host(struct lm_cuda_ctx *c, int32_t *host, const int32_t *ids, int n);
 

@@ -118,7 +118,7 @@ struct lm_cuda_qwen3 {
     int prev_no;      /* outputs of the previous call (0: none; feeds refer to them) */
     /* steps queued (lm_cuda_batch.async) and not yet collected, oldest first: parity, outputs */
     int n_pend, pend_par[2], pend_no[2];
-    cudaEvent_t done[2]; /* recorded after each parity's last step (queued, or any with in_stream) */
+    cudaEvent_t done[2]; /* recorded after each parity's last step */
     /* split-KV decode attention (lm_cuda_attn.n_splits): scratch for MO tokens x SPLIT_MAX */
     float *split_part;
     unsigned *split_count;
@@ -127,7 +127,7 @@ struct lm_cuda_qwen3 {
     /* staging */
     char *in_dev, *in_host; /* [2][in_cap] each, a parity each (a queued step's copy may not
                                have run when the next call fills its inputs, nor the step read them) */
-    char *in_cur;           /* in_dev's row of the step being queued (the kernels' inputs) */
+    char *in_cur;           /* in_dev's row of this call's step, or the last call's (the kernels' inputs) */
     cudaStream_t in_stream; /* the inputs' copies (in_copy; NULL: on the context's stream) */
     cudaEvent_t copied[2];  /* a parity's input copy done (done[par]: its last step done, so the
                                next copy may overwrite its inputs) */
@@ -812,10 +812,11 @@ static void set_layer(const lm_cuda_qwen3 *m, lm_cuda_attn *a, int l) {
 }
 
 /* The step's inputs (bytes of h, in_host's row par) into in_cur (in_dev's row par). On in_stream
- * (default), after the last step of the same parity is done (done[par]), and the context's stream waits for
- * the copy: a queued step's copy runs while the step before it does, off the GPU's path (a copy
- * node at a graph's start held it back ~2.4 us on the H200, perf-notes v35). Else on the context's
- * stream (inside a capture: the graph's first node). */
+ * (default), after the last step of the same parity is done (done[par]), and the context's stream
+ * waits for the copy: a queued step's copy runs while the step before it does, off the GPU's path
+ * (a copy node at a graph's start: 2.4 us a graph in scripts/copy-node-bench.cu, 1.3 us a token
+ * at batch 1 on the H200, perf-notes v35). Else on the context's stream (inside a capture: the
+ * graph's first node). */
 static lm_status in_copy(lm_cuda_qwen3 *m, const char *h, size_t bytes, int par) {
     cudaStream_t s = m->ctx->stream;
     if (!m->in_stream) {
@@ -829,19 +830,13 @@ static lm_status in_copy(lm_cuda_qwen3 *m, const char *h, size_t bytes, int par)
     return LM_OK;
 }
 
-/* Whether a step's ids reach ids_host by a kernel's stores (LM_CUDA_IDS_KERNEL, default) or by
- * a copy. */
-static bool ids_kernel() {
-    static const bool on = lm_env_flag("LM_CUDA_IDS_KERNEL", true);
-    return on;
-}
-
 /* The step's n chosen ids (ids_dev's row par) into ids_host: by lm_cuda_ids_to_host's kernel
- * (default), or by a copy (LM_CUDA_IDS_KERNEL=0, as before v35: the copy node held every graph's
- * end back by ~10 us on the H200). */
+ * (default), or by a copy (LM_CUDA_IDS_KERNEL=0, as before v35: the copy node at a graph's end
+ * cost ~9 us a token at batch 1 on the H200, perf-notes v35). */
 static lm_status ids_to_host(const lm_cuda_qwen3 *m, int32_t *ids_host, int par, int n) {
+    static const bool kernel = lm_env_flag("LM_CUDA_IDS_KERNEL", true);
     const int32_t *src = m->ids_dev + (size_t)par * m->MO;
-    if (ids_kernel()) return lm_cuda_ids_to_host(m->ctx, ids_host, src, n);
+    if (kernel) return lm_cuda_ids_to_host(m->ctx, ids_host, src, n);
     const cudaError_t e = cudaMemcpyAsync(ids_host, src, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, m->ctx->stream);
     return e == cudaSuccess ? LM_OK : lm_cuda_fail(e, "output copy");
 }
@@ -1148,7 +1143,8 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         lm_status rc = LM_OK;
         if (use_graph) {
             graph_slot &g = m->graphs[slot];
-            if (!g.exec) {
+            const bool fresh = !g.exec; /* its inputs are copied for the eager run */
+            if (fresh) {
                 /* First use of this bucket: run it eagerly (warms the kernels' launch caches and
                  * checks the step), then capture it; replaying the step is harmless (same writes).
                  */
@@ -1175,7 +1171,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
                 if (graph) cudaGraphDestroy(graph);
                 if (rc) return rc;
             }
-            if (m->in_stream) LM_TRY(in_copy(m, h, in_bytes, par));
+            if (m->in_stream && !fresh) LM_TRY(in_copy(m, h, in_bytes, par));
             LM_CU(cudaGraphLaunch(g.exec, c->stream));
             m->last_exec = g.exec;
             m->last_rows = rows;
@@ -1188,7 +1184,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
         if (b->out_logits)
             LM_CU(cudaMemcpyAsync(b->out_logits, m->logits, sizeof(float) * (size_t)no * m->V,
                                   cudaMemcpyDeviceToHost, c->stream));
-        if (b->async || m->in_stream) LM_CU(cudaEventRecord(m->done[par], c->stream));
+        LM_CU(cudaEventRecord(m->done[par], c->stream)); /* for collect, and for in_copy 2 calls on */
         if (!b->async) LM_TRY(lm_cuda_ctx_sync(c));
         return LM_OK;
     };
