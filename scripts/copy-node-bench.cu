@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "bench-check.cuh" /* CK */
+#include "bench-check.cuh" /* CK, graph_replay_us */
 
 __device__ __forceinline__ void pdl_link() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -62,9 +62,6 @@ int main() {
     CK(cudaMalloc(&din, 1 << 16));
     CK(cudaMallocHost(&hp, 4096));
     CK(cudaMallocHost(&hin, 1 << 16));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
     static const char *form[] = {"none", "copy node", "kernel"};
     printf("| kernels a step | steps a graph | inputs | ids | us a graph | us a step |\n");
     printf("| ---: | ---: | --- | --- | ---: | ---: |\n");
@@ -85,19 +82,8 @@ int main() {
                     }
                     CK(cudaStreamEndCapture(st, &g));
                     CK(cudaGraphInstantiate(&ge, g, 0));
-                    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, st));
-                    std::vector<float> v;
-                    for (int r = 0; r < 7; r++) {
-                        CK(cudaEventRecord(a, st));
-                        for (int i = 0; i < 200; i++) CK(cudaGraphLaunch(ge, st));
-                        CK(cudaEventRecord(b, st));
-                        CK(cudaEventSynchronize(b));
-                        float ms;
-                        CK(cudaEventElapsedTime(&ms, a, b));
-                        v.push_back(ms * 1000 / 200);
-                    }
-                    std::sort(v.begin(), v.end());
-                    printf("| %d | %d | %s | %s | %.2f | %.2f |\n", n, steps, form[in], form[out], v[3], v[3] / steps);
+                    const float us = graph_replay_us(ge, st, 200, 20);
+                    printf("| %d | %d | %s | %s | %.2f | %.2f |\n", n, steps, form[in], form[out], us, us / steps);
                     CK(cudaGraphExecDestroy(ge));
                     CK(cudaGraphDestroy(g));
                 }

@@ -14,7 +14,8 @@
 # timelines of a batch-1 step and of decode steps of $TRACE_BATCHES sequences), arrow
 # (scripts/arrow-bench.cu: what a dependency costs beside a weight stream; perf-notes v13, v17;
 # ARROW_ARGS=6: the kernel-chain table alone, 7: what follows the chain's waits), copynode
-# (scripts/copy-node-bench.cu: what a graph's copy nodes cost; perf-notes v35), ab
+# (scripts/copy-node-bench.cu: what a graph's copy nodes cost; perf-notes v35), linkbench
+# (scripts/link-bench.cu: a chain link's cost by launch shape; perf-notes v36), ab
 # (lumen perf at batch 1, 2, 4 under alternated environment settings: AB_ENVS, AB_Q8).
 # Uses the binaries carried in $LM_CARRY (default build-carry/) when they run here, else builds
 # with device-build.sh. The device tool brings back at most 8 files from $OUT (more are left out
@@ -178,6 +179,10 @@ for step in "$@"; do
     # (perf-notes v35)
     nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/copy-node-bench scripts/copy-node-bench.cu &&
       timeout 120 /tmp/copy-node-bench 2>&1 | tee "$OUT/copy-node.log" ;;
+  linkbench)
+    # scripts/link-bench.cu: one link of the kernel chain by launch shape (perf-notes v36)
+    nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/link-bench scripts/link-bench.cu &&
+      timeout 120 /tmp/link-bench 2>&1 | tee "$OUT/link-bench.log" ;;
   cpu)
     # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried
     # test_kernels, test_bf16_act and test_quant (LM_PREBUILD_TARGETS), then lumen perf on the

@@ -1,0 +1,124 @@
+/* link-bench.cu: what one link of a decode step's kernel chain costs on one GPU by the launch's
+ * shape: blocks, threads, thread-block cluster, dynamic shared memory (docs/perf-notes.md v36).
+ * Standalone; build and run on the GPU machine:
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/link-bench scripts/link-bench.cu
+ *   /tmp/link-bench
+ *
+ * (or `scripts/device-run.sh linkbench`). Each row times back-to-back replays of one CUDA graph
+ * (CUDA events around 100 replays, the median of 7) of N kernels with nothing to do, chained by
+ * programmatic dependent launch: each lets its dependents launch and then waits
+ * (griddepcontrol), as a decode step's kernels do. A kernel in a cluster of more than one block
+ * also arrives at the cluster barrier before its wait and waits on it after (k_gemm_tc's pushing
+ * form meets its cluster so). Cluster 0 is a launch without the cluster attribute (as lumen
+ * launches an unclustered kernel), 1 one with the attribute set to 1. "step" is a batch-1 decode step's shape: 28 layers of q/k/v (128
+ * blocks in clusters of 4, 64 KiB), the attention (8 blocks of 256 threads), o_proj (64 in 8,
+ * 64 KiB), gate/up (192 in 4, 64 KiB) and down_proj (64 in 8, 96 KiB), 128 threads unless said,
+ * then a 132-block lm_head; the variants take one property out of every launch at once. */
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "bench-check.cuh" /* CK, graph_replay_us */
+
+__global__ void k_link(int *p, int i, int cl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    extern __shared__ int sm[];
+    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + sm[0] * 0;
+}
+
+struct shape {
+    int blocks, threads, cluster, smem; /* cluster 0: no attribute; smem: bytes of dynamic shared memory */
+};
+
+static cudaStream_t st;
+static int *dp;
+
+static void launch(const shape &s, int i) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(s.blocks);
+    cfg.blockDim = dim3(s.threads);
+    cfg.dynamicSmemBytes = s.smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = s.cluster, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = s.cluster ? 2 : 1;
+    CK(cudaLaunchKernelEx(&cfg, k_link, dp, i, s.cluster));
+}
+
+/* us a graph replay of the kernels in seq */
+static float time_chain(const std::vector<shape> &seq) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (size_t i = 0; i < seq.size(); i++) launch(seq[i], (int)i);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const float us = graph_replay_us(ge, st, 100, 10);
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return us;
+}
+
+enum { ALL = 0, NO_CLUSTER = 1, NO_SMEM = 2, T256 = 4, ONE_SM = 8 };
+
+static std::vector<shape> step(int var) {
+    const int K = 1024;
+    std::vector<shape> L = {{128, 128, 4, 64 * K}, {8, 256, 0, 16 * K}, {64, 128, 8, 64 * K},
+                            {192, 128, 4, 64 * K}, {64, 128, 8, 96 * K}};
+    std::vector<shape> seq;
+    for (int l = 0; l < 28; l++)
+        for (shape s : L) {
+            if (var & NO_CLUSTER) s.cluster = 0;
+            if (var & NO_SMEM) s.smem = 0;
+            if (var & T256) s.threads = 256;
+            if ((var & ONE_SM) && s.blocks > 132) s.blocks = 132;
+            seq.push_back(s);
+        }
+    seq.push_back({132, 256, 0, 0});
+    return seq;
+}
+
+int main() {
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaMalloc(&dp, 4096));
+    CK(cudaFuncSetAttribute(k_link, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    CK(cudaFuncSetAttribute(k_link, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    const int N = 141, K = 1024;
+    printf("Table 1: %d kernels of one shape\n\n", N);
+    printf("| blocks | threads | cluster | smem KiB | us a graph | us a link |\n");
+    printf("| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const shape one[] = {
+        {132, 256, 0, 0},      {132, 256, 1, 0},      {132, 128, 0, 0},      {8, 256, 0, 0},
+        {64, 128, 0, 0},       {128, 128, 0, 0},      {128, 128, 1, 0},      {192, 128, 0, 0},
+        {264, 128, 0, 0},      {128, 128, 2, 0},      {128, 128, 4, 0},      {128, 128, 8, 0},
+        {128, 128, 0, 64 * K}, {128, 128, 0, 100 * K}, {128, 128, 4, 64 * K}, {64, 128, 8, 64 * K},
+        {64, 128, 8, 96 * K},  {192, 128, 4, 64 * K}, {192, 128, 0, 64 * K}, {64, 128, 0, 96 * K}};
+    for (const shape &s : one) {
+        const float us = time_chain(std::vector<shape>(N, s));
+        printf("| %d | %d | %d | %d | %.2f | %.3f |\n", s.blocks, s.threads, s.cluster, s.smem / K, us, us / N);
+    }
+    printf("\nTable 2: a batch-1 step's %d launches (28 layers of 5, and the lm_head)\n\n", 28 * 5 + 1);
+    printf("| launches | us a graph | us a link |\n| --- | ---: | ---: |\n");
+    const struct {
+        int var;
+        const char *name;
+    } vars[] = {{ALL, "as the step launches them"},
+                {NO_CLUSTER, "no clusters"},
+                {NO_SMEM, "no dynamic shared memory"},
+                {NO_CLUSTER | NO_SMEM, "neither"},
+                {T256, "256 threads a block"},
+                {ONE_SM, "at most 132 blocks"}};
+    for (const auto &v : vars) {
+        const float us = time_chain(step(v.var));
+        printf("| %s | %.2f | %.3f |\n", v.name, us, us / (28 * 5 + 1));
+    }
+    return 0;
+}
