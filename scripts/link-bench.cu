@@ -14,7 +14,12 @@
  * launches an unclustered kernel), 1 one with the attribute set to 1. "step" is a batch-1 decode step's shape: 28 layers of q/k/v (128
  * blocks in clusters of 4, 64 KiB), the attention (8 blocks of 256 threads), o_proj (64 in 8,
  * 64 KiB), gate/up (192 in 4, 64 KiB) and down_proj (64 in 8, 96 KiB), 128 threads unless said,
- * then a 132-block lm_head; the variants take one property out of every launch at once. */
+ * then a 132-block lm_head; the variants take one property out of every launch at once. Table 3
+ * runs that step with kernels that carry one more of a real kernel's properties each: a 2 KiB
+ * parameter block (read after the wait), 255 registers allocated (by code that never runs), or
+ * the block's shared memory filled from a 1 GiB buffer by 16-byte cp.async copies issued before
+ * its trigger and waited for after its wait, each launch from its own slice (a step's weight
+ * copies: v31 measured the real step's chain with its copies at ~362 us). */
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -30,14 +35,69 @@ __global__ void k_link(int *p, int i, int cl) {
     if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + sm[0] * 0;
 }
 
+/* a 2 KiB parameter block */
+struct big_param {
+    int v[512];
+};
+__global__ void k_link_param(int *p, int i, int cl, big_param b) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + b.v[i & 511];
+}
+/* 255 registers allocated by a path that never runs (never != 0 only if p[1] says so) */
+__global__ void __launch_bounds__(256, 1) k_link_regs(int *p, int i, int cl, int never) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (never) {
+        float a[240];
+#pragma unroll
+        for (int j = 0; j < 240; j++) a[j] = __int_as_float(p[j + 2]);
+#pragma unroll 1
+        for (int r = 0; r < never; r++)
+#pragma unroll
+            for (int j = 0; j < 240; j++) a[j] = fmaf(a[j], a[(j * 7 + 1) % 240], 1.0f);
+#pragma unroll
+        for (int j = 0; j < 240; j++) p[j + 2] = __float_as_int(a[j]);
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i;
+}
+/* the block's dynamic shared memory filled from w + the block's slice before the trigger (16-byte
+ * cp.async a thread at a time, one group), waited for after the wait */
+__global__ void k_link_copy(int *p, int i, int cl, const char *w) {
+    extern __shared__ __align__(16) char smc[];
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    const char *src = w + (size_t)blockIdx.x * bytes;
+    for (unsigned o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smc + o)),
+                     "l"(src + o)
+                     : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + (bytes ? smc[i % bytes] : 0);
+}
+
+enum { KIND_PLAIN, KIND_PARAM, KIND_REGS, KIND_COPY };
+
 struct shape {
     int blocks, threads, cluster, smem; /* cluster 0: no attribute; smem: bytes of dynamic shared memory */
 };
 
 static cudaStream_t st;
 static int *dp;
+static char *dw;                             /* KIND_COPY's source */
+static const size_t DW_BYTES = (size_t)1 << 30;
 
-static void launch(const shape &s, int i) {
+static void launch(const shape &s, int i, int kind = KIND_PLAIN, size_t *woff = nullptr) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(s.blocks);
     cfg.blockDim = dim3(s.threads);
@@ -50,15 +110,28 @@ static void launch(const shape &s, int i) {
     at[1].val.clusterDim.x = s.cluster, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = s.cluster ? 2 : 1;
-    CK(cudaLaunchKernelEx(&cfg, k_link, dp, i, s.cluster));
+    if (kind == KIND_PARAM) {
+        big_param b = {};
+        CK(cudaLaunchKernelEx(&cfg, k_link_param, dp, i, s.cluster, b));
+    } else if (kind == KIND_REGS) {
+        CK(cudaLaunchKernelEx(&cfg, k_link_regs, dp, i, s.cluster, 0));
+    } else if (kind == KIND_COPY) {
+        const size_t need = (size_t)s.blocks * s.smem;
+        if (*woff + need > DW_BYTES) *woff = 0;
+        CK(cudaLaunchKernelEx(&cfg, k_link_copy, dp, i, s.cluster, (const char *)dw + *woff));
+        *woff += need;
+    } else {
+        CK(cudaLaunchKernelEx(&cfg, k_link, dp, i, s.cluster));
+    }
 }
 
-/* us a graph replay of the kernels in seq */
-static float time_chain(const std::vector<shape> &seq) {
+/* us a graph replay of the kernels in seq, each of the kind given */
+static float time_chain(const std::vector<shape> &seq, int kind = KIND_PLAIN) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
+    size_t woff = 0;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (size_t i = 0; i < seq.size(); i++) launch(seq[i], (int)i);
+    for (size_t i = 0; i < seq.size(); i++) launch(seq[i], (int)i, kind, &woff);
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     const float us = graph_replay_us(ge, st, 100, 10);
@@ -89,8 +162,16 @@ static std::vector<shape> step(int var) {
 int main() {
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CK(cudaMalloc(&dp, 4096));
-    CK(cudaFuncSetAttribute(k_link, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-    CK(cudaFuncSetAttribute(k_link, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaMalloc(&dw, DW_BYTES));
+    CK(cudaMemset(dw, 1, DW_BYTES));
+    for (const void *f : {(const void *)k_link, (const void *)k_link_param, (const void *)k_link_regs,
+                          (const void *)k_link_copy}) {
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, (const void *)k_link_regs));
+    const int regs = fa.numRegs;
     const int N = 141, K = 1024;
     printf("Table 1: %d kernels of one shape\n\n", N);
     printf("| blocks | threads | cluster | smem KiB | us a graph | us a link |\n");
@@ -119,6 +200,21 @@ int main() {
     for (const auto &v : vars) {
         const float us = time_chain(step(v.var));
         printf("| %s | %.2f | %.3f |\n", v.name, us, us / (28 * 5 + 1));
+    }
+    printf("\nTable 3: the step's launches with one more of a real kernel's properties\n\n");
+    printf("| kernels | us a graph | us a link |\n| --- | ---: | ---: |\n");
+    char regs_name[64];
+    snprintf(regs_name, sizeof regs_name, "%d registers allocated (every launch)", regs);
+    const struct {
+        int kind;
+        const char *name;
+    } kinds[] = {{KIND_PLAIN, "empty (table 2's first row)"},
+                 {KIND_PARAM, "a 2 KiB parameter block"},
+                 {KIND_REGS, regs_name},
+                 {KIND_COPY, "shared memory filled by copies before the trigger"}};
+    for (const auto &k : kinds) {
+        const float us = time_chain(step(ALL), k.kind);
+        printf("| %s | %.2f | %.3f |\n", k.name, us, us / (28 * 5 + 1));
     }
     return 0;
 }
