@@ -1,7 +1,7 @@
 /* copy-node-bench.cu: what a decode graph's copy nodes cost on one GPU (docs/perf-notes.md v35).
  * Standalone; build and run on the GPU machine:
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/copy-node-bench scripts/copy-node-bench.cu
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/copy-node-bench scripts/copy-node-bench.cu
  *   /tmp/copy-node-bench
  *
  * Each row times back-to-back replays of one CUDA graph (CUDA events around 200 replays, the
@@ -15,11 +15,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "backend/cuda/common.cuh" /* pdl_trigger, pdl_wait */
+
 #include "bench-check.cuh" /* CK, graph_replay_us */
 
 __device__ __forceinline__ void pdl_link() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_trigger();
+    pdl_wait();
 }
 /* a step's kernel with nothing to do after its wait */
 __global__ void k_link(int *p, int i) {

@@ -177,11 +177,11 @@ for step in "$@"; do
   copynode)
     # scripts/copy-node-bench.cu: a decode graph's input and output copy nodes against kernels
     # (perf-notes v35)
-    nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/copy-node-bench scripts/copy-node-bench.cu &&
+    nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/copy-node-bench scripts/copy-node-bench.cu &&
       timeout 120 /tmp/copy-node-bench 2>&1 | tee "$OUT/copy-node.log" ;;
   linkbench)
     # scripts/link-bench.cu: one link of the kernel chain by launch shape (perf-notes v36)
-    nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/link-bench scripts/link-bench.cu &&
+    nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/link-bench scripts/link-bench.cu &&
       timeout 120 /tmp/link-bench 2>&1 | tee "$OUT/link-bench.log" ;;
   cpu)
     # The CPU kernels on this machine's Xeon (AVX-512 with VNNI and BF16): the carried

@@ -2,7 +2,7 @@
  * shape: blocks, threads, thread-block cluster, dynamic shared memory (docs/perf-notes.md v36).
  * Standalone; build and run on the GPU machine:
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/link-bench scripts/link-bench.cu
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/link-bench scripts/link-bench.cu
  *   /tmp/link-bench
  *
  * (or `scripts/device-run.sh linkbench`). Each row times back-to-back replays of one CUDA graph
@@ -24,15 +24,22 @@
 #include <cstdio>
 #include <vector>
 
+#include "backend/cuda/common.cuh" /* pdl_trigger, pdl_wait, cp_async16 */
+
 #include "bench-check.cuh" /* CK, graph_replay_us */
 
-__global__ void k_link(int *p, int i, int cl) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+/* What every kernel here does: let its dependents launch, arrive at its cluster's barrier (a
+ * cluster of more than one block), wait for its predecessor, then for its cluster. */
+__device__ __forceinline__ void link_meet(int cl) {
+    pdl_trigger();
     if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_wait();
     if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    extern __shared__ int sm[];
-    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + sm[0] * 0;
+}
+
+__global__ void k_link(int *p, int i, int cl) {
+    link_meet(cl);
+    if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i;
 }
 
 /* a 2 KiB parameter block */
@@ -40,18 +47,12 @@ struct big_param {
     int v[512];
 };
 __global__ void k_link_param(int *p, int i, int cl, big_param b) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    link_meet(cl);
     if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + b.v[i & 511];
 }
-/* 255 registers allocated by a path that never runs (never != 0 only if p[1] says so) */
+/* The registers of a path that never runs (the launch passes never = 0): ptxas allocates 254. */
 __global__ void __launch_bounds__(256, 1) k_link_regs(int *p, int i, int cl, int never) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    link_meet(cl);
     if (never) {
         float a[240];
 #pragma unroll
@@ -72,16 +73,10 @@ __global__ void k_link_copy(int *p, int i, int cl, const char *w) {
     unsigned bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
     const char *src = w + (size_t)blockIdx.x * bytes;
-    for (unsigned o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smc + o)),
-                     "l"(src + o)
-                     : "memory");
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (cl > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    for (unsigned o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) cp_async16(smc + o, src + o);
+    cp_async_commit();
+    link_meet(cl);
+    cp_async_wait_all();
     __syncthreads();
     if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + (bytes ? smc[i % bytes] : 0);
 }

@@ -226,7 +226,7 @@ static lm_status run_seq(struct lm_seq *s, const int32_t *ids, int depth, int p,
  * of `depth` tokens per sequence. Tokens come from ids[0, n_ids): the caller passes depth + n, not
  * what -p needs, so that a decode test follows the same tokens whatever -p is (on a GPU the
  * greedy path from the first token sets how many rows the lm_head's screen sums exactly: tg128
- * ran 1.4% slower with -p 512 than with -p 0 before, perf-notes v35). */
+ * ran 1.4% slower with -p 512 than with -p 0 before, perf-notes v35; the same since, v36). */
 static lm_status run_batch(struct lm_model *m, int B, int depth, int n, int reps, const int32_t *ids,
                            int n_ids, bool queue, double *tps, struct bw_probe *bw, double *bws) {
     const struct lm_model_config *cfg = lm_model_config(m);
