@@ -19,7 +19,10 @@
  * parameter block (read after the wait), 255 registers allocated (by code that never runs), or
  * the block's shared memory filled from a 1 GiB buffer by 16-byte cp.async copies issued before
  * its trigger and waited for after its wait, each launch from its own slice (a step's weight
- * copies: v31 measured the real step's chain with its copies at ~362 us). */
+ * copies: v31 measured the real step's chain with its copies at ~362 us). Table 4 (perf-notes
+ * v37) gives the step's kernels a link's data (k_link_io): 512 bytes a block read after the wait
+ * from what the predecessor stored (a GEMM's x), 512 bytes stored before the exit (its outputs),
+ * each alone, both, and both beside the weight copies. */
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -66,22 +69,52 @@ __global__ void __launch_bounds__(256, 1) k_link_regs(int *p, int i, int cl, int
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i;
 }
-/* the block's dynamic shared memory filled from w + the block's slice before the trigger (16-byte
- * cp.async a thread at a time, one group), waited for after the wait */
-__global__ void k_link_copy(int *p, int i, int cl, const char *w) {
-    extern __shared__ __align__(16) char smc[];
+/* Issues the copies that fill the block's dynamic shared memory smc from w + the block's slice
+ * (16-byte cp.async a thread at a time, one group); returns its size in bytes. */
+__device__ unsigned fill_smem(char *smc, const char *w) {
     unsigned bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
     const char *src = w + (size_t)blockIdx.x * bytes;
     for (unsigned o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) cp_async16(smc + o, src + o);
     cp_async_commit();
+    return bytes;
+}
+
+/* the block's dynamic shared memory filled (fill_smem) before the trigger, waited for after the wait */
+__global__ void k_link_copy(int *p, int i, int cl, const char *w) {
+    extern __shared__ __align__(16) char smc[];
+    const unsigned bytes = fill_smem(smc, w);
     link_meet(cl);
     cp_async_wait_all();
     __syncthreads();
     if (threadIdx.x == 0 && blockIdx.x == 0) p[0] += i + (bytes ? smc[i % bytes] : 0);
 }
 
-enum { KIND_PLAIN, KIND_PARAM, KIND_REGS, KIND_COPY };
+/* A link's data (table 4): after its wait a block reads 512 bytes its predecessor's block of the
+ * same index (modulo the predecessor's blocks) stored (LOAD: one trip through L2, as a GEMM stages
+ * its x), and/or stores 512 bytes of its own before it exits (STORE: as a GEMM's epilogue stores
+ * its outputs), the stores depending on the loads where it does both; with COPY as well, the
+ * weight copies of KIND_COPY before the trigger. io: [launch][block][32] uint4 slots. */
+enum { IO_LOAD = 1, IO_STORE = 2, IO_COPY = 4 };
+__global__ void k_link_io(int *p, int i, int cl, uint4 *io, int prev_blocks, int flags, const char *w) {
+    extern __shared__ __align__(16) char smc[];
+    const unsigned bytes = flags & IO_COPY ? fill_smem(smc, w) : 0;
+    link_meet(cl);
+    uint4 v = make_uint4(i, blockIdx.x, 0, 0);
+    if ((flags & IO_LOAD) && threadIdx.x < 32 && i > 0) {
+        const uint4 u = io[((size_t)(i - 1) * 264 + blockIdx.x % prev_blocks) * 32 + threadIdx.x];
+        v.z = u.x + u.y, v.w = u.z ^ u.w;
+    }
+    if (flags & IO_COPY) {
+        cp_async_wait_all();
+        __syncthreads();
+        v.w += bytes ? (unsigned char)smc[(threadIdx.x * 16) % bytes] : 0;
+    }
+    if ((flags & IO_STORE) && threadIdx.x < 32) io[((size_t)i * 264 + blockIdx.x) * 32 + threadIdx.x] = v;
+    else if (v.z == 0xFFFFFFFFu && v.w == 7u) p[1] = 1; /* keeps the loads */
+}
+
+enum { KIND_PLAIN, KIND_PARAM, KIND_REGS, KIND_COPY, KIND_IO = 16 /* + IO_* flags */ };
 
 struct shape {
     int blocks, threads, cluster, smem; /* cluster 0: no attribute; smem: bytes of dynamic shared memory */
@@ -90,6 +123,8 @@ struct shape {
 static cudaStream_t st;
 static int *dp;
 static char *dw;                             /* KIND_COPY's source */
+static uint4 *dio;                           /* k_link_io's slots: 141 launches x 264 blocks x 512 bytes */
+static int prev_blocks = 1;                  /* the last launch's blocks (k_link_io's loads) */
 static const size_t DW_BYTES = (size_t)1 << 30;
 
 static void launch(const shape &s, int i, int kind = KIND_PLAIN, size_t *woff = nullptr) {
@@ -105,19 +140,29 @@ static void launch(const shape &s, int i, int kind = KIND_PLAIN, size_t *woff = 
     at[1].val.clusterDim.x = s.cluster, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = s.cluster ? 2 : 1;
+    /* the copying kernels' source: this launch's own slice of dw, from the start again when it ends */
+    auto next_slice = [&] {
+        const size_t need = (size_t)s.blocks * s.smem;
+        if (*woff + need > DW_BYTES) *woff = 0;
+        char *src = dw + *woff;
+        *woff += need;
+        return src;
+    };
     if (kind == KIND_PARAM) {
         big_param b = {};
         CK(cudaLaunchKernelEx(&cfg, k_link_param, dp, i, s.cluster, b));
     } else if (kind == KIND_REGS) {
         CK(cudaLaunchKernelEx(&cfg, k_link_regs, dp, i, s.cluster, 0));
+    } else if (kind >= KIND_IO) {
+        const int flags = kind - KIND_IO;
+        CK(cudaLaunchKernelEx(&cfg, k_link_io, dp, i, s.cluster, dio, prev_blocks, flags,
+                              (const char *)(flags & IO_COPY ? next_slice() : dw)));
     } else if (kind == KIND_COPY) {
-        const size_t need = (size_t)s.blocks * s.smem;
-        if (*woff + need > DW_BYTES) *woff = 0;
-        CK(cudaLaunchKernelEx(&cfg, k_link_copy, dp, i, s.cluster, (const char *)dw + *woff));
-        *woff += need;
+        CK(cudaLaunchKernelEx(&cfg, k_link_copy, dp, i, s.cluster, (const char *)next_slice()));
     } else {
         CK(cudaLaunchKernelEx(&cfg, k_link, dp, i, s.cluster));
     }
+    prev_blocks = s.blocks;
 }
 
 /* us a graph replay of the kernels in seq, each of the kind given */
@@ -159,8 +204,10 @@ int main() {
     CK(cudaMalloc(&dp, 4096));
     CK(cudaMalloc(&dw, DW_BYTES));
     CK(cudaMemset(dw, 1, DW_BYTES));
+    CK(cudaMalloc(&dio, (size_t)142 * 264 * 512));
+    CK(cudaMemset(dio, 0, (size_t)142 * 264 * 512));
     for (const void *f : {(const void *)k_link, (const void *)k_link_param, (const void *)k_link_regs,
-                          (const void *)k_link_copy}) {
+                          (const void *)k_link_copy, (const void *)k_link_io}) {
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
@@ -209,6 +256,22 @@ int main() {
                  {KIND_COPY, "shared memory filled by copies before the trigger"}};
     for (const auto &k : kinds) {
         const float us = time_chain(step(ALL), k.kind);
+        printf("| %s | %.2f | %.3f |\n", k.name, us, us / (28 * 5 + 1));
+    }
+    printf("\nTable 4: the step's launches with a link's data: 512 bytes a block read from the predecessor's "
+           "stores after the wait, 512 bytes stored before the exit\n\n");
+    printf("| kernels | us a graph | us a link |\n| --- | ---: | ---: |\n");
+    const struct {
+        int flags;
+        const char *name;
+    } ios[] = {{0, "neither (k_link_io)"},
+               {IO_STORE, "stores"},
+               {IO_LOAD, "loads"},
+               {IO_LOAD | IO_STORE, "loads, then stores of what they read"},
+               {IO_COPY, "the weight copies (table 3's last row, k_link_io)"},
+               {IO_COPY | IO_LOAD | IO_STORE, "the weight copies, loads and stores"}};
+    for (const auto &k : ios) {
+        const float us = time_chain(step(ALL), KIND_IO + k.flags);
         printf("| %s | %.2f | %.3f |\n", k.name, us, us / (28 * 5 + 1));
     }
     return 0;
