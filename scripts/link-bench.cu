@@ -16,7 +16,7 @@
  * 64 KiB), gate/up (192 in 4, 64 KiB) and down_proj (64 in 8, 96 KiB), 128 threads unless said,
  * then a 132-block lm_head; the variants take one property out of every launch at once. Table 3
  * runs that step with kernels that carry one more of a real kernel's properties each: a 2 KiB
- * parameter block (read after the wait), 255 registers allocated (by code that never runs), or
+ * parameter block (read after the wait), ~255 registers allocated (by code that never runs; the table prints ptxas' count), or
  * the block's shared memory filled from a 1 GiB buffer by 16-byte cp.async copies issued before
  * its trigger and waited for after its wait, each launch from its own slice (a step's weight
  * copies: v31 measured the real step's chain with its copies at ~362 us). Table 4 (perf-notes
@@ -25,6 +25,7 @@
  * each alone, both, and both beside the weight copies. */
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/common.cuh" /* pdl_trigger, pdl_wait, cp_async16 */
@@ -96,13 +97,19 @@ __global__ void k_link_copy(int *p, int i, int cl, const char *w) {
  * its outputs), the stores depending on the loads where it does both; with COPY as well, the
  * weight copies of KIND_COPY before the trigger. io: [launch][block][32] uint4 slots. */
 enum { IO_LOAD = 1, IO_STORE = 2, IO_COPY = 4 };
+/* io's shape: a slot row for each launch of a step (STEP_LAUNCHES), IO_BLOCKS blocks a launch at
+ * most (the host checks), 32 uint4 (512 bytes) a block */
+constexpr int STEP_LAUNCHES = 28 * 5 + 1, IO_BLOCKS = 264;
+__device__ __forceinline__ uint4 *io_slot(uint4 *io, int launch, int block) {
+    return io + ((size_t)launch * IO_BLOCKS + block) * 32 + threadIdx.x;
+}
 __global__ void k_link_io(int *p, int i, int cl, uint4 *io, int prev_blocks, int flags, const char *w) {
     extern __shared__ __align__(16) char smc[];
     const unsigned bytes = flags & IO_COPY ? fill_smem(smc, w) : 0;
     link_meet(cl);
     uint4 v = make_uint4(i, blockIdx.x, 0, 0);
     if ((flags & IO_LOAD) && threadIdx.x < 32 && i > 0) {
-        const uint4 u = io[((size_t)(i - 1) * 264 + blockIdx.x % prev_blocks) * 32 + threadIdx.x];
+        const uint4 u = *io_slot(io, i - 1, blockIdx.x % prev_blocks);
         v.z = u.x + u.y, v.w = u.z ^ u.w;
     }
     if (flags & IO_COPY) {
@@ -110,7 +117,7 @@ __global__ void k_link_io(int *p, int i, int cl, uint4 *io, int prev_blocks, int
         __syncthreads();
         v.w += bytes ? (unsigned char)smc[(threadIdx.x * 16) % bytes] : 0;
     }
-    if ((flags & IO_STORE) && threadIdx.x < 32) io[((size_t)i * 264 + blockIdx.x) * 32 + threadIdx.x] = v;
+    if ((flags & IO_STORE) && threadIdx.x < 32) *io_slot(io, i, blockIdx.x) = v;
     else if (v.z == 0xFFFFFFFFu && v.w == 7u) p[1] = 1; /* keeps the loads */
 }
 
@@ -123,7 +130,7 @@ struct shape {
 static cudaStream_t st;
 static int *dp;
 static char *dw;                             /* KIND_COPY's source */
-static uint4 *dio;                           /* k_link_io's slots: 141 launches x 264 blocks x 512 bytes */
+static uint4 *dio;                           /* k_link_io's slots (io_slot) */
 static int prev_blocks = 1;                  /* the last launch's blocks (k_link_io's loads) */
 static const size_t DW_BYTES = (size_t)1 << 30;
 
@@ -155,6 +162,11 @@ static void launch(const shape &s, int i, int kind = KIND_PLAIN, size_t *woff = 
         CK(cudaLaunchKernelEx(&cfg, k_link_regs, dp, i, s.cluster, 0));
     } else if (kind >= KIND_IO) {
         const int flags = kind - KIND_IO;
+        if (i >= STEP_LAUNCHES || s.blocks > IO_BLOCKS) {
+            fprintf(stderr, "link-bench: launch %d of %d blocks is past k_link_io's slots (%d launches of %d)\n", i,
+                    s.blocks, STEP_LAUNCHES, IO_BLOCKS);
+            exit(1);
+        }
         CK(cudaLaunchKernelEx(&cfg, k_link_io, dp, i, s.cluster, dio, prev_blocks, flags,
                               (const char *)(flags & IO_COPY ? next_slice() : dw)));
     } else if (kind == KIND_COPY) {
@@ -196,6 +208,10 @@ static std::vector<shape> step(int var) {
             seq.push_back(s);
         }
     seq.push_back({132, 256, 0, 0});
+    if ((int)seq.size() != STEP_LAUNCHES) { /* the tables divide by STEP_LAUNCHES; io has that many rows */
+        fprintf(stderr, "link-bench: the step has %zu launches, STEP_LAUNCHES says %d\n", seq.size(), STEP_LAUNCHES);
+        exit(1);
+    }
     return seq;
 }
 
@@ -204,8 +220,9 @@ int main() {
     CK(cudaMalloc(&dp, 4096));
     CK(cudaMalloc(&dw, DW_BYTES));
     CK(cudaMemset(dw, 1, DW_BYTES));
-    CK(cudaMalloc(&dio, (size_t)142 * 264 * 512));
-    CK(cudaMemset(dio, 0, (size_t)142 * 264 * 512));
+    const size_t io_bytes = (size_t)STEP_LAUNCHES * IO_BLOCKS * 512;
+    CK(cudaMalloc(&dio, io_bytes));
+    CK(cudaMemset(dio, 0, io_bytes));
     for (const void *f : {(const void *)k_link, (const void *)k_link_param, (const void *)k_link_regs,
                           (const void *)k_link_copy, (const void *)k_link_io}) {
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
@@ -228,7 +245,7 @@ int main() {
         const float us = time_chain(std::vector<shape>(N, s));
         printf("| %d | %d | %d | %d | %.2f | %.3f |\n", s.blocks, s.threads, s.cluster, s.smem / K, us, us / N);
     }
-    printf("\nTable 2: a batch-1 step's %d launches (28 layers of 5, and the lm_head)\n\n", 28 * 5 + 1);
+    printf("\nTable 2: a batch-1 step's %d launches (28 layers of 5, and the lm_head)\n\n", STEP_LAUNCHES);
     printf("| launches | us a graph | us a link |\n| --- | ---: | ---: |\n");
     const struct {
         int var;
@@ -241,7 +258,7 @@ int main() {
                 {ONE_SM, "at most 132 blocks"}};
     for (const auto &v : vars) {
         const float us = time_chain(step(v.var));
-        printf("| %s | %.2f | %.3f |\n", v.name, us, us / (28 * 5 + 1));
+        printf("| %s | %.2f | %.3f |\n", v.name, us, us / STEP_LAUNCHES);
     }
     printf("\nTable 3: the step's launches with one more of a real kernel's properties\n\n");
     printf("| kernels | us a graph | us a link |\n| --- | ---: | ---: |\n");
@@ -256,7 +273,7 @@ int main() {
                  {KIND_COPY, "shared memory filled by copies before the trigger"}};
     for (const auto &k : kinds) {
         const float us = time_chain(step(ALL), k.kind);
-        printf("| %s | %.2f | %.3f |\n", k.name, us, us / (28 * 5 + 1));
+        printf("| %s | %.2f | %.3f |\n", k.name, us, us / STEP_LAUNCHES);
     }
     printf("\nTable 4: the step's launches with a link's data: 512 bytes a block read from the predecessor's "
            "stores after the wait, 512 bytes stored before the exit\n\n");
@@ -272,7 +289,7 @@ int main() {
                {IO_COPY | IO_LOAD | IO_STORE, "the weight copies, loads and stores"}};
     for (const auto &k : ios) {
         const float us = time_chain(step(ALL), KIND_IO + k.flags);
-        printf("| %s | %.2f | %.3f |\n", k.name, us, us / (28 * 5 + 1));
+        printf("| %s | %.2f | %.3f |\n", k.name, us, us / STEP_LAUNCHES);
     }
     return 0;
 }
