@@ -162,6 +162,12 @@ static void test_errors(void) {
     CHECK(lm_chat_role_parse("tool", &r) && r == LM_ROLE_TOOL, "parse tool");
     CHECK(!lm_chat_role_parse("developer", &r) && !lm_chat_role_parse("User", &r) &&
           !lm_chat_role_parse(NULL, &r), "unknown roles rejected");
+    /* a request's roles (server, lumen template, profiler corpora): "developer" is "system" */
+    r = LM_ROLE_USER;
+    CHECK(lm_chat_role_parse_request("developer", &r) && r == LM_ROLE_SYSTEM, "request role developer -> system");
+    CHECK(lm_chat_role_parse_request("user", &r) && r == LM_ROLE_USER, "request role user");
+    CHECK(!lm_chat_role_parse_request("Developer", &r) && !lm_chat_role_parse_request(NULL, &r),
+          "unknown request roles rejected");
 }
 
 int main(void) {

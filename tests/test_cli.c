@@ -117,6 +117,20 @@ static void template_gguf(struct lm_buf *out, struct lm_buf *err) {
     CHECK(rc == 0 && strstr(out->p, "<|im_start|>system\nBe brief.<|im_end|>"),
           "template on the folder: rc %d, stderr: %s", rc, err->p);
     char *folder = strdup(out->p);
+    /* a "developer" message renders as the "system" one, as the server takes it; an unknown role
+     * is refused with the roles that are accepted */
+    snprintf(cmd, sizeof cmd,
+             "echo '[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]'"
+             " | '%s' template --model '%s' --enable-thinking=false",
+             LM_LUMEN_BIN, TINY_MODEL);
+    rc = run(cmd, out, err);
+    CHECK(rc == 0 && !strcmp(out->p, folder), "template with a developer message: rc %d, stderr: %s\nstdout: %s",
+          rc, err->p, out->p);
+    snprintf(cmd, sizeof cmd, "echo '[{\"role\":\"critic\",\"content\":\"x\"}]' | '%s' template --model '%s'",
+             LM_LUMEN_BIN, TINY_MODEL);
+    rc = run(cmd, out, err);
+    CHECK(rc == 1 && strstr(err->p, "messages[0]: role must be one of system, developer, user, assistant"),
+          "template with an unknown role: rc %d, stderr: %s", rc, err->p);
     snprintf(cmd, sizeof cmd,
              "echo '%s' | '%s' template --model '%s/tiny.gguf' --enable-thinking=false", msgs,
              LM_LUMEN_BIN, g_dir);
@@ -124,6 +138,21 @@ static void template_gguf(struct lm_buf *out, struct lm_buf *err) {
     CHECK(rc == 0 && !strcmp(out->p, folder),
           "template on the GGUF: rc %d, stderr: %s\nstdout: %s\nwant: %s", rc, err->p, out->p,
           folder);
+    /* a folder without tokenizer_config.json builds too (special ids from config.json, no
+     * tokenizer.chat_template), and its GGUF renders the same */
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/notc' && for f in config.json generation_config.json model.safetensors tokenizer.json; "
+             "do ln -sf '%s'/$f '%s/notc/'; done && '%s' build --model '%s/notc' --out '%s/notc.gguf'",
+             g_dir, TINY_MODEL, g_dir, LM_LUMEN_BIN, g_dir, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 0, "build without tokenizer_config.json: rc %d, stderr: %s", rc, err->p);
+    snprintf(cmd, sizeof cmd,
+             "echo '%s' | '%s' template --model '%s/notc.gguf' --enable-thinking=false", msgs,
+             LM_LUMEN_BIN, g_dir);
+    rc = run(cmd, out, err);
+    CHECK(rc == 0 && !strcmp(out->p, folder),
+          "template on a GGUF built without tokenizer_config.json: rc %d, stderr: %s\nstdout: %s", rc, err->p,
+          out->p);
     free(folder);
     snprintf(cmd, sizeof cmd, "echo '[]' | '%s' template --model '%s/config.json'", LM_LUMEN_BIN,
              TINY_MODEL);
@@ -248,6 +277,9 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
         {"run", false, "", "lumen run: --model DIR is required\n"},
         {"profile", false, "sweep --bogus", "lumen profile sweep: unrecognized option '--bogus'\n"},
         {"profile", false, "--url", "lumen profile: option '--url' requires an argument\n"},
+        /* a list is sweep's: a single run says so */
+        {"profile", false, "--url http://127.0.0.1:9 --concurrency 1,2",
+         "lumen profile: --concurrency 1,2: a single run takes one value; `lumen profile sweep` takes a list"},
         /* a bad --kv-size is refused before the model loads (no such model here) */
         {"serve", false, "--model /nonexistent --kv-size 2X",
          "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or 65536t, not "

@@ -18,13 +18,15 @@ static void usage(FILE *f) {
             "llama.cpp's converter uses (architecture qwen3), plus lumen's provenance keys\n"
             "(lumen.version, lumen.source.sha256.<file>). Norm weights are stored as F32.\n\n"
             "  --model DIR      Hugging Face model folder (config.json, *.safetensors,\n"
-            "                   tokenizer.json, tokenizer_config.json)\n"
+            "                   tokenizer.json; tokenizer_config.json when present gives the\n"
+            "                   special tokens and the chat template the GGUF carries, else\n"
+            "                   config.json's ids and no tokenizer.chat_template)\n"
             "  --out FILE       the GGUF file to write (replaced if present)\n"
             "  --dtype T        dtype of the weight matrices (default bf16): bf16 or f32 keep\n"
             "                   bf16/f32 weights bit for bit; f16 rounds to nearest even; q8_0 is\n"
             "                   GGUF's Q8_0 (32 int8 per float16 scale, llama.cpp's rounding);\n"
             "                   a matrix whose rows are not a multiple of 32 is then written f16\n"
-            "  --tokenizer DIR  folder with tokenizer.json and tokenizer_config.json when the\n"
+            "  --tokenizer DIR  folder with tokenizer.json (and tokenizer_config.json) when the\n"
             "                   model folder has none\n"
             "  -h, --help       show this help\n");
 }

@@ -29,6 +29,7 @@
 
 #include "commands.h"
 
+#ifdef LM_HAVE_CUDA /* only the CUDA build's options take lists */
 /* Parses a comma-separated list of up to cap integers from lo to hi into out; the count, or -1
  * when s is not such a list (an empty item, a non-number, out of range, too many). */
 static int parse_list(const char *s, long lo, long hi, int *out, int cap) {
@@ -42,6 +43,7 @@ static int parse_list(const char *s, long lo, long hi, int *out, int cap) {
         p = end + 1;
     }
 }
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,

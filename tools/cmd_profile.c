@@ -31,7 +31,9 @@ static void usage(FILE *f) {
         "X-Lumen-Turn (docs/RECORDS.md). Everything lands in one run folder (--artifact-dir):\n"
         "requests.jsonl, summary.json/.csv/.txt, report.html (plots), manifest.json, "
         "coverage.json,\n"
-        "selection.jsonl, verification.json. Progress goes to stderr, the summary to stdout.\n"
+        "selection.jsonl, verification.json. A run in the default --artifact-dir also merges its\n"
+        "coverage into runs/coverage.json (every run's matrix there; a sweep's runs into the sweep\n"
+        "folder's). Progress goes to stderr, the summary to stdout.\n"
         "`sweep` runs once per listed concurrency or rate, each in its own sub-folder, and draws "
         "the\n"
         "throughput-versus-latency curve (sweep.html, sweep.json, sweep.csv).\n"
@@ -276,6 +278,13 @@ static int bad_arg(const char *flag, const char *value) {
     return 2;
 }
 
+/* A list given to a single run: one value there, a list only for `sweep`. */
+static int bad_list(const char *flag, const char *value) {
+    fprintf(stderr, "lumen profile: %s %s: a single run takes one value; `lumen profile sweep` takes a "
+            "list (one run per value)\n", flag, value);
+    return 2;
+}
+
 static bool parse_long(const char *s, long lo, long hi, long *out) {
     char *end;
     long v = strtol(s, &end, 10);
@@ -441,6 +450,7 @@ int lm_cmd_profile(int argc, char **argv) {
                 break;
             }
             if (sweep) conc_list = optarg;
+            if (!sweep && strchr(optarg, ',')) return bad_list("--concurrency", optarg);
             if (!parse_long(optarg, 1, 4096, &l)) return bad_arg("--concurrency", optarg);
             o.params.concurrency = (int)l;
             break;
@@ -449,6 +459,7 @@ int lm_cmd_profile(int argc, char **argv) {
                 rate_list = optarg;
                 break;
             }
+            if (strchr(optarg, ',')) return bad_list("--request-rate", optarg);
             if (!parse_double(optarg, 1e-6, 1e7, &o.params.request_rate))
                 return bad_arg("--request-rate", optarg);
             break;

@@ -199,6 +199,7 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     struct lm_bench_verification v = {0};
     struct lm_buf dirb = {0};
     json_t *sj = NULL, *manifest = NULL, *cov = NULL, *merged = NULL, *vj = NULL;
+    char *merged_path = NULL; /* the parent folder's coverage.json, when this run merges into it */
     char *path = NULL;
     if (st) goto done;
 
@@ -284,11 +285,10 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
             *slash = 0;
         else
             strcpy(parent, ".");
-        char *cp = lm_path_join(parent, "coverage.json");
-        if (lm_bench_coverage_merge(cp, cov, &merged))
-            note(o, "lumen profile: note: %s: %s (the run's own coverage.json is written)\n", cp,
+        merged_path = lm_path_join(parent, "coverage.json");
+        if (lm_bench_coverage_merge(merged_path, cov, &merged))
+            note(o, "lumen profile: note: %s: %s (the run's own coverage.json is written)\n", merged_path,
                  lm_error_message());
-        free(cp);
         free(parent);
     }
     WRITE("report.html",
@@ -320,9 +320,10 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         }
         fprintf(mf, "%s\n", first ? "" : ")");
         fprintf(mf,
-                "Run folder: %s (report.html, summary.json, summary.csv, requests.jsonl, "
+                "Run folder: %s (report.html, summary.txt, summary.json, summary.csv, requests.jsonl, "
                 "manifest.json, coverage.json, selection.jsonl, verification.json)\n",
                 res->dir);
+        if (merged) fprintf(mf, "Coverage of every run beside it merged into %s\n", merged_path);
         fclose(mf);
         txt.len = strlen(txt.p);
         WRITE("summary.txt", lm_file_write(path, txt.p, txt.len));
@@ -348,6 +349,7 @@ done:
     json_decref(manifest);
     json_decref(cov);
     json_decref(merged);
+    free(merged_path);
     json_decref(models);
     json_decref(m_before);
     json_decref(m_after);

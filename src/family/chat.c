@@ -21,3 +21,11 @@ bool lm_chat_role_parse(const char *s, enum lm_chat_role *out) {
         }
     return false;
 }
+
+bool lm_chat_role_parse_request(const char *s, enum lm_chat_role *out) {
+    if (s && !strcmp(s, "developer")) {
+        *out = LM_ROLE_SYSTEM;
+        return true;
+    }
+    return lm_chat_role_parse(s, out);
+}
