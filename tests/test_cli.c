@@ -280,6 +280,8 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
         /* a list is sweep's: a single run says so */
         {"profile", false, "--url http://127.0.0.1:9 --concurrency 1,2",
          "lumen profile: --concurrency 1,2: a single run takes one value; `lumen profile sweep` takes a list"},
+        {"profile", false, "--url http://127.0.0.1:9 --request-rate 1,2",
+         "lumen profile: --request-rate 1,2: a single run takes one value; `lumen profile sweep` takes a list"},
         /* a bad --kv-size is refused before the model loads (no such model here) */
         {"serve", false, "--model /nonexistent --kv-size 2X",
          "lumen serve: --kv-size must be a positive size such as 2048 (MiB), 2G or 65536t, not "

@@ -57,6 +57,7 @@ static void help(FILE *f) {
             "                   it (default: the smaller of the model's max_position_embeddings\n"
             "                   and 4096). Without max_tokens a chat request may run to the end\n"
             "                   of the context (as in vLLM); a /v1/completions request gets 16\n"
+            "                   tokens\n"
             "  --max-seqs N     requests running at once in the batch (default 16; 256 on CUDA)\n"
             "  --max-queue N    requests that may wait beyond the --max-seqs running ones; more get\n"
             "                   HTTP 429 with Retry-After (default 64). Each of a request's n\n"

@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "usage: lumen template --model DIR|FILE.gguf [--tokenizer DIR] [--no-generation-prompt]\n"
             "                      [--enable-thinking=true|false]\n\n"
             "Reads a conversation from stdin, a JSON array of messages\n"
-            "  [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": \"...\",\n"
+            "  [{\"role\": \"system\"|\"developer\"|\"user\"|\"assistant\", \"content\": \"...\",\n"
             "    \"reasoning_content\": \"...\"}, ...]\n"
             "where content is a string or a list of {\"type\": \"text\", \"text\": \"...\"} parts\n"
             "(concatenated, as lumen serve does), and prints the prompt the model's chat template\n"

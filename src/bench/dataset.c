@@ -174,12 +174,13 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
                     } else if (!strcmp(role, "assistant")) {
                         if (c->n_turns && !c->answers[c->n_turns - 1])
                             c->answers[c->n_turns - 1] = xstrdup(content);
-                    } else if (!strcmp(role, "system")) {
+                    } else if (!strcmp(role, "system") || !strcmp(role, "developer")) {
+                        /* OpenAI's "developer" is "system" (lm_chat_role_parse_request) */
                         if (!c->system) c->system = xstrdup(content);
                     } else {
                         st = lm_errorf(LM_ERR_FORMAT,
                                        "%s:%zu: messages[%zu].role: '%s' is not "
-                                       "system, user or assistant",
+                                       "system, developer, user or assistant",
                                        path, line_no, k, role);
                         break;
                     }

@@ -326,7 +326,12 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         if (merged) fprintf(mf, "Coverage of every run beside it merged into %s\n", merged_path);
         fclose(mf);
         txt.len = strlen(txt.p);
-        WRITE("summary.txt", lm_file_write(path, txt.p, txt.len));
+        free(path);
+        path = in_dir(res->dir, "summary.txt");
+        if ((st = lm_file_write(path, txt.p, txt.len))) {
+            free(txt.p);
+            goto done;
+        }
         if (o->out) {
             fwrite(txt.p, 1, txt.len, o->out);
             fflush(o->out);
