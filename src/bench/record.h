@@ -13,7 +13,9 @@
  *   time_to_first_output_token (TTFO)  send -> first chunk with non-empty content, i.e. the
  *                   first answer token after the reasoning (equals TTFT without reasoning)
  *   request_latency send -> the last event of the stream
- *   inter_token_latency (ITL), per token: each chunk after the first contributes k samples of
+ *   inter_token_latency (ITL): AIPerf's, one value a request: (request latency - TTFT) /
+ *                   (output tokens - 1); needs output tokens >= 2 (lm_bench_record_itl_ms)
+ *   inter_token_latency_per_token: each chunk after the first contributes k samples of
  *                   gap / k, where gap is the time since the previous chunk that carried tokens
  *                   and k its token count by lumen's tokenizer (lm_bench_record_count_tokens;
  *                   1 per chunk when not counted). When lumen's count of the whole response
@@ -22,8 +24,6 @@
  *                   text that does not re-encode to the generated ids must not inflate k. The
  *                   first chunk's extra tokens arrived with the first token and are part of
  *                   TTFT, not ITL.
- *   inter_token_latency per request (AIPerf's own definition): (request latency - TTFT) /
- *                   (output tokens - 1); needs output tokens >= 2
  *   inter_chunk_latency  gaps between successive content-bearing chunks, undivided
  *   output tokens   usage.completion_tokens (the server's count); input tokens:
  *                   usage.prompt_tokens. lumen's own counts are kept beside them. */

@@ -11,9 +11,8 @@ static const struct lm_bench_metric_info k_metrics[LM_BENCH_M_COUNT] = {
     [LM_BENCH_M_TTFT] = {"time_to_first_token", "Time to First Token", "ms"},
     [LM_BENCH_M_TTST] = {"time_to_second_token", "Time to Second Token", "ms"},
     [LM_BENCH_M_TTFO] = {"time_to_first_output_token", "Time to First Output Token", "ms"},
-    [LM_BENCH_M_ITL] = {"inter_token_latency", "Inter Token Latency", "ms"},
-    [LM_BENCH_M_ITL_REQUEST] = {"inter_token_latency_per_request",
-                                "Inter Token Latency per Request", "ms"},
+    [LM_BENCH_M_ITL] = {"inter_token_latency_per_token", "Inter Token Latency per Token", "ms"},
+    [LM_BENCH_M_ITL_REQUEST] = {"inter_token_latency", "Inter Token Latency", "ms"},
     [LM_BENCH_M_ICL] = {"inter_chunk_latency", "Inter Chunk Latency", "ms"},
     [LM_BENCH_M_LATENCY] = {"request_latency", "Request Latency", "ms"},
     [LM_BENCH_M_OTPU] = {"output_token_throughput_per_user", "Output Token Throughput Per User",
@@ -267,7 +266,7 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
             t->n_ok++;
             lm_bench_samples_push(&a, r->ttft_ms);
             lm_bench_samples_push(&b, r->ttfo_ms);
-            lm_bench_record_itl_samples(r, &c);
+            lm_bench_samples_push(&c, lm_bench_record_itl_ms(r)); /* AIPerf's, a value a request */
             lm_bench_samples_push(&d, r->latency_ms);
             if (r->input_tokens >= 0) lm_bench_samples_push(&e, (double)r->input_tokens);
             if (r->output_tokens >= 0) lm_bench_samples_push(&f, (double)r->output_tokens);

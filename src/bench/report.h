@@ -36,8 +36,8 @@ enum lm_bench_metric {
     LM_BENCH_M_TTST,        /* time_to_second_token, ms */
     LM_BENCH_M_TTFO,        /* time_to_first_output_token, ms (first answer token after the
                                reasoning) */
-    LM_BENCH_M_ITL,         /* inter_token_latency, ms, per token (record.h) */
-    LM_BENCH_M_ITL_REQUEST, /* inter_token_latency_per_request, ms: AIPerf's formula,
+    LM_BENCH_M_ITL,         /* inter_token_latency_per_token, ms: a sample a token (record.h) */
+    LM_BENCH_M_ITL_REQUEST, /* inter_token_latency, ms: AIPerf's, a value a request,
                                (latency - TTFT) / (output tokens - 1) */
     LM_BENCH_M_ICL,         /* inter_chunk_latency, ms */
     LM_BENCH_M_LATENCY,     /* request_latency, ms */
@@ -74,7 +74,8 @@ struct lm_bench_slo {
 struct lm_bench_turn_summary {
     int turn;    /* 1-based; the last row holds turns >= turn when folded */
     size_t n_ok; /* successful requests of this turn */
-    struct lm_bench_stats ttft_ms, ttfo_ms, itl_ms, latency_ms, isl, osl;
+    struct lm_bench_stats ttft_ms, ttfo_ms, itl_ms, latency_ms, isl, osl; /* itl_ms: AIPerf's, a value
+                                                                              a request */
     double alone_s;                 /* time this turn held the server alone (see above) */
     double alone_tokens;            /* its tokens that arrived in that time */
     double tokens;                  /* all its tokens (usage, else lumen's count, else chunks) */
