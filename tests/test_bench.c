@@ -1008,6 +1008,35 @@ static void test_verify(void) {
     free(run.records[3].finish_reason);
     run.records[3].finish_reason = strdup("length");
 
+    /* a request the client gave up on (--timeout-s) after 20 ms: the server ends it as the
+     * client's disconnect (499, "cancelled") and its total outlasts the client's clock; neither
+     * is a disagreement, and its (partial) text is not compared. The same server record against a
+     * request the client did not abandon is caught. */
+    {
+        struct lm_bench_record *r3 = &run.records[3];
+        const double lat0 = r3->latency_ms;
+        char *fr0 = r3->finish_reason;
+        t = json_deep_copy(recs);
+        json_object_set_new(json_array_get(t, 3), "http_status", json_integer(499));
+        json_object_set_new(json_array_get(t, 3), "finish_reason", json_string("cancelled"));
+        write_records(path, t);
+        json_decref(t);
+        r3->error = LM_BENCH_ERR_TIMEOUT, r3->latency_ms = 20, r3->finish_reason = NULL;
+        lm_bench_verify(&run, &ds, path, &g_prompt, &v);
+        if (!v.ok) lm_bench_verification_print(stderr, &v);
+        CHECK(v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 0 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 0 &&
+                  v.failed[LM_BENCH_CHECK_COMPLETION] == 0 && v.unavailable[LM_BENCH_CHECK_COMPLETION] >= 1,
+              "a timed-out request's 499 / cancelled / longer server total accepted, its text not compared");
+        lm_bench_verification_free(&v);
+        r3->error = LM_BENCH_ERR_NONE;
+        lm_bench_verify(&run, &ds, path, &g_prompt, &v);
+        CHECK(!v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 1 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 1,
+              "the same record against a request the client did not abandon: caught (identity %zu, times %zu)",
+              v.failed[LM_BENCH_CHECK_IDENTITY], v.failed[LM_BENCH_CHECK_SERVER_TIMES]);
+        lm_bench_verification_free(&v);
+        r3->latency_ms = lat0, r3->finish_reason = fr0;
+    }
+
     /* the summary shows server-side time beside (not mixed with) the client's */
     write_records(path, recs);
     lm_bench_verify(&run, &ds, path, &g_prompt, &v);
