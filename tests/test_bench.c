@@ -488,19 +488,23 @@ static void test_datasets(void) {
         "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
         "\"u1\"},"
         "{\"role\":\"assistant\",\"content\":\"a1\"},{\"role\":\"user\",\"content\":\"u2\"}]}\n"
-        "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"u\"}]}\n");
+        "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"u\"}]}\n"
+        "{\"text\":\"one turn\"}\n");
     o = lm_bench_dataset_default_opts();
     o.name = "custom";
     o.path = path;
     st = lm_bench_dataset_open(&ds, &o);
-    CHECK(st == LM_OK && ds.n == 3 && ds.convs[0].max_tokens == 7 && ds.convs[1].n_turns == 2 &&
+    CHECK(st == LM_OK && ds.n == 4 && ds.convs[0].max_tokens == 7 && ds.convs[1].n_turns == 2 &&
               !strcmp(ds.convs[1].system, "s") && !strcmp(ds.convs[1].answers[0], "a1") &&
               !strcmp(ds.convs[1].turns[1], "u2"),
           "custom: %s", lm_error_message());
     /* OpenAI's "developer" message is the system prompt, as the server takes it */
-    CHECK(st == LM_OK && ds.n == 3 && ds.convs[2].system && !strcmp(ds.convs[2].system, "d") &&
+    CHECK(st == LM_OK && ds.n == 4 && ds.convs[2].system && !strcmp(ds.convs[2].system, "d") &&
               ds.convs[2].n_turns == 1,
           "custom: a developer message as the system prompt");
+    /* AIPerf's single-turn line {"text": ...} */
+    CHECK(st == LM_OK && ds.n == 4 && ds.convs[3].n_turns == 1 && !strcmp(ds.convs[3].turns[0], "one turn"),
+          "custom: AIPerf's {\"text\": ...} line as one turn");
     lm_bench_dataset_free(&ds);
     /* an unknown role names the roles accepted */
     write_file(path, "{\"messages\":[{\"role\":\"critic\",\"content\":\"c\"},{\"role\":\"user\",\"content\":\"u\"}]}\n");
@@ -508,6 +512,12 @@ static void test_datasets(void) {
     CHECK(st != LM_OK && strstr(lm_error_message(), "'critic' is not system, developer, user or assistant"),
           "custom: unknown role: %s", lm_error_message());
     lm_bench_dataset_free(&ds); /* also after a failure (dataset.h) */
+    /* an empty file says so */
+    write_file(path, "\n");
+    st = lm_bench_dataset_open(&ds, &o);
+    CHECK(st == LM_ERR_MISSING && strstr(lm_error_message(), "no conversation in the file"),
+          "custom: empty file: %s", lm_error_message());
+    lm_bench_dataset_free(&ds);
     unlink(path);
 }
 

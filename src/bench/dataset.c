@@ -133,7 +133,11 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
         const char *cat = json_string_value(json_object_get(obj, "category"));
         json_t *turns = json_object_get(obj, "turns");
         json_t *msgs = custom ? json_object_get(obj, "messages") : NULL;
-        size_t nt = 0;
+        /* AIPerf's single-turn custom line, {"text": "..."}: one user turn */
+        const char *single = custom && !json_is_array(msgs) && !json_is_array(turns)
+                                 ? json_string_value(json_object_get(obj, "text"))
+                                 : NULL;
+        size_t nt = single ? 1 : 0;
         if (json_is_array(msgs)) {
             size_t k;
             json_t *m;
@@ -145,8 +149,10 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
             nt = json_array_size(turns);
         }
         if (nt == 0) {
-            st = lm_errorf(LM_ERR_FORMAT, "%s:%zu: %s: expected a non-empty array", path, line_no,
-                           custom ? "turns or messages (with a user message)" : "turns");
+            st = lm_errorf(LM_ERR_FORMAT, "%s:%zu: %s", path, line_no,
+                           custom ? "expected \"turns\" or \"messages\" (a non-empty array, with a user "
+                                    "message) or \"text\" (a string)"
+                                  : "turns: expected a non-empty array");
         } else if (o->categories && *o->categories && !in_list(o->categories, cat) &&
                    !in_list(o->categories, spec_task(cat))) {
             json_t *le_ = ledger_add(ds, index, idb.p, "category");
@@ -185,6 +191,8 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
                         break;
                     }
                 }
+            } else if (single) {
+                c->turns[c->n_turns++] = xstrdup(single);
             } else {
                 for (size_t i = 0; i < nt; i++) {
                     json_t *t = json_array_get(turns, i);
@@ -489,7 +497,9 @@ lm_status lm_bench_dataset_open(struct lm_bench_dataset *ds,
         ds->selection = lm_buf_take(&sel);
     }
     lm_buf_free(&text);
-    if (!st && ds->n == 0) {
+    if (!st && ds->n == 0 && ds->n_considered == 0 && o->path) {
+        st = lm_errorf(LM_ERR_MISSING, "%s: no conversation in the file (no non-blank line)", o->path);
+    } else if (!st && ds->n == 0) {
         char *r = json_dumps(ds->rejected, JSON_COMPACT);
         st = lm_errorf(LM_ERR_MISSING, "%s: no conversation selected out of %zu (rejected: %s)",
                        o->path, ds->n_considered, r ? r : "{}");
