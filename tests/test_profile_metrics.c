@@ -357,6 +357,9 @@ static void test_clean_run(void) {
           "exit %d, verification %d/%d", res.exit_code, res.verification_available,
           res.verification_ok);
     json_t *s = res.summary;
+    const char *u_rt = json_string_value(json_object_get(json_object_get(s, "units"), "request_throughput")),
+               *u_ot = json_string_value(json_object_get(json_object_get(s, "units"), "output_token_throughput"));
+    CHECK(u_rt && !strcmp(u_rt, "requests/s") && u_ot && !strcmp(u_ot, "tokens/s"), "summary.json: the scalars' units");
     CHECK(json_integer_value(json_object_get(s, "request_count")) == 6 &&
               json_integer_value(json_object_get(s, "warmup_requests")) == 2,
           "6 measured requests, 2 warmup");

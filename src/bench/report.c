@@ -509,6 +509,11 @@ json_t *lm_bench_summary_json(const struct lm_bench_run *run, const struct lm_be
     json_object_set_new(o, "request_throughput", num_or_null(s->request_throughput));
     json_object_set_new(o, "output_token_throughput", num_or_null(s->output_token_throughput));
     json_object_set_new(o, "total_output_tokens", json_real(s->total_output_tokens));
+    /* the scalars' units (the metrics carry theirs in their own objects) */
+    json_object_set_new(o, "units",
+                        json_pack("{s:s,s:s,s:s,s:s,s:s}", "benchmark_duration_s", "s", "request_throughput",
+                                  "requests/s", "output_token_throughput", "tokens/s", "goodput",
+                                  "requests/s", "total_output_tokens", "tokens"));
     json_object_set_new(o, "request_count", json_integer((json_int_t)s->n_ok));
     json_object_set_new(o, "error_request_count", json_integer((json_int_t)s->n_failed));
     json_object_set_new(o, "requests_sent", json_integer((json_int_t)s->n_requests));
@@ -612,19 +617,19 @@ lm_status lm_bench_write_summary_csv(const char *path, const struct lm_bench_run
         csv_num(f, st->p99);
         fprintf(f, ",%zu\n", st->n);
     }
-    fprintf(f, "\nmetric,value\n");
-    fprintf(f, "benchmark_duration_s");
+    fprintf(f, "\nmetric,unit,value\n");
+    fprintf(f, "benchmark_duration_s,s");
     csv_num(f, s->window_s);
-    fprintf(f, "\nrequest_throughput");
+    fprintf(f, "\nrequest_throughput,requests/s");
     csv_num(f, s->request_throughput);
-    fprintf(f, "\noutput_token_throughput");
+    fprintf(f, "\noutput_token_throughput,tokens/s");
     csv_num(f, s->output_token_throughput);
     if (s->slo_set) {
-        fprintf(f, "\ngoodput");
+        fprintf(f, "\ngoodput,requests/s");
         csv_num(f, s->goodput);
     }
-    fprintf(f, "\nrequest_count,%zu\nerror_request_count,%zu\nwarmup_requests,%zu\n", s->n_ok,
-            s->n_failed, s->n_warmup);
+    fprintf(f, "\nrequest_count,requests,%zu\nerror_request_count,requests,%zu\nwarmup_requests,requests,%zu\n",
+            s->n_ok, s->n_failed, s->n_warmup);
     fprintf(f, "\nturn,request_count,ttft_p50,ttft_p95,ttfo_p50,itl_p50,itl_p95,latency_p50,"
                "latency_p95,isl_p50,alone_s,output_token_throughput_alone\n");
     for (int i = 0; i < s->n_turn_rows; i++) {
