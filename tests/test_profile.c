@@ -12,9 +12,14 @@
  * report.html), and `lumen profile sweep` over concurrency 1,2; the manifests record the
  * command line as typed. The server is killed at the end (and dies with this process if the test
  * crashes).
+ * Before that, against a slow stand-in server written here (no model): output paths that cannot
+ * be used fail before any request is sent; a records file that is not JSONL still writes the run,
+ * with verification failed; and SIGINT in the middle of a run stops it within a few seconds,
+ * exits 130 and writes the run folder from the requests that completed, marked interrupted.
  * LM_LABEL: server */
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -22,8 +27,10 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,8 +55,11 @@ static void stop_server(void) {
     g_server = -1;
 }
 
+static pid_t g_fake = -1; /* the stand-in server of test_paths and test_interrupt */
+
 static void on_signal(int sig) {
     if (g_server > 0) kill(g_server, SIGKILL);
+    if (g_fake > 0) kill(g_fake, SIGKILL);
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -241,6 +251,274 @@ static void test_speculative(const char *dir) {
     json_decref(sj);
 }
 
+
+/* ---- a slow stand-in server: GET /v1/models, and chat completions that stream ---- */
+
+static bool write_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k <= 0) return false;
+        p += k, n -= (size_t)k;
+    }
+    return true;
+}
+
+static void fake_reply(int fd, const char *status, const char *ctype, const char *body) {
+    char head[256];
+    snprintf(head, sizeof head,
+             "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+             status, ctype, strlen(body));
+    if (write_all(fd, head, strlen(head))) write_all(fd, body, strlen(body));
+}
+
+/* One connection, one request: reads the head and the body (answering Expect: 100-continue),
+ * then answers. A chat completion streams 4 content chunks 150 ms apart, then the finish, the
+ * usage and [DONE], and appends one byte to `done` (so the test can count finished answers). */
+static void fake_conn(int fd, const char *done) {
+    char buf[1 << 16];
+    size_t n = 0;
+    char *end = NULL;
+    while (!end && n < sizeof buf - 1) {
+        ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+        if (k <= 0) return;
+        n += (size_t)k;
+        buf[n] = 0;
+        end = strstr(buf, "\r\n\r\n");
+    }
+    if (!end) return;
+    size_t head = (size_t)(end + 4 - buf), len = 0;
+    for (char *l = buf; l && l < end; l = strstr(l, "\r\n") ? strstr(l, "\r\n") + 2 : NULL) {
+        if (!strncasecmp(l, "content-length:", 15)) len = strtoul(l + 15, NULL, 10);
+        if (!strncasecmp(l, "expect: 100-continue", 20))
+            write_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    }
+    size_t have = n - head;
+    while (have < len) {
+        ssize_t k = read(fd, buf, sizeof buf);
+        if (k <= 0) return;
+        have += (size_t)k;
+    }
+    if (!strncmp(buf, "GET /v1/models", 14)) {
+        fake_reply(fd, "200 OK", "application/json", "{\"object\":\"list\",\"data\":[{\"id\":\"fake\"}]}");
+        return;
+    }
+    if (strncmp(buf, "POST /v1/chat/completions", 25)) {
+        fake_reply(fd, "404 Not Found", "text/plain", "not here");
+        return;
+    }
+    static const char k_head[] =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+    if (!write_all(fd, k_head, sizeof k_head - 1)) return;
+    for (int i = 0; i < 4; i++) {
+        usleep(150000);
+        static const char k_chunk[] =
+            "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":\"fake\",\"choices\":"
+            "[{\"index\":0,\"delta\":{\"content\":\"word \"},\"finish_reason\":null}]}\n\n";
+        if (!write_all(fd, k_chunk, sizeof k_chunk - 1)) return;
+    }
+    static const char k_tail[] =
+        "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":\"fake\",\"choices\":"
+        "[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n"
+        "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":\"fake\",\"choices\":[],"
+        "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4,\"total_tokens\":14}}\n\n"
+        "data: [DONE]\n\n";
+    if (!write_all(fd, k_tail, sizeof k_tail - 1)) return;
+    int df = open(done, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (df >= 0) {
+        write_all(df, "x", 1);
+        close(df);
+    }
+}
+
+/* Starts the stand-in on a free port (a process per connection); returns the port, or -1. */
+static int start_fake(const char *done) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 64) ||
+        getsockname(fd, (struct sockaddr *)&a, &len))
+        return -1;
+    g_fake = fork();
+    if (g_fake == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGCHLD, SIG_IGN); /* no zombies */
+        for (;;) {
+            int c = accept(fd, NULL, NULL);
+            if (c < 0) continue;
+            if (fork() == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                close(fd);
+                fake_conn(c, done);
+                close(c);
+                _exit(0);
+            }
+            close(c);
+        }
+    }
+    close(fd);
+    return g_fake > 0 ? ntohs(a.sin_port) : -1;
+}
+
+static void stop_fake(void) {
+    if (g_fake <= 0) return;
+    kill(g_fake, SIGKILL);
+    waitpid(g_fake, NULL, 0);
+    g_fake = -1;
+}
+
+static long file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) ? 0 : (long)sb.st_size;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return strdup("");
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return strdup(buf);
+}
+
+/* Paths that cannot be used fail at once, naming the flag and the path, with nothing sent; a
+ * records file that is not JSONL still gets the run written, with verification failed. */
+static void test_paths(const char *dir, int port, const char *done) {
+    char file[256], bad[256], cmd[2048], err[256];
+    snprintf(file, sizeof file, "%s/a_file", dir);
+    snprintf(bad, sizeof bad, "%s/bad_records.jsonl", dir);
+    snprintf(err, sizeof err, "%s/paths.err", dir);
+    FILE *f = fopen(file, "w");
+    if (f) fclose(f);
+    f = fopen(bad, "w");
+    if (f) {
+        fputs("this is not JSON\n", f);
+        fclose(f);
+    }
+    char a[640], b[640], c[640];
+    snprintf(a, sizeof a, "--artifact-dir %s/x", file);
+    snprintf(b, sizeof b, "--output %s/x.jsonl --artifact-dir %s/out_bad", file, dir);
+    /* a records file not there yet is fine (a server may create it late); one in a folder that
+     * does not exist is not */
+    snprintf(c, sizeof c, "--server-records %s/no_folder/none.jsonl --artifact-dir %s/rec_bad", dir, dir);
+    const struct {
+        const char *args, *want;
+    } k_cases[] = {{a, "--artifact-dir"}, {b, "--output"}, {c, "--server-records"},
+                   {"--artifact-dir /proc/lumen_no_such_dir", "--artifact-dir /proc/lumen_no_such_dir"}};
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+        long before = file_size(done);
+        snprintf(cmd, sizeof cmd,
+                 "'%s' profile --url http://127.0.0.1:%d --model fake --dataset mt_bench "
+                 "--dataset-path '%s/data/mt_bench/question.jsonl' --conversations 1 "
+                 "--warmup-requests 0 --quiet %s > /dev/null 2> '%s'",
+                 LM_LUMEN_BIN, port, LM_SOURCE_DIR, k_cases[i].args, err);
+        int rc = system(cmd);
+        char *e = read_text(err);
+        CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && strstr(e, k_cases[i].want) &&
+                  !strchr(strchr(e, '\n') ? strchr(e, '\n') + 1 : "", '\n'),
+              "%s: exit %d, want 1 and one line naming %s: %s", k_cases[i].args, rc,
+              k_cases[i].want, e);
+        free(e);
+        usleep(200000);
+        CHECK(file_size(done) == before, "%s: a request was answered before the path check failed",
+              k_cases[i].args);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/out_bad", dir);
+    CHECK(access(path, F_OK) != 0, "%s: left behind by a run that never started", path);
+
+    /* not JSONL: the run is written, verification failed with the reason */
+    snprintf(cmd, sizeof cmd,
+             "'%s' profile --url http://127.0.0.1:%d --model fake --dataset mt_bench "
+             "--dataset-path '%s/data/mt_bench/question.jsonl' --conversations 1 "
+             "--warmup-requests 0 --quiet --server-records '%s' --artifact-dir '%s/bad_rec' "
+             "> '%s/bad_rec.txt' 2> '%s'",
+             LM_LUMEN_BIN, port, LM_SOURCE_DIR, bad, dir, dir, err);
+    int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "records not JSONL: exit %d, want 1", rc);
+    snprintf(path, sizeof path, "%s/bad_rec/summary.json", dir);
+    json_t *sj = json_load_file(path, 0, NULL);
+    json_t *ver = json_object_get(sj, "verification");
+    CHECK(sj && json_integer_value(json_object_get(sj, "request_count")) == 2 &&
+              json_is_false(json_object_get(ver, "ok")) &&
+              json_is_string(json_object_get(ver, "error")),
+          "records not JSONL: summary.json with 2 requests and verification failed with a reason");
+    json_decref(sj);
+    snprintf(path, sizeof path, "%s/bad_rec.txt", dir);
+    char *txt = read_text(path);
+    CHECK(strstr(txt, "Verification: FAILED (the server records could not be used"),
+          "records not JSONL: summary.txt says why verification failed:\n%s", txt);
+    free(txt);
+}
+
+/* SIGINT in the middle of a run of 30 two-turn conversations (each answer takes ~0.6 s): once
+ * 3 answers finished, the run stops within a few seconds, exits 130, and its folder holds the
+ * summary of what completed, marked interrupted. */
+static void test_interrupt(const char *dir, int port, const char *done) {
+    char out[256], err[256], rd[256], url[64], dpath[256];
+    snprintf(out, sizeof out, "%s/int.txt", dir);
+    snprintf(err, sizeof err, "%s/int.err", dir);
+    snprintf(rd, sizeof rd, "%s/interrupted", dir);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    snprintf(dpath, sizeof dpath, "%s/data/mt_bench/question.jsonl", LM_SOURCE_DIR);
+    long before = file_size(done);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGINT, SIG_DFL);
+        if (!freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(127);
+        execl(LM_LUMEN_BIN, LM_LUMEN_BIN, "profile", "--url", url, "--model", "fake",
+              "--dataset", "mt_bench", "--dataset-path", dpath, "--conversations", "30",
+              "--concurrency", "2", "--warmup-requests", "0", "--artifact-dir", rd,
+              (char *)NULL);
+        _exit(127);
+    }
+    CHECK(pid > 0, "fork");
+    if (pid <= 0) return;
+    for (int i = 0; i < 300 && file_size(done) < before + 3; i++) /* up to 30 s */
+        usleep(100000);
+    CHECK(file_size(done) >= before + 3, "3 answers before the interrupt");
+    double t0 = 0, t1 = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    kill(pid, SIGINT);
+    int status = 0;
+    bool ended = false;
+    for (int i = 0; i < 150 && !ended; i++) { /* up to 15 s */
+        ended = waitpid(pid, &status, WNOHANG) == pid;
+        if (!ended) usleep(100000);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t1 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (!ended) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    char *e = read_text(err);
+    CHECK(ended && WIFEXITED(status) && WEXITSTATUS(status) == 130,
+          "interrupted run: ended %d, status %d, want exit 130; stderr:\n%s", ended, status, e);
+    CHECK(t1 - t0 < 6, "interrupted run took %.1f s to end", t1 - t0);
+    CHECK(strstr(e, "interrupted (SIGINT)"), "stderr notes the interrupt:\n%s", e);
+    free(e);
+    char path[512];
+    snprintf(path, sizeof path, "%s/summary.json", rd);
+    json_t *sj = json_load_file(path, 0, NULL);
+    json_int_t n = json_integer_value(json_object_get(sj, "request_count"));
+    const char *sig =
+        json_string_value(json_object_get(json_object_get(sj, "interruption"), "signal"));
+    CHECK(sj && json_is_true(json_object_get(sj, "interrupted")) && sig && !strcmp(sig, "SIGINT"),
+          "%s: marked interrupted by SIGINT", path);
+    CHECK(n >= 3 && n < 60, "interrupted run: %lld requests in the summary, want 3..59",
+          (long long)n);
+    json_decref(sj);
+    snprintf(path, sizeof path, "%s/requests.jsonl", rd);
+    CHECK(access(path, R_OK) == 0, "%s", path);
+    char *txt = read_text(out);
+    CHECK(strstr(txt, "INTERRUPTED (SIGINT)"), "stdout marks the run interrupted:\n%s", txt);
+    free(txt);
+}
+
 int main(void) {
     signal(SIGSEGV, on_signal);
     signal(SIGABRT, on_signal);
@@ -272,6 +550,16 @@ int main(void) {
     snprintf(out_jsonl, sizeof out_jsonl, "%s/profile.jsonl", dir);
     snprintf(out_txt, sizeof out_txt, "%s/summary.txt", dir);
     snprintf(g_records, sizeof g_records, "%s/server_records.jsonl", dir);
+
+    char done[256];
+    snprintf(done, sizeof done, "%s/fake_done", dir);
+    int fport = start_fake(done);
+    CHECK(fport > 0, "the stand-in server");
+    if (fport > 0) {
+        test_paths(dir, fport, done);
+        test_interrupt(dir, fport, done);
+    }
+    stop_fake();
 
     int port = free_port();
     CHECK(port > 0, "free port");

@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,8 @@ static void usage(FILE *f) {
         "  --dataset-path FILE        the dataset file (default: data/<name>/..., looked up in "
         "the\n"
         "                             current directory, then next to the lumen binary). custom:\n"
-        "                             one conversation a line, {\"turns\": [\"...\", ...]} or\n"
+        "                             one conversation a line, {\"turns\": [\"...\", ...]},\n"
+        "                             AIPerf's single-turn {\"text\": \"...\"}, or\n"
         "                             {\"messages\": [{\"role\": \"user\", \"content\": "
         "\"...\"}, ...]}\n"
         "                             (assistant messages are never sent; \"developer\" is taken\n"
@@ -167,16 +169,50 @@ static void usage(FILE *f) {
         "  time_to_first_output_token send -> first content chunk (the answer, after any "
         "reasoning)\n"
         "  time_to_second_token       send -> the chunk that brings the second token\n"
-        "  inter_token_latency        per token: each chunk's gap divided by its token count\n"
-        "  inter_token_latency_per_request   AIPerf's (latency - TTFT) / (output tokens - 1)\n"
+        "  inter_token_latency        AIPerf's, a value a request: (latency - TTFT) / (output\n"
+        "                             tokens - 1)\n"
+        "  inter_token_latency_per_token   a sample a token: each chunk's gap divided by its\n"
+        "                             token count\n"
         "  inter_chunk_latency, request_latency, output_token_throughput_per_user,\n"
         "  output/input_sequence_length (usage), think_time_measured; request_throughput,\n"
         "  output_token_throughput and goodput over the profiling window (think time included);\n"
         "  errors by type; per turn; server-side queue/prefill/decode/total times (server "
         "records).\n"
         "\n"
+        "interrupting: the first Ctrl-C (SIGINT) or SIGTERM stops the run: no new request is\n"
+        "sent, requests in flight get min(--timeout-s, 2 s) to finish and are then cancelled, and\n"
+        "the summary and run folder are written from the requests that completed, marked\n"
+        "interrupted (\"interrupted\": true in summary.json, a line in summary.txt); a sweep\n"
+        "starts no further run. A second signal quits at once (nothing more is written).\n"
+        "\n"
         "exit status: 0 when at least one profiling request succeeded and verification (if any)\n"
-        "passed; 1 otherwise or on a runtime failure; 2 on a usage error.\n");
+        "passed; 1 otherwise or on a runtime failure (including an --artifact-dir or --output that\n"
+        "cannot be written, or --server-records that cannot be read, found before any request is\n"
+        "sent); 2 on a usage error; 130 when interrupted by SIGINT (143 by SIGTERM).\n");
+}
+
+/* The first SIGINT or SIGTERM asks the run to stop and still write what completed (profile.h);
+ * SA_RESETHAND gives a second one its default action, which ends the process at once. The
+ * handler only records the signal: the run's threads look at the flag. */
+static volatile sig_atomic_t g_stop;
+
+static void on_stop(int sig) {
+    g_stop = sig;
+}
+
+static void catch_stop(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        /* a signal ignored when we started (nohup, a shell's background job) stays ignored */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 enum {
@@ -596,6 +632,9 @@ int lm_cmd_profile(int argc, char **argv) {
                 path ? path : "", o.params.url);
 
     int rc = 1;
+    g_stop = 0;
+    o.stop = &g_stop;
+    catch_stop();
     if (sweep) {
         double values[64];
         size_t n = 0;

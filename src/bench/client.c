@@ -33,6 +33,23 @@ void lm_bench_client_global_init(void) {
     pthread_once(&g_curl_once, curl_init_once);
 }
 
+/* Set before the run's threads start and cleared after they joined, so plain globals suffice. */
+static const volatile sig_atomic_t *g_stop;
+static double g_stop_grace_s;
+
+void lm_bench_client_watch_stop(const volatile sig_atomic_t *stop, double grace_s) {
+    g_stop = stop;
+    g_stop_grace_s = grace_s;
+}
+
+bool lm_bench_client_stopping(void) {
+    return g_stop && *g_stop;
+}
+
+static bool stopping(void) {
+    return lm_bench_client_stopping();
+}
+
 lm_status lm_bench_client_init(struct lm_bench_client *c, const char *url, const char *api_key,
                                double timeout_s) {
     memset(c, 0, sizeof *c);
@@ -159,7 +176,23 @@ struct chat_ctx {
     struct lm_bench_stream stream;
     enum body_kind kind;
     struct lm_buf body; /* a non-SSE body (JSON answer or error text) */
+    double t_stop_seen; /* when this transfer first saw the stop flag; 0: not yet */
+    bool cancelled;     /* aborted because of it */
 };
+
+/* libcurl's progress callback: also called about once a second while nothing arrives, which is
+ * what lets a stop reach a request that waits on a slow server. Non-zero aborts the transfer. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
+    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+    struct chat_ctx *x = ud;
+    if (!stopping()) return 0;
+    double t = lm_bench_now();
+    if (x->t_stop_seen == 0) x->t_stop_seen = t;
+    if (t - x->t_stop_seen < g_stop_grace_s) return 0;
+    x->cancelled = true;
+    return 1;
+}
 
 static size_t on_data(char *p, size_t size, size_t n, void *ud) {
     struct chat_ctx *x = ud;
@@ -226,6 +259,10 @@ static void fail_http(struct lm_bench_record *rec, const struct lm_buf *body) {
 
 void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
                           struct lm_bench_record *rec) {
+    if (stopping()) { /* a failure, so that the replay releases nothing more of this conversation */
+        lm_bench_record_fail(rec, LM_BENCH_ERR_CONNECTION, "%s", LM_BENCH_CLIENT_NOT_SENT);
+        return;
+    }
     struct lm_buf url = {0};
     set_common(c, "/v1/chat/completions", &url);
     struct curl_slist *hdr = NULL;
@@ -249,6 +286,9 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
     curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &x);
     curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, &x);
+    curl_easy_setopt(c->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c->curl, CURLOPT_XFERINFODATA, &x);
+    curl_easy_setopt(c->curl, CURLOPT_NOPROGRESS, 0L);
 
     rec->sent = true;
     rec->start_unix = lm_bench_unix_now();
@@ -258,7 +298,11 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
     double t_ms = (rec->t_end - rec->t_send) * 1e3;
     if (!rec->http_status) curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &rec->http_status);
 
-    if (rc != CURLE_OK) {
+    if (rc == CURLE_ABORTED_BY_CALLBACK && x.cancelled) {
+        lm_bench_record_fail(rec, LM_BENCH_ERR_CONNECTION,
+                             "%s after %.1f s more for the response (%s)", LM_BENCH_CLIENT_CANCELLED,
+                             g_stop_grace_s, url.p);
+    } else if (rc != CURLE_OK) {
         lm_bench_record_fail(rec, curl_error_kind(rc), "%s: %s", url.p, curl_easy_strerror(rc));
     } else if (rec->http_status != 200) {
         fail_http(rec, &x.body);

@@ -2,11 +2,14 @@
 #include "bench/profile.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/buf.h"
 #include "base/file.h"
@@ -23,8 +26,8 @@ void lm_bench_profile_result_free(struct lm_bench_profile_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* mkdir -p */
-static lm_status make_dirs(const char *path) {
+/* mkdir -p; `flag` names where the path came from ("--artifact-dir"), for the message. */
+static lm_status make_dirs(const char *flag, const char *path) {
     char *p = strdup(path);
     if (!p) abort();
     lm_status st = LM_OK;
@@ -33,7 +36,12 @@ static lm_status make_dirs(const char *path) {
             char c = *s;
             *s = 0;
             if (mkdir(p, 0755) && errno != EEXIST) {
-                st = lm_errorf(LM_ERR_IO, "%s: cannot create the folder: %s", p, strerror(errno));
+                if (!c) /* the folder itself */
+                    st = lm_errorf(LM_ERR_IO, "%s %s: cannot create the folder: %s", flag, path,
+                                   strerror(errno));
+                else
+                    st = lm_errorf(LM_ERR_IO, "%s %s: cannot create the folder %s: %s", flag,
+                                   path, p, strerror(errno));
                 break;
             }
             *s = c;
@@ -42,6 +50,73 @@ static lm_status make_dirs(const char *path) {
     }
     free(p);
     return st;
+}
+
+/* Opens `path` for appending (never truncating) and closes it again; removes it when this call
+ * made it. 0, or the errno of the failure. */
+static int try_write(const char *path) {
+    struct stat sb;
+    bool existed = stat(path, &sb) == 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return errno;
+    close(fd);
+    if (!existed) unlink(path);
+    return 0;
+}
+
+/* The checks made before the first request is sent, so that a path that cannot be used fails in
+ * a second instead of after the whole benchmark: the --output file can be written, and the
+ * --server-records file can be read where it exists already. lumen serve creates it when it
+ * starts, but a server may write it only as requests retire (the join waits for them), so a file
+ * not there yet is not an error: only one whose folder does not exist, or that exists and cannot
+ * be read. */
+static lm_status check_paths(const struct lm_bench_profile_opts *o) {
+    int e;
+    if (o->output_jsonl && (e = try_write(o->output_jsonl)))
+        return lm_errorf(LM_ERR_IO, "--output %s: cannot write the file: %s", o->output_jsonl,
+                         strerror(e));
+    if (o->server_records) {
+        struct stat sb;
+        if (stat(o->server_records, &sb)) {
+            char *folder = strdup(o->server_records);
+            if (!folder) abort();
+            const int missing = errno;
+            const bool folder_ok = stat(dirname(folder), &sb) == 0 && S_ISDIR(sb.st_mode);
+            free(folder);
+            if (folder_ok && missing == ENOENT) return LM_OK; /* not written yet */
+            return lm_errorf(LM_ERR_IO,
+                             "--server-records %s: cannot read the file: %s (the server's "
+                             "--records FILE)",
+                             o->server_records, strerror(missing));
+        }
+        FILE *f = fopen(o->server_records, "r");
+        if (!f)
+            return lm_errorf(LM_ERR_IO, "--server-records %s: cannot read the file: %s (the server's "
+                             "--records FILE)", o->server_records, strerror(errno));
+        fclose(f);
+        if (S_ISDIR(sb.st_mode))
+            return lm_errorf(LM_ERR_IO, "--server-records %s: a folder, not the server's records file",
+                             o->server_records);
+    }
+    return LM_OK;
+}
+
+/* Creates a run folder (mkdir -p) and checks that a file can be written in it, before the run.
+ * *made: the folder did not exist before (so that a run that never started can remove it). */
+static lm_status prepare_dir(const char *flag, const char *dir, bool *made) {
+    struct stat sb;
+    *made = stat(dir, &sb) != 0;
+    lm_status st = make_dirs(flag, dir);
+    if (st) return st;
+    if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
+        return lm_errorf(LM_ERR_IO, "%s %s: not a folder", flag, dir);
+    char *probe = lm_path_join(dir, ".lumen-write-check");
+    int e = try_write(probe);
+    free(probe);
+    if (e)
+        return lm_errorf(LM_ERR_IO, "%s %s: cannot write files in the folder: %s", flag, dir,
+                         strerror(e));
+    return LM_OK;
 }
 
 static char *in_dir(const char *dir, const char *name) {
@@ -183,6 +258,42 @@ static void note(const struct lm_bench_profile_opts *o, const char *fmt, ...) {
     fflush(o->log);
 }
 
+static const char *signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
+
+/* After a stop: the requests the client refused to send (client.h) become skipped ones, skip
+ * "limit" as when a limit cuts a run short, and so do the turns the replay then skipped as
+ * "after_failure" behind them or behind a request cancelled in flight: none of them failed.
+ * Counts the profiling requests not sent and cancelled. Records are conversation-major, in turn
+ * order (replay.h). */
+static void settle_interrupted(struct lm_bench_run *run, size_t *n_not_sent, size_t *n_cancelled) {
+    *n_not_sent = *n_cancelled = 0;
+    const char *cut = NULL; /* the conversation id that the stop cut */
+    const size_t k = strlen(LM_BENCH_CLIENT_CANCELLED);
+    for (size_t i = 0; i < run->n_records; i++) {
+        struct lm_bench_record *r = &run->records[i];
+        bool prof = i >= run->n_warmup;
+        if (!r->sent && r->error) {
+            r->error = LM_BENCH_ERR_NONE;
+            free(r->error_message);
+            r->error_message = NULL;
+            json_decref(r->messages);
+            r->messages = NULL;
+            r->think_ms = NAN;
+            r->skip = LM_BENCH_SKIP_LIMIT;
+            cut = r->conversation_id;
+            if (prof) ++*n_not_sent;
+        } else if (r->sent && r->error_message && !strncmp(r->error_message, LM_BENCH_CLIENT_CANCELLED, k)) {
+            cut = r->conversation_id;
+            if (prof) ++*n_cancelled;
+        } else if (!r->sent && r->skip == LM_BENCH_SKIP_AFTER_FAILURE && cut && r->conversation_id &&
+                   !strcmp(r->conversation_id, cut)) {
+            r->skip = LM_BENCH_SKIP_LIMIT;
+        }
+    }
+}
+
 static lm_status run_one(struct session *se, const struct lm_bench_profile_opts *o,
                          const struct lm_bench_params *params, const char *dir_given,
                          bool merge_parent, struct lm_bench_profile_result *res) {
@@ -191,24 +302,56 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     struct lm_bench_params p = *params;
     p.prompt = se->have_tok ? &se->tok : se->have_model ? &se->model : NULL;
     p.render = se->render;
-    json_t *models = get_json(p.url, p.api_key, "/v1/models", NULL);
-    json_t *m_before = metrics_spec(&p);
-    struct lm_bench_run run;
-    lm_status st = lm_bench_run(&se->ds, &p, &run);
-    json_t *m_after = st ? NULL : metrics_spec(&p);
+    struct lm_bench_run run = {0};
     struct lm_bench_verification v = {0};
     struct lm_buf dirb = {0};
     json_t *sj = NULL, *manifest = NULL, *cov = NULL, *merged = NULL, *vj = NULL;
+    json_t *models = NULL, *m_before = NULL, *m_after = NULL;
     char *merged_path = NULL; /* the parent folder's coverage.json, when this run merges into it */
     char *path = NULL;
-    if (st) goto done;
+    char *verify_error = NULL; /* why --server-records could not be used after the run */
+    size_t n_not_sent = 0, n_cancelled = 0;
+    /* The folder before the first request: a path that cannot be written fails now, not after
+     * the run. The default folder's name holds the run id and the time of the first measured
+     * request, known only after the run: its parent is made and checked now. */
+    const char *root = o->runs_root ? o->runs_root : "runs";
+    bool made = false;
+    lm_status st = dir_given ? prepare_dir("--artifact-dir", dir_given, &made)
+                             : prepare_dir("the default --artifact-dir's parent", root, &made);
+    if (st) return st;
+    if (!dir_given) made = false; /* runs/ stays */
+
+    models = get_json(p.url, p.api_key, "/v1/models", NULL);
+    m_before = metrics_spec(&p);
+    if (o->stop) {
+        double grace = p.timeout_s > 0 && p.timeout_s < 2.0 ? p.timeout_s : 2.0;
+        lm_bench_client_watch_stop(o->stop, grace);
+    }
+    st = lm_bench_run(&se->ds, &p, &run);
+    lm_bench_client_watch_stop(NULL, 0);
+    res->interrupted = o->stop ? (int)*o->stop : 0;
+    if (st) {
+        if (made) rmdir(dir_given); /* nothing was written: leave no empty folder behind */
+        goto done;
+    }
+    m_after = metrics_spec(&p);
+    if (res->interrupted) {
+        settle_interrupted(&run, &n_not_sent, &n_cancelled);
+        note(o, "lumen profile: interrupted (%s): no new requests sent, %zu in flight cancelled; "
+                "writing what completed (a second signal quits at once)\n",
+             signal_name(res->interrupted), n_cancelled);
+    }
 
     if (o->server_records) {
-        lm_bench_verify_wait(&run, o->server_records, 5.0);
-        st = lm_bench_verify(&run, &se->ds, o->server_records, se->render, &v);
-        if (st) {
-            st = lm_error_prefix(st, "--server-records");
-            goto done;
+        /* a shorter wait after a stop: the user is waiting, and cancelled requests may retire
+         * late or never */
+        lm_bench_verify_wait(&run, o->server_records, res->interrupted ? 1.0 : 5.0);
+        if (lm_bench_verify(&run, &se->ds, o->server_records, se->render, &v)) {
+            /* the run stands: write it, with verification failed and the reason */
+            verify_error = strdup(lm_error_message());
+            if (!verify_error) abort();
+            lm_bench_verification_free(&v);
+            memset(&v, 0, sizeof v);
         }
     }
     struct lm_bench_summary s;
@@ -236,10 +379,10 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         struct tm tm;
         gmtime_r(&t, &tm);
         strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-        lm_buf_printf(&dirb, "%s/%s-%s", o->runs_root ? o->runs_root : "runs", stamp, run.run_id);
+        lm_buf_printf(&dirb, "%s/%s-%s", root, stamp, run.run_id);
     }
     res->dir = lm_buf_take(&dirb);
-    if ((st = make_dirs(res->dir))) goto done;
+    if ((st = make_dirs("--artifact-dir", res->dir))) goto done;
 
 #define WRITE(name, call)                                                                          \
     do {                                                                                           \
@@ -258,9 +401,28 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
                                   "rejected", se->ds.rejected));
     json_object_set_new(sj, "verification",
                         json_pack("{s:b,s:b}", "available", v.available, "ok", v.ok));
+    if (verify_error)
+        json_object_set_new(json_object_get(sj, "verification"), "error",
+                            json_string(verify_error));
+    json_object_set_new(sj, "interrupted", json_boolean(res->interrupted != 0));
+    if (res->interrupted)
+        json_object_set_new(sj, "interruption",
+                            json_pack("{s:s,s:I,s:I,s:s}", "signal", signal_name(res->interrupted),
+                                      "cancelled_in_flight", (json_int_t)n_cancelled, "not_sent",
+                                      (json_int_t)n_not_sent, "note",
+                                      "the run was stopped early: the figures cover the requests "
+                                      "that completed; requests cancelled in flight count as "
+                                      "connection errors, those never sent are skipped (limit)"));
     WRITE("summary.json", lm_bench_write_json(path, sj));
     WRITE("summary.csv", lm_bench_write_summary_csv(path, &run, &s));
     vj = lm_bench_verification_json(&v);
+    if (verify_error) { /* not "unavailable": the user gave the records, and they could not be used */
+        json_object_set_new(vj, "ok", json_false());
+        json_object_set_new(vj, "server_records", json_string(o->server_records));
+        json_object_set_new(vj, "error", json_string(verify_error));
+        json_object_set_new(vj, "note", json_string("verification failed: the server records could "
+                                                    "not be read (see error)"));
+    }
     WRITE("verification.json", lm_bench_write_json(path, vj));
     WRITE("selection.jsonl", lm_bench_dataset_write_ledger(&se->ds, path));
     struct lm_bench_manifest_info mi = {
@@ -299,9 +461,19 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         struct lm_buf txt = {0};
         FILE *mf = open_memstream(&txt.p, &txt.cap);
         if (!mf) abort();
+        if (res->interrupted)
+            fprintf(mf,
+                    "INTERRUPTED (%s): the run was stopped early; the figures cover the requests "
+                    "that completed (%zu cancelled in flight, counted as connection errors; %zu "
+                    "planned requests not sent)\n\n",
+                    signal_name(res->interrupted), n_cancelled, n_not_sent);
         lm_bench_report_print(mf, &run, &s);
         fprintf(mf, "\n");
-        lm_bench_verification_print(mf, &v);
+        if (verify_error)
+            fprintf(mf, "Verification: FAILED (the server records could not be used: %s)\n",
+                    verify_error);
+        else
+            lm_bench_verification_print(mf, &v);
         if (run.n_conversations > se->ds.n)
             fprintf(mf, "Dataset: %s, %zu of %zu conversations selected, %zu conversations ran (the "
                         "selection cycled, %.1f passes: later passes reuse the server's prefix cache)",
@@ -342,10 +514,18 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     res->n_ok = s.n_ok;
     res->verification_available = v.available;
     res->verification_ok = v.ok;
-    res->exit_code = s.n_ok == 0 || (v.available && !v.ok) ? 1 : 0;
+    res->exit_code = s.n_ok == 0 || (v.available && !v.ok) || verify_error ? 1 : 0;
+    if (res->interrupted) res->exit_code = 128 + res->interrupted; /* as a shell reports it */
     if (s.n_ok == 0) note(o, "lumen profile: no profiling request succeeded\n");
     if (v.available && !v.ok)
         note(o, "lumen profile: verification FAILED (see %s/verification.json)\n", res->dir);
+    if (verify_error)
+        note(o, "lumen profile: verification FAILED: --server-records %s: %s\n", o->server_records,
+             verify_error);
+    if (res->interrupted)
+        note(o, "lumen profile: interrupted (%s): wrote the %zu profiling requests that completed "
+                "to %s\n",
+             signal_name(res->interrupted), s.n_ok, res->dir);
 #undef WRITE
 done:
     free(path);
@@ -360,6 +540,7 @@ done:
     json_decref(m_after);
     lm_bench_verification_free(&v);
     lm_bench_run_free(&run);
+    free(verify_error);
     return st;
 }
 
@@ -367,8 +548,10 @@ lm_status lm_bench_profile(const struct lm_bench_profile_opts *o,
                            struct lm_bench_profile_result *res) {
     memset(res, 0, sizeof *res);
     res->exit_code = 1;
+    lm_status st = check_paths(o);
+    if (st) return st;
     struct session se;
-    lm_status st = session_open(&se, o);
+    st = session_open(&se, o);
     if (!st) st = run_one(&se, o, &o->params, o->artifact_dir, o->artifact_dir == NULL, res);
     session_free(&se);
     return st;
@@ -390,8 +573,9 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
     bool rate = !strcmp(what, "request_rate");
     if (!rate && strcmp(what, "concurrency"))
         return lm_errorf(LM_ERR_INVALID, "sweep: '%s' is not concurrency or request_rate", what);
-    struct session se;
-    lm_status st = session_open(&se, o);
+    struct session se = {0};
+    lm_status st = check_paths(o);
+    if (!st) st = session_open(&se, o);
     struct lm_buf dirb = {0};
     if (o->artifact_dir) {
         lm_buf_puts(&dirb, o->artifact_dir);
@@ -404,10 +588,16 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         lm_buf_printf(&dirb, "%s/%s-sweep-%s", o->runs_root ? o->runs_root : "runs", stamp, what);
     }
     char *dir = lm_buf_take(&dirb);
-    if (!st) st = make_dirs(dir);
+    bool made; /* a sweep's folder stays, even empty: it may hold earlier sweeps' runs */
+    if (!st) st = prepare_dir("--artifact-dir", dir, &made);
+    (void)made;
     json_t *points = json_array();
-    int worst = 0;
-    for (size_t i = 0; i < n && !st; i++) {
+    int worst = 0, interrupted = 0;
+    for (size_t i = 0; i < n && !st && !interrupted; i++) {
+        if (o->stop && *o->stop) { /* between two runs: start no other */
+            interrupted = (int)*o->stop;
+            break;
+        }
         struct lm_bench_params p = o->params;
         char label[64], sub[64];
         if (rate) {
@@ -431,6 +621,7 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
         free(rd);
         if (st) break;
         if (res.exit_code > worst) worst = res.exit_code;
+        interrupted = res.interrupted;
         json_t *sj = res.summary;
         json_array_append_new(
             points,
@@ -445,13 +636,18 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
                 num_or_null(stat_of(sj, "inter_token_latency", "p50")), "latency_p50",
                 num_or_null(stat_of(sj, "request_latency", "p50")), "latency_p95",
                 num_or_null(stat_of(sj, "request_latency", "p95")), "goodput",
-                num_or_null(json_number_value(json_object_get(sj, "goodput"))), "request_count",
+                /* no SLO: no goodput (null), not 0 */
+                json_is_number(json_object_get(sj, "goodput"))
+                    ? json_real(json_number_value(json_object_get(sj, "goodput")))
+                    : json_null(),
+                "request_count",
                 (json_int_t)res.n_ok, "verification_ok", res.verification_ok));
         lm_bench_profile_result_free(&res);
     }
     if (!st) {
         char *p = lm_path_join(dir, "sweep.json");
-        json_t *doc = json_pack("{s:s,s:O}", "swept", what, "points", points);
+        json_t *doc = json_pack("{s:s,s:O,s:b}", "swept", what, "points", points, "interrupted",
+                                interrupted != 0);
         st = lm_bench_write_json(p, doc);
         json_decref(doc);
         free(p);
@@ -511,11 +707,15 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
             }
             fprintf(o->out, "\n");
         }
+        if (interrupted)
+            fprintf(o->out, "INTERRUPTED (%s): the sweep stopped after %zu of %zu runs (the last "
+                            "one cut short)\n",
+                    signal_name(interrupted), json_array_size(points), n);
         fflush(o->out);
     }
     json_decref(points);
     session_free(&se);
     *dir_out = dir;
-    *exit_code = st ? 1 : worst;
+    *exit_code = st ? 1 : interrupted ? 128 + interrupted : worst;
     return st;
 }

@@ -21,6 +21,7 @@
 #define LM_BENCH_PROFILE_H
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -47,6 +48,11 @@ struct lm_bench_profile_opts {
     const char *preset;       /* for the manifest; NULL */
     FILE *out;                /* the summary tables; NULL: none */
     FILE *log;                /* notes ("verification unavailable", file paths); NULL: none */
+    const volatile sig_atomic_t *stop; /* set (to the signal's number) by a SIGINT/SIGTERM
+                                          handler: the run sends nothing more, gives requests in
+                                          flight min(timeout_s, 2 s) to finish (client.h), and
+                                          is written from what completed, marked interrupted;
+                                          a sweep starts no further run. NULL: none; borrowed */
 };
 
 struct lm_bench_profile_result {
@@ -54,20 +60,28 @@ struct lm_bench_profile_result {
     json_t *summary; /* summary.json's content; owned */
     size_t n_ok;     /* successful profiling requests */
     bool verification_available, verification_ok;
-    int exit_code; /* 0; 1 when no request succeeded or verification failed */
+    int interrupted; /* the signal that stopped the run early (opts.stop), or 0 */
+    int exit_code;   /* 0; 1 when no request succeeded or verification failed (or could not be
+                        done: --server-records not JSONL); 128 + the signal when interrupted */
 };
 
 void lm_bench_profile_result_free(struct lm_bench_profile_result *r);
 
 /* One run. Fails (status) only when the run could not happen: tokenizer or dataset cannot be
- * loaded, the server cannot be reached for its model, the folder cannot be written. */
+ * loaded, the server cannot be reached for its model, the folder cannot be written. The paths
+ * are checked before the first request is sent, so that a bad one costs no run: the run folder
+ * (or, for the default one, runs_root) is created and must take a file, output_jsonl must be
+ * writable and server_records readable; each error names the flag and the path. A
+ * server_records file that cannot be parsed after the run does not fail it: the run is written
+ * and verification reported as failed, with the reason. */
 lm_status lm_bench_profile(const struct lm_bench_profile_opts *o,
                            struct lm_bench_profile_result *res);
 
 /* A sweep: one run per value of `what` ("concurrency" or "request_rate"), each in
  * <folder>/<what>-<value>/, then sweep.json, sweep.csv and sweep.html (the throughput-versus-
  * latency curve) in the folder (artifact_dir, or <runs_root>/<stamp>-sweep). *exit_code is the
- * worst of the runs'. */
+ * worst of the runs'; after a stop (opts.stop) the runs done so far, the interrupted one
+ * included, are written and summarized, and *exit_code is 128 + the signal. */
 lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what,
                          const double *values, size_t n, char **dir_out, int *exit_code);
 

@@ -44,10 +44,17 @@ void lm_bench_select(size_t ds_n, size_t n, bool shuffle, uint64_t seed, size_t 
     free(perm);
 }
 
+static double now_s(void);
+
+/* Sleeps ms milliseconds, in slices of at most 100 ms so that an interrupted run (client.h)
+ * does not wait out a long think time or a slow rate's next release. */
 static void sleep_ms(double ms) {
-    if (!(ms > 0)) return;
-    struct timespec ts = {.tv_sec = (time_t)(ms / 1e3), .tv_nsec = (long)(fmod(ms, 1e3) * 1e6)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    const double end = now_s() + ms / 1e3;
+    for (double left = ms; left > 0 && !lm_bench_client_stopping(); left = (end - now_s()) * 1e3) {
+        const double slice = left < 100 ? left : 100;
+        struct timespec ts = {.tv_sec = (time_t)(slice / 1e3), .tv_nsec = (long)(fmod(slice, 1e3) * 1e6)};
+        while (nanosleep(&ts, &ts) && errno == EINTR) {
+        }
     }
 }
 
@@ -148,6 +155,11 @@ static json_t *message(const char *role, const char *content) {
 /* Whether a request may be released now; counts it. Lock held. */
 static bool may_send(struct phase *ph) {
     if (ph->stop) return false;
+    if (lm_bench_client_stopping()) { /* the run was interrupted (client.h): send nothing more */
+        ph->stop = true;
+        ph->limit = "interrupted";
+        return false;
+    }
     if (ph->request_cap && ph->sent >= ph->request_cap) {
         ph->stop = true;
         ph->limit = "request_count";
@@ -352,13 +364,12 @@ static void *rate_worker(void *arg) {
 }
 
 static void wait_until(struct phase *ph, double t) {
-    if (!isfinite(t)) {
-        pthread_cond_wait(&ph->cv, &ph->mu);
-        return;
-    }
-    /* the condition variable runs on CLOCK_REALTIME: convert */
+    if (!isfinite(t)) t = now_s() + 0.1; /* on a signal, or after 100 ms (below) */
+    /* the condition variable runs on CLOCK_REALTIME: convert; at most 100 ms, so that the
+     * dispatcher sees an interrupted run's stop (the caller's loop looks again) */
     double rel = t - now_s();
     if (rel <= 0) return;
+    if (rel > 0.1) rel = 0.1;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     double abs_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + rel;
@@ -432,7 +443,7 @@ static lm_status run_rate(struct phase *ph) {
         for (;;) {
             double wait_for;
             cv = pick(ph, &wait_for);
-            if (cv || isnan(wait_for)) break;
+            if (cv || isnan(wait_for) || ph->stop) break;
             waited = true;
             wait_until(ph, wait_for);
         }

@@ -106,7 +106,7 @@ struct lm_bench_run {
     double warmup_t_begin, warmup_t_end; /* the warmup phase (0 when none) */
     size_t n_deferred;                   /* rate mode: arrivals that had to wait */
     double max_lag_ms;                   /* rate mode: the longest such wait */
-    const char *limit_hit;               /* "request_count", "duration" or NULL; static */
+    const char *limit_hit;               /* "request_count", "duration", "interrupted" (a signal: client.h) or NULL; static */
 };
 
 /* Picks n conversations (indices into a dataset of ds_n): file order 0,1,2,... or, when

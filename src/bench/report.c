@@ -328,7 +328,10 @@ void lm_bench_report_print(FILE *f, const struct lm_bench_run *run,
             run->n_conversations, s->n_requests, s->n_warmup, p->max_tokens, p->temperature,
             p->ignore_eos ? ", ignore_eos" : "", p->think_time_mean_ms);
     if (p->think_time_std_ms > 0) fprintf(f, " (std %g ms)", p->think_time_std_ms);
-    if (run->limit_hit) fprintf(f, "; stopped by the %s limit", run->limit_hit);
+    if (run->limit_hit && !strcmp(run->limit_hit, "interrupted"))
+        fprintf(f, "; stopped by a signal");
+    else if (run->limit_hit)
+        fprintf(f, "; stopped by the %s limit", run->limit_hit);
     fprintf(f, "\n\n");
 
     fprintf(f, "%-44s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "Metric", "min", "avg", "std", "p50",
