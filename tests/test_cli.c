@@ -280,6 +280,11 @@ static void usage_errors(struct lm_buf *out, struct lm_buf *err) {
         /* a list is sweep's: a single run says so */
         {"profile", false, "--url http://127.0.0.1:9 --concurrency 1,2",
          "lumen profile: --concurrency 1,2: a single run takes one value; `lumen profile sweep` takes a list"},
+        {"profile", false, "--url foo://bar", "lumen profile: --url foo://bar: expected http://HOST:PORT"},
+        {"profile", false, "--url http://127.0.0.1:9 --extra-body notjson",
+         "lumen profile: --extra-body: expected a JSON object"},
+        {"profile", false, "--url http://127.0.0.1:9 --warmup-requests 1 --warmup-duration 1",
+         "lumen profile: --warmup-requests and --warmup-duration: give one"},
         {"profile", false, "--url http://127.0.0.1:9 --request-rate 1,2",
          "lumen profile: --request-rate 1,2: a single run takes one value; `lumen profile sweep` takes a list"},
         /* a bad --kv-size is refused before the model loads (no such model here) */

@@ -1,6 +1,7 @@
 /* cmd_profile.c: `lumen profile`, a load generator and latency profiler for OpenAI-compatible
  * chat servers in the manner of NVIDIA AIPerf (src/bench/), and `lumen profile sweep`. */
 #include <getopt.h>
+#include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -409,6 +410,8 @@ int lm_cmd_profile(int argc, char **argv) {
     o.log = stderr;
     const char *dataset_path = NULL, *tokenizer = NULL, *conc_list = NULL, *rate_list = NULL;
     bool conversations_given = false, concurrency_given = false;
+    /* options that apply to one dataset or mode only, to say so when they do not */
+    bool turns_given = false, isl_given = false, arrival_given = false, warmup_given = false;
     long l;
     double d;
     int c;
@@ -439,6 +442,7 @@ int lm_cmd_profile(int argc, char **argv) {
         case OPT_TURNS:
             if (!parse_long(optarg, 0, 1000, &l)) return bad_arg("--turns", optarg);
             o.data.turns = (int)l;
+            turns_given = true;
             break;
         case OPT_CONTEXT:
             if (!parse_long(optarg, 1, 100000000, &l)) return bad_arg("--context-tokens", optarg);
@@ -454,6 +458,7 @@ int lm_cmd_profile(int argc, char **argv) {
             o.data.synthetic_turns = (int)l;
             break;
         case OPT_ISL_MEAN:
+            isl_given = true;
             if (!parse_double(optarg, 1, 1e7, &o.data.isl_mean))
                 return bad_arg("--isl-mean", optarg);
             break;
@@ -501,6 +506,7 @@ int lm_cmd_profile(int argc, char **argv) {
                 return bad_arg("--request-rate", optarg);
             break;
         case OPT_ARRIVAL:
+            arrival_given = true;
             if (!strcmp(optarg, "constant"))
                 o.params.arrival = LM_BENCH_ARRIVAL_CONSTANT;
             else if (!strcmp(optarg, "poisson"))
@@ -511,6 +517,7 @@ int lm_cmd_profile(int argc, char **argv) {
         case OPT_WARMUP:
             if (!parse_long(optarg, 0, 1000000, &l)) return bad_arg("--warmup-requests", optarg);
             o.params.warmup_requests = (size_t)l;
+            warmup_given = true;
             break;
         case OPT_WARMUP_DURATION:
             if (!parse_double(optarg, 0, 1e7, &o.params.warmup_duration_s))
@@ -589,6 +596,40 @@ int lm_cmd_profile(int argc, char **argv) {
         fprintf(stderr, "lumen profile: --url is required (see lumen profile --help)\n");
         return 2;
     }
+    if (strncmp(o.params.url, "http://", 7) && strncmp(o.params.url, "https://", 8)) {
+        fprintf(stderr, "lumen profile: --url %s: expected http://HOST:PORT or https://HOST (see lumen "
+                        "profile --help)\n", o.params.url);
+        return 2;
+    }
+    if (o.params.extra_body) {
+        json_error_t je;
+        json_t *x = json_loads(o.params.extra_body, 0, &je);
+        const bool object = json_is_object(x);
+        json_decref(x);
+        if (!object) {
+            fprintf(stderr, "lumen profile: --extra-body: expected a JSON object, e.g. '{\"top_k\": 20}'%s%s\n",
+                    x ? "" : ": ", x ? "" : je.text);
+            return 2;
+        }
+    }
+    if (warmup_given && o.params.warmup_duration_s > 0) {
+        fprintf(stderr, "lumen profile: --warmup-requests and --warmup-duration: give one (see lumen "
+                        "profile --help)\n");
+        return 2;
+    }
+    /* options this run does not use: say so rather than ignore them */
+    if (turns_given && o.data.name && strcmp(o.data.name, "sharegpt"))
+        fprintf(stderr, "lumen profile: note: --turns applies to sharegpt; --dataset %s keeps its "
+                        "conversations' own turns\n", o.data.name);
+    if (isl_given && o.data.name && strcmp(o.data.name, "synthetic"))
+        fprintf(stderr, "lumen profile: note: --isl-mean/--isl-std apply to --dataset synthetic; %s "
+                        "keeps its prompts\n", o.data.name);
+    if (arrival_given && !(o.params.request_rate > 0) && !rate_list)
+        fprintf(stderr, "lumen profile: note: --arrival applies with --request-rate; concurrency mode "
+                        "sends as requests finish\n");
+    if (conversations_given && o.params.request_count)
+        fprintf(stderr, "lumen profile: note: --conversations and --request-count both cap the run: it "
+                        "ends at whichever is reached first\n");
     if (!conversations_given && (o.params.request_count || o.params.duration_s > 0))
         o.params.conversations = 0;
     o.params.conversations_default = !conversations_given;
@@ -645,7 +686,8 @@ int lm_cmd_profile(int argc, char **argv) {
             n = parse_list(conc_list, 1, 4096, values, 64);
         if (!n || (rate_list && conc_list && strchr(conc_list, ','))) {
             fprintf(stderr, "lumen profile sweep: give --concurrency C1,C2,... or --request-rate "
-                            "R1,R2,... (see lumen profile --help)\n");
+                            "R1,R2,...%s (see lumen profile --help)\n",
+                    rate_list && conc_list && strchr(conc_list, ',') ? ", not both lists" : "");
             rc = 2;
         } else {
             char *dir = NULL;

@@ -345,6 +345,8 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     if (o->server_records) {
         /* a shorter wait after a stop: the user is waiting, and cancelled requests may retire
          * late or never */
+        note(o, "lumen profile: joining with the server's records (%s; up to %.0f s for the last "
+                "ones to be written)\n", o->server_records, res->interrupted ? 1.0 : 5.0);
         lm_bench_verify_wait(&run, o->server_records, res->interrupted ? 1.0 : 5.0);
         if (lm_bench_verify(&run, &se->ds, o->server_records, se->render, &v)) {
             /* the run stands: write it, with verification failed and the reason */

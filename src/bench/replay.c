@@ -606,13 +606,22 @@ lm_status lm_bench_run(const struct lm_bench_dataset *ds, const struct lm_bench_
     size_t nw = 0;
     for (size_t j = ds->n; j-- > 0;)
         if (!used[j]) warm[nw++] = j;
-    if (nw == 0)
+    bool warm_on = p->warmup_duration_s > 0 || p->warmup_requests > 0;
+    if (nw == 0) {
         for (size_t j = ds->n; j-- > 0;)
             warm[nw++] = j;
+        /* the warmup then replays measured conversations' first turns, which the server's prefix
+         * cache keeps: say so, as their TTFT will show it */
+        if (warm_on && p->progress)
+            fprintf(p->progress,
+                    "lumen profile: note: all %zu conversations of the dataset are measured, so the "
+                    "warmup reuses some of them: their measured first turns may find the server's "
+                    "prefix cache warm (measure fewer with --conversations to keep them apart)\n",
+                    ds->n);
+    }
 
     struct lm_bench_record *recs = NULL;
     size_t n_recs = 0;
-    bool warm_on = p->warmup_duration_s > 0 || p->warmup_requests > 0;
     struct phase wp = {
         .ds = ds,
         .p = p,
