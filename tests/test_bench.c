@@ -16,6 +16,7 @@
 #include "base/file.h"
 #include <openssl/sha.h>
 
+#include "bench/client.h"
 #include "bench/dataset.h"
 #include "bench/digest.h"
 #include "bench/prompt.h"
@@ -1031,13 +1032,21 @@ static void test_verify(void) {
         json_object_set_new(json_array_get(t, 3), "finish_reason", json_string("cancelled"));
         write_records(path, t);
         json_decref(t);
-        r3->error = LM_BENCH_ERR_TIMEOUT, r3->latency_ms = 20, r3->finish_reason = NULL;
-        lm_bench_verify(&run, &ds, path, &g_prompt, &v);
-        if (!v.ok) lm_bench_verification_print(stderr, &v);
-        CHECK(v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 0 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 0 &&
-                  v.failed[LM_BENCH_CHECK_COMPLETION] == 0 && v.unavailable[LM_BENCH_CHECK_COMPLETION] >= 1,
-              "a timed-out request's 499 / cancelled / longer server total accepted, its text not compared");
-        lm_bench_verification_free(&v);
+        r3->latency_ms = 20, r3->finish_reason = NULL;
+        /* timed out, or cancelled in flight by an interrupted run (client.h) */
+        for (int kind = 0; kind < 2; kind++) {
+            r3->error = kind ? LM_BENCH_ERR_CONNECTION : LM_BENCH_ERR_TIMEOUT;
+            r3->error_message = kind ? strdup(LM_BENCH_CLIENT_CANCELLED " after 2.0 s more") : NULL;
+            lm_bench_verify(&run, &ds, path, &g_prompt, &v);
+            if (!v.ok) lm_bench_verification_print(stderr, &v);
+            CHECK(v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 0 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 0 &&
+                      v.failed[LM_BENCH_CHECK_COMPLETION] == 0 && v.unavailable[LM_BENCH_CHECK_COMPLETION] >= 1,
+                  "a %s request's 499 / cancelled / longer server total accepted, its text not compared",
+                  kind ? "cancelled" : "timed-out");
+            lm_bench_verification_free(&v);
+            free(r3->error_message);
+            r3->error_message = NULL;
+        }
         r3->error = LM_BENCH_ERR_NONE;
         lm_bench_verify(&run, &ds, path, &g_prompt, &v);
         CHECK(!v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 1 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 1,

@@ -193,12 +193,21 @@ static void usage(FILE *f) {
 }
 
 /* The first SIGINT or SIGTERM asks the run to stop and still write what completed (profile.h);
- * SA_RESETHAND gives a second one its default action, which ends the process at once. The
- * handler only records the signal: the run's threads look at the flag. */
+ * the handler then gives both signals back their default action, so that a second one of
+ * either ends the process at once. It only records the first signal (sigaction is
+ * async-signal-safe): the run's threads look at the flag. */
 static volatile sig_atomic_t g_stop;
+static const int k_stop_sigs[2] = {SIGINT, SIGTERM};
+static volatile sig_atomic_t g_caught[2]; /* the handler is installed for k_stop_sigs[i] */
 
 static void on_stop(int sig) {
-    g_stop = sig;
+    if (!g_stop) g_stop = sig;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int i = 0; i < 2; i++)
+        if (g_caught[i]) sigaction(k_stop_sigs[i], &dfl, NULL);
 }
 
 static void catch_stop(void) {
@@ -206,13 +215,15 @@ static void catch_stop(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    const int sigs[] = {SIGINT, SIGTERM};
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sa.sa_flags = SA_RESTART;
     for (int i = 0; i < 2; i++) {
         struct sigaction old;
         /* a signal ignored when we started (nohup, a shell's background job) stays ignored */
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-        sigaction(sigs[i], &sa, NULL);
+        if (sigaction(k_stop_sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        g_caught[i] = 1;
+        sigaction(k_stop_sigs[i], &sa, NULL);
     }
 }
 
@@ -463,6 +474,7 @@ int lm_cmd_profile(int argc, char **argv) {
                 return bad_arg("--isl-mean", optarg);
             break;
         case OPT_ISL_STD:
+            isl_given = true;
             if (!parse_double(optarg, 0, 1e7, &o.data.isl_std)) return bad_arg("--isl-std", optarg);
             break;
         case OPT_OSL_MEAN:

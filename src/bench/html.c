@@ -308,7 +308,7 @@ static void per_turn_chart(struct lm_buf *b, const struct lm_bench_summary *s) {
     const char *in[] = {"ITL p50", "ITL p95"};
     turn_bars(b, s, "Per turn: time to first token", tn, 3, ttft_series);
     turn_bars(b, s, "Per turn: request latency", ln, 2, latency_series);
-    turn_bars(b, s, "Per turn: inter token latency (per token)", in, 2, itl_series);
+    turn_bars(b, s, "Per turn: inter token latency (AIPerf's, a value a request)", in, 2, itl_series);
 }
 
 /* ---- tables ---- */

@@ -72,7 +72,11 @@ static int try_write(const char *path) {
  * be read. */
 static lm_status check_paths(const struct lm_bench_profile_opts *o) {
     int e;
-    if (o->output_jsonl && (e = try_write(o->output_jsonl)))
+    /* an --output inside the --artifact-dir that the run creates is checked with the folder */
+    const size_t na = o->artifact_dir ? strlen(o->artifact_dir) : 0;
+    const bool in_artifact_dir = na && o->output_jsonl && !strncmp(o->output_jsonl, o->artifact_dir, na) &&
+                                 o->output_jsonl[na] == '/';
+    if (o->output_jsonl && (e = try_write(o->output_jsonl)) && !(e == ENOENT && in_artifact_dir))
         return lm_errorf(LM_ERR_IO, "--output %s: cannot write the file: %s", o->output_jsonl,
                          strerror(e));
     if (o->server_records) {

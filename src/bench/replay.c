@@ -404,6 +404,11 @@ static struct conv *pick(struct phase *ph, double *wait_for) {
     }
     struct conv *cv = start_conv(ph);
     if (cv) return cv;
+    /* start_conv stops short of may_send once the conversations are all started: an interrupt
+     * or the deadline must still end the wait for the pending ones' next turns (else it waits
+     * out their think time, or spins on a deadline already past) */
+    if (!ph->stop && lm_bench_client_stopping()) ph->stop = true, ph->limit = "interrupted";
+    if (!ph->stop && t >= ph->deadline) ph->stop = true, ph->limit = "duration";
     if (ph->stop || !pending) {
         *wait_for = NAN;
         return NULL;

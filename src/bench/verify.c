@@ -9,6 +9,7 @@
 
 #include "base/buf.h"
 #include "base/file.h"
+#include "bench/client.h"
 #include "bench/digest.h"
 #include "bench/prompt.h"
 #include "text/tokenizer.h"
@@ -99,10 +100,13 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     const char *rid = r->request_id;
     char hex[LM_SHA256_HEX];
 
-    /* A request the client gave up on (--timeout-s) ends on the server as the client's disconnect:
-     * 499 and "cancelled" (RECORDS.md), noticed after the client stopped its clock. Neither is a
-     * disagreement. */
-    const bool abandoned = r->error == LM_BENCH_ERR_TIMEOUT;
+    /* A request the client gave up on (--timeout-s, or cancelled in flight when the run was
+     * interrupted: client.h) ends on the server as the client's disconnect: 499 and "cancelled"
+     * (RECORDS.md), noticed after the client stopped its clock. Neither is a disagreement. */
+    const bool abandoned =
+        r->error == LM_BENCH_ERR_TIMEOUT ||
+        (r->error == LM_BENCH_ERR_CONNECTION && r->error_message &&
+         !strncmp(r->error_message, LM_BENCH_CLIENT_CANCELLED, strlen(LM_BENCH_CLIENT_CANCELLED)));
 
     /* identity */
     int ok = 1;
