@@ -616,11 +616,11 @@ int lm_cmd_profile(int argc, char **argv) {
     if (o.params.extra_body) {
         json_error_t je;
         json_t *x = json_loads(o.params.extra_body, 0, &je);
-        const bool object = json_is_object(x);
+        const bool parsed = x != NULL, object = json_is_object(x);
         json_decref(x);
         if (!object) {
             fprintf(stderr, "lumen profile: --extra-body: expected a JSON object, e.g. '{\"top_k\": 20}'%s%s\n",
-                    x ? "" : ": ", x ? "" : je.text);
+                    parsed ? "" : ": ", parsed ? "" : je.text);
             return 2;
         }
     }

@@ -49,20 +49,17 @@ lm_status lm_bench_client_get(struct lm_bench_client *c, const char *path, struc
  * (rec->error, rec->error_message), so that the run goes on and the report counts it. */
 void lm_bench_client_chat(struct lm_bench_client *c, const char *body, struct lm_bench_record *rec);
 
-/* Stopping a run early (lumen profile on SIGINT/SIGTERM). Once *stop is non-zero:
- *  - lm_bench_client_chat sends nothing more: the record keeps sent == false and is failed with
- *    LM_BENCH_ERR_CONNECTION and the message LM_BENCH_CLIENT_NOT_SENT, so that the replay ends
- *    that conversation at once (the caller turns such records into skipped ones);
- *  - a request in flight may finish for grace_s more seconds (measured from when its transfer
- *    saw the flag, which libcurl checks at least about once a second), then is aborted and failed
- *    with LM_BENCH_ERR_CONNECTION and a message that starts with LM_BENCH_CLIENT_CANCELLED.
+/* Stopping a run early (lumen profile on SIGINT/SIGTERM). Once *stop is non-zero, the replay
+ * releases nothing more (its limits see lm_bench_client_stopping: replay.c), and a request in
+ * flight may finish for grace_s more seconds (measured from when its transfer saw the flag, which
+ * libcurl checks at least about once a second), then is aborted and failed with
+ * LM_BENCH_ERR_CONNECTION and a message that starts with LM_BENCH_CLIENT_CANCELLED.
  * Process-wide, because the replay makes its clients itself: set it before the run starts and
  * clear it (NULL) after; `stop` is borrowed until then. */
-#define LM_BENCH_CLIENT_NOT_SENT "not sent: the run was interrupted"
 #define LM_BENCH_CLIENT_CANCELLED "cancelled: the run was interrupted"
 void lm_bench_client_watch_stop(const volatile sig_atomic_t *stop, double grace_s);
 /* True once the watched flag is set: the replay then releases nothing more and cuts its sleeps
- * short (replay.c). */
+ * and waits short (replay.c). */
 bool lm_bench_client_stopping(void);
 
 /* Seconds on CLOCK_MONOTONIC / CLOCK_REALTIME. */

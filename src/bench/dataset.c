@@ -10,6 +10,7 @@
 #include "base/file.h"
 #include "bench/prompt.h"
 #include "bench/rng.h"
+#include "family/chat.h"
 #include "text/tokenizer.h"
 
 static char *xstrdup(const char *s) {
@@ -175,13 +176,15 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
                                        path, line_no, k);
                         break;
                     }
-                    if (!strcmp(role, "user")) {
+                    /* the roles a request takes (the server's: "developer" is "system") */
+                    enum lm_chat_role rl;
+                    const bool known = lm_chat_role_parse_request(role, &rl);
+                    if (known && rl == LM_ROLE_USER) {
                         c->turns[c->n_turns++] = xstrdup(content);
-                    } else if (!strcmp(role, "assistant")) {
+                    } else if (known && rl == LM_ROLE_ASSISTANT) {
                         if (c->n_turns && !c->answers[c->n_turns - 1])
                             c->answers[c->n_turns - 1] = xstrdup(content);
-                    } else if (!strcmp(role, "system") || !strcmp(role, "developer")) {
-                        /* OpenAI's "developer" is "system" (lm_chat_role_parse_request) */
+                    } else if (known && rl == LM_ROLE_SYSTEM) {
                         if (!c->system) c->system = xstrdup(content);
                     } else {
                         st = lm_errorf(LM_ERR_FORMAT,

@@ -266,11 +266,10 @@ static const char *signal_name(int sig) {
     return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
-/* After a stop: the requests the client refused to send (client.h) become skipped ones, skip
- * "limit" as when a limit cuts a run short, and so do the turns the replay then skipped as
- * "after_failure" behind them or behind a request cancelled in flight: none of them failed.
- * Counts the profiling requests not sent and cancelled. Records are conversation-major, in turn
- * order (replay.h). */
+/* After a stop: the turns the replay skipped as "after_failure" behind a request cancelled in
+ * flight become skipped by the limit, as the stop's other unsent turns are: none of them failed.
+ * Counts the profiling requests cancelled in flight and the profiling turns never sent. Records
+ * are conversation-major, in turn order (replay.h). */
 static void settle_interrupted(struct lm_bench_run *run, size_t *n_not_sent, size_t *n_cancelled) {
     *n_not_sent = *n_cancelled = 0;
     const char *cut = NULL; /* the conversation id that the stop cut */
@@ -278,23 +277,14 @@ static void settle_interrupted(struct lm_bench_run *run, size_t *n_not_sent, siz
     for (size_t i = 0; i < run->n_records; i++) {
         struct lm_bench_record *r = &run->records[i];
         bool prof = i >= run->n_warmup;
-        if (!r->sent && r->error) {
-            r->error = LM_BENCH_ERR_NONE;
-            free(r->error_message);
-            r->error_message = NULL;
-            json_decref(r->messages);
-            r->messages = NULL;
-            r->think_ms = NAN;
-            r->skip = LM_BENCH_SKIP_LIMIT;
-            cut = r->conversation_id;
-            if (prof) ++*n_not_sent;
-        } else if (r->sent && r->error_message && !strncmp(r->error_message, LM_BENCH_CLIENT_CANCELLED, k)) {
+        if (r->sent && r->error_message && !strncmp(r->error_message, LM_BENCH_CLIENT_CANCELLED, k)) {
             cut = r->conversation_id;
             if (prof) ++*n_cancelled;
         } else if (!r->sent && r->skip == LM_BENCH_SKIP_AFTER_FAILURE && cut && r->conversation_id &&
                    !strcmp(r->conversation_id, cut)) {
             r->skip = LM_BENCH_SKIP_LIMIT;
         }
+        if (prof && !r->sent && r->skip == LM_BENCH_SKIP_LIMIT) ++*n_not_sent;
     }
 }
 
@@ -643,9 +633,8 @@ lm_status lm_bench_sweep(const struct lm_bench_profile_opts *o, const char *what
                 num_or_null(stat_of(sj, "request_latency", "p50")), "latency_p95",
                 num_or_null(stat_of(sj, "request_latency", "p95")), "goodput",
                 /* no SLO: no goodput (null), not 0 */
-                json_is_number(json_object_get(sj, "goodput"))
-                    ? json_real(json_number_value(json_object_get(sj, "goodput")))
-                    : json_null(),
+                json_is_number(json_object_get(sj, "goodput")) ? json_incref(json_object_get(sj, "goodput"))
+                                                               : json_null(),
                 "request_count",
                 (json_int_t)res.n_ok, "verification_ok", res.verification_ok));
         lm_bench_profile_result_free(&res);

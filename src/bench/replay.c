@@ -152,24 +152,25 @@ static json_t *message(const char *role, const char *content) {
     return json_pack("{s:s, s:s}", "role", role, "content", content);
 }
 
+/* Whether the phase must release nothing more: a signal (client.h), the request cap or the
+ * deadline; sets ph->stop and ph->limit the first time. Lock held. */
+static bool limit_reached(struct phase *ph) {
+    if (ph->stop) return true;
+    if (lm_bench_client_stopping())
+        ph->limit = "interrupted";
+    else if (ph->request_cap && ph->sent >= ph->request_cap)
+        ph->limit = "request_count";
+    else if (now_s() >= ph->deadline)
+        ph->limit = "duration";
+    else
+        return false;
+    ph->stop = true;
+    return true;
+}
+
 /* Whether a request may be released now; counts it. Lock held. */
 static bool may_send(struct phase *ph) {
-    if (ph->stop) return false;
-    if (lm_bench_client_stopping()) { /* the run was interrupted (client.h): send nothing more */
-        ph->stop = true;
-        ph->limit = "interrupted";
-        return false;
-    }
-    if (ph->request_cap && ph->sent >= ph->request_cap) {
-        ph->stop = true;
-        ph->limit = "request_count";
-        return false;
-    }
-    if (now_s() >= ph->deadline) {
-        ph->stop = true;
-        ph->limit = "duration";
-        return false;
-    }
+    if (limit_reached(ph)) return false;
     ph->sent++;
     return true;
 }
@@ -407,9 +408,7 @@ static struct conv *pick(struct phase *ph, double *wait_for) {
     /* start_conv stops short of may_send once the conversations are all started: an interrupt
      * or the deadline must still end the wait for the pending ones' next turns (else it waits
      * out their think time, or spins on a deadline already past) */
-    if (!ph->stop && lm_bench_client_stopping()) ph->stop = true, ph->limit = "interrupted";
-    if (!ph->stop && t >= ph->deadline) ph->stop = true, ph->limit = "duration";
-    if (ph->stop || !pending) {
+    if (limit_reached(ph) || !pending) {
         *wait_for = NAN;
         return NULL;
     }

@@ -330,25 +330,17 @@ static json_t *load_json(const char *dir, const char *name, lm_status *rc) {
     return j;
 }
 
-/* Whether tdir holds tokenizer_config.json. */
-static bool have_tokenizer_config(const char *tdir) {
-    char *path = lm_path_join(tdir, "tokenizer_config.json");
-    const bool have = lm_file_exists(path);
-    free(path);
-    return have;
-}
-
-/* The tokenizer part of the metadata, from tokenizer.json and, when present, tokenizer_config.json
+/* The tokenizer part of the metadata, from tokenizer.json and, when have_tc, tokenizer_config.json
  * (its special tokens and chat template; without it the special ids come from config.json, as
  * llama.cpp's SpecialVocab does, and the GGUF carries no tokenizer.chat_template: lumen renders
  * Qwen3's template itself). */
-static lm_status put_tokenizer(struct lm_gguf_writer *w, const char *tdir, const struct lm_model_config *cfg,
-                               const struct lm_hf_config *hf) {
+static lm_status put_tokenizer(struct lm_gguf_writer *w, const char *tdir, bool have_tc,
+                               const struct lm_model_config *cfg, const struct lm_hf_config *hf) {
     lm_status rc;
     json_t *tj = load_json(tdir, "tokenizer.json", &rc);
     if (!tj) return rc;
     json_t *tc = NULL; /* json_object_get(NULL, ...) is NULL: every lookup below takes it */
-    if (have_tokenizer_config(tdir) && !(tc = load_json(tdir, "tokenizer_config.json", &rc))) {
+    if (have_tc && !(tc = load_json(tdir, "tokenizer_config.json", &rc))) {
         json_decref(tj);
         return rc;
     }
@@ -581,7 +573,10 @@ lm_status lm_bundle_build(const char *dir, const char *out_path, const struct lm
 #undef ARCH_U32
     lm_gguf_put_u32(&w, "general.file_type", ftype);
     lm_gguf_put_u32(&w, "general.quantization_version", 2);
-    if ((rc = put_tokenizer(&w, tdir, &cfg, &hf))) goto done;
+    char *tc_path = lm_path_join(tdir, "tokenizer_config.json");
+    const bool have_tc = lm_file_exists(tc_path); /* optional: put_tokenizer */
+    free(tc_path);
+    if ((rc = put_tokenizer(&w, tdir, have_tc, &cfg, &hf))) goto done;
     if (gen.temperature >= 0) lm_gguf_put_f32(&w, "general.sampling.temp", gen.temperature);
     if (gen.top_p >= 0) lm_gguf_put_f32(&w, "general.sampling.top_p", gen.top_p);
     if (gen.top_k >= 0) lm_gguf_put_i32(&w, "general.sampling.top_k", gen.top_k);
@@ -597,7 +592,7 @@ lm_status lm_bundle_build(const char *dir, const char *out_path, const struct lm
         }
         for (int i = 0; i < sts.n_files && !rc; i++) rc = put_sha256(&w, sts.files[i].path);
         const char *tfiles[] = {"tokenizer.json", "tokenizer_config.json"};
-        for (int i = 0; i < (have_tokenizer_config(tdir) ? 2 : 1) && !rc; i++) {
+        for (int i = 0; i < (have_tc ? 2 : 1) && !rc; i++) {
             char *path = lm_path_join(tdir, tfiles[i]);
             rc = put_sha256(&w, path);
             free(path);
