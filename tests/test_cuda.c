@@ -2066,8 +2066,7 @@ struct scr_case {
 /* Runs both paths on one case; returns the candidates summed exactly (row 0). */
 static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *ids_out) {
     uint16_t *dw = dev_from(sc->w, 2 * (size_t)m * k);
-    int8_t *dq = dev((size_t)m * k);
-    uint16_t *ds = dev(2 * (size_t)m * (k / 32));
+    uint8_t *dq = dev(lm_cuda_screen_bytes(m, k));
     float *dab = dev(sizeof(float) * 2 * (size_t)m);
     float *dx = dev_from(sc->x, sizeof(float) * (size_t)n * k);
     float *dnw = sc->nw ? dev_from(sc->nw, sizeof(float) * k) : NULL;
@@ -2078,13 +2077,13 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     lm_cuda_memset(dcand, 0, sizeof(int32_t) * n);
     poison(du, sizeof(float) * (size_t)n * m);
     const float eps = 1e-6f;
-    CHECK(lm_cuda_screen_build(g_ctx, dw, m, k, dq, ds, dab) == LM_OK, "%s: screen build: %s", sc->name,
+    CHECK(lm_cuda_screen_build(g_ctx, dw, m, k, dq, dab) == LM_OK, "%s: screen build: %s", sc->name,
           lm_error_message());
     CHECK(lm_cuda_gemv(g_ctx, dl, m, dx, k, dw, n, k, m, dnw, eps, LM_CUDA_EPI_STORE, dfix ? &fio : NULL) == LM_OK,
           "%s: gemv: %s",
           sc->name, lm_error_message());
     CHECK(lm_cuda_sample(g_ctx, dids, dl, m, n, m, NULL) == LM_OK, "%s: argmax: %s", sc->name, lm_error_message());
-    CHECK(lm_cuda_gemv_screen(g_ctx, du, m, dx, k, dfix, dq, ds, dab, n, k, m, dnw, eps) == LM_OK, "%s: screen: %s",
+    CHECK(lm_cuda_gemv_screen(g_ctx, du, m, dx, k, dfix, dq, dab, n, k, m, dnw, eps) == LM_OK, "%s: screen: %s",
           sc->name, lm_error_message());
     CHECK(lm_cuda_argmax_screened(g_ctx, dsids, du, m, dx, k, dfix, dw, n, k, m, dnw, eps, dcand) == LM_OK,
           "%s: screened argmax: %s", sc->name, lm_error_message());
@@ -2108,7 +2107,7 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
         ids_out[t] = ids[t];
     }
     free(l), free(u);
-    lm_cuda_free(dw), lm_cuda_free(dq), lm_cuda_free(ds), lm_cuda_free(dab), lm_cuda_free(dx);
+    lm_cuda_free(dw), lm_cuda_free(dq), lm_cuda_free(dab), lm_cuda_free(dx);
     if (dnw) lm_cuda_free(dnw);
     if (dfix) lm_cuda_free(dfix);
     lm_cuda_free(dl), lm_cuda_free(du), lm_cuda_free(dids), lm_cuda_free(dsids), lm_cuda_free(dcand);
@@ -2179,18 +2178,21 @@ static void test_screen(void) {
         int32_t ids[8];
         struct scr_case sc = {"", w, x, NULL, NULL};
         /* (a) the bound nearly tight (Cauchy-Schwarz): row 3000's weights d (1 + 0.4921875) (its quants
-         * 1, each a d 0.49 too low, the same sign as s = 1) beside one 127 d a block (the scale d);
-         * row 7 exactly quantized, its logit 100.25 d below row 3000's, 486 d above row 3000's screen
-         * logit: a bound of half the size would rule row 3000 out */
+         * 1, each a d 0.49 too low, the same sign as s = 1) beside one QM d a block (the scale d);
+         * row 7 exactly quantized, its logit 100.25 d below row 3000's (2,472.25 d), 388 d above row
+         * 3000's screen logit, while the bound is 496 d: a bound of half the size would rule row
+         * 3000 out */
         const float d = 0x1p-10f;
+        const int QM = 31; /* the screen's largest quant (lm_cuda_screen_build) */
         for (int i = 0; i < k; i++) x[i] = 1.0f;
         for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16(d * 0.001f * frand());
         for (int b = 0; b < k / 32; b++)
             for (int i = 0; i < 32; i++) {
-                w[(size_t)3000 * k + b * 32 + i] = lm_f32_to_bf16(i ? d * 1.4921875f : 127 * d);
-                w[(size_t)7 * k + b * 32 + i] = lm_f32_to_bf16(d * (i == 0 ? 127 : 1));
+                w[(size_t)3000 * k + b * 32 + i] = lm_f32_to_bf16(i ? d * 1.4921875f : QM * d);
+                w[(size_t)7 * k + b * 32 + i] = lm_f32_to_bf16(d * (i == 0 ? QM : 1));
             }
-        for (int i = 0, extra = 5444 - (k / 32) * 127 - (k - k / 32); extra > 0; i++)
+        const int row7 = (int)((k / 32) * (QM + 31 * 1.4921875) - 100.25); /* its logit / d */
+        for (int i = 0, extra = row7 - (k / 32) * QM - (k - k / 32); extra > 0; i++)
             if (i % 32) w[(size_t)7 * k + i] = lm_f32_to_bf16(2 * d), extra--;
         sc.name = "screen: a nearly tight bound";
         screen_run(&sc, 1, k, m, ids);
@@ -2225,9 +2227,10 @@ static void test_screen(void) {
         free(w), free(x), free(fx), free(nw);
         cases += 5;
     }
-    /* random weights leave a handful of rows to sum (the bound is Cauchy-Schwarz, ~0.2 sigma) */
-    CHECK(worst_cand <= 64, "screen: up to %d rows summed exactly on random weights (want <= 64)", worst_cand);
-    CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
+    /* random weights leave a few hundred rows to sum (the bound is Cauchy-Schwarz, ~0.7 sigma of the
+     * logits at k = 1,024); a pick block sums its whole range past 512 of its rows */
+    CHECK(worst_cand <= 2048, "screen: up to %d rows summed exactly on random weights (want <= 2,048)", worst_cand);
+    CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
           "screen with k = 40 must be refused");
     fprintf(stderr, "screen: %d cases, ids equal to the full lm_head's; up to %d rows summed exactly on random "
             "weights\n", cases, worst_cand);

@@ -169,6 +169,12 @@ static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
                  : "l"(p));
     return r;
 }
+/* 8 bytes of the same (the 6-bit screen's high bits). */
+static __device__ __forceinline__ uint2 ld_stream8(const void *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
 static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
 static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }

@@ -244,12 +244,13 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
                           const float *norm_w, float eps, enum lm_cuda_epilogue epi,
                           const struct lm_cuda_fix_io *fix);
 
-/* ---- the greedy token from a Q8_0 screen of the lm_head (exact; perf-notes v33) ----
+/* ---- the greedy token from a 6-bit screen of the lm_head (exact; perf-notes v33, v40) ----
  *
  * A greedy decode step needs the argmax of the logits L_j = fl(sum_i w_ji s_i) * inv, not the
  * logits (s = x * norm_w as lm_cuda_gemv stages it, inv = 1 / rms(x), the products summed in
- * lm_cuda_gemv's order). lm_cuda_gemv_screen reads a Q8_0 copy of w (1.06 bytes a weight against
- * bf16's 2) and gives every row an interval that provably holds L_j: L'_j +- R_j, with L'_j the
+ * lm_cuda_gemv's order). lm_cuda_gemv_screen reads a 6-bit copy of w (0.8125 bytes a weight
+ * against bf16's 2: per 32 weights 6-bit quants and a float16 scale) and gives every row an
+ * interval that provably holds L_j: L'_j +- R_j, with L'_j the
  * screen's logit over s quantized to two int8 levels per 32 (s', within 0.51 units of s) and
  *   R_j = inv (a_j S + (a_j + b_j) E + 2 rho (a_j + b_j)(S + E) + tiny) + 2^-148,
  * a_j = ||w_j - w'_j||_2, b_j = ||w_j||_2 (lm_cuda_screen_build), S >= ||s||_2, E >= ||s - s'||_2
@@ -260,15 +261,20 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
  * argmax; lm_cuda_argmax_screened sums the others exactly, as lm_cuda_gemv would, and takes the
  * largest (the lowest id among equals; NaN and -inf never win): the id lm_cuda_gemv +
  * lm_cuda_sample give, for any weights and activations (NaN or infinite ones make bounds that
- * rule nothing out, so every such row, or every row, is summed). On random Qwen3-0.6B-sized rows
- * a few of 151,936 are summed exactly. */
+ * rule nothing out, so every such row, or every row, is summed). On random rows of 1,024 the
+ * bound is ~0.7 standard deviations of the logits, and a few hundred of 151,936 are summed
+ * exactly (test_cuda: at most 918 of 50,007); a trained model's peaked logits leave fewer. */
 
-/* Builds the screen of bf16 rows w [m, k] (k a multiple of 32): q [m, k] int8 quants (16-byte
- * aligned) and s [m, k / 32] float16 scales as lm_cuda_gemv_q8's layout, each scale amax / 127
- * rounded up to float16 (no quant clips); ab [m][2] float32 (8-byte aligned): (a_j, b_j) above,
- * summed in double and rounded up. Asynchronous on c's stream. LM_ERR_SHAPE for a bad shape. */
-lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, int8_t *q, uint16_t *s,
-                               float *ab);
+/* Bytes of the screen of m rows of k (k a multiple of 32): 26 a block of 32 weights (16 of low
+ * nibbles, 8 of high bits, a float16 scale, in three planes); 0 for m < 1 or k < 32. */
+size_t lm_cuda_screen_bytes(int m, int k);
+
+/* Builds the screen of bf16 rows w [m, k] (k a multiple of 32) into q (lm_cuda_screen_bytes(m,
+ * k) bytes, 16-byte aligned; gemv.cu k_screen_build gives the layout): per 32-weight block q =
+ * round(w / d) in [-31, 31] with d = amax / 31 rounded up to float16 (no quant clips); ab [m][2]
+ * float32 (8-byte aligned): (a_j, b_j) above, summed in double and rounded up. Asynchronous on
+ * c's stream. LM_ERR_SHAPE for a bad shape. */
+lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, uint8_t *q, float *ab);
 
 /* Whether lm_cuda_gemv_screen and lm_cuda_argmax_screened take rows of k (a multiple of 32 whose
  * staged activations fit a block's shared memory). */
@@ -282,8 +288,7 @@ bool lm_cuda_screen_fits(int k);
  * with the same n, x, x_fix, norm_w and eps before another screen. LM_ERR_SHAPE for a bad shape;
  * a failed launch puts the scratch back. */
 lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const int64_t *x_fix,
-                              const int8_t *q, const uint16_t *s, const float *ab, int n, int k, int m,
-                              const float *norm_w, float eps);
+                              const uint8_t *q, const float *ab, int n, int k, int m, const float *norm_w, float eps);
 
 /* ids[r] (r < n) = the greedy choice of row r after lm_cuda_gemv_screen with the same n, x, x_fix,
  * u, norm_w and eps (a logit of NaN or -inf never wins; 0 when none does, as lm_cuda_sample): the bf16 rows w [m, k] (16-byte aligned) the screen was built from are read only

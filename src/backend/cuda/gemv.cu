@@ -18,7 +18,7 @@ constexpr int GEMV_WARPS = 8, GEMV_THREADS = GEMV_WARPS * 32;
  * path and llama.cpp's MMVQ; v11 measured converting each weight to float instead slower than
  * the bf16 copy). A lane loads 16 bytes of a row at a time: EL = 8 bf16 or 16 int8 weights; a
  * warp covers a chunk of CH = 32 * EL. */
-enum { GEMV_BF16, GEMV_Q8, GEMV_SCREEN };
+enum { GEMV_BF16, GEMV_Q8 };
 template <int F> struct gemv_fmt {
     static constexpr int EL = F == GEMV_BF16 ? 8 : 16, CH = 32 * EL;
 };
@@ -40,7 +40,7 @@ struct gemv_fix {
     int zero_n;
 };
 
-/* GEMV_SCREEN's extra inputs and output (lm_cuda_gemv_screen). */
+/* k_screen's extra inputs and output (lm_cuda_gemv_screen). */
 struct gemv_scr {
     const float2 *ab; /* [m] (a_j, b_j): ||w_j - w'_j||_2 and ||w_j||_2, rounded up (lm_cuda_screen_build) */
     int *lmax;        /* [T] ordered keys (scr_key) of each activation row's best lower bound */
@@ -184,7 +184,7 @@ __device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
     __syncthreads();
 }
 
-/* GEMV_SCREEN: T staged rows (x * norm_w, gemv_slot<16>) quantized per 32-element block b to
+/* k_screen: T staged rows (x * norm_w, gemv_slot<16>) quantized per 32-element block b to
  * integers P = round(s / u_b) with the unit u_b = (amax_b / 127, rounded up) / 254, so |P| <=
  * 32,259, split as P = 254 hi + lo with hi, lo in [-127, 127] (two int8 quants: xh, xl [T][nch][32
  * lanes] uint4; xu [T][nch][16] the units). P rounds s times 1 / u (both rounded to nearest: a
@@ -194,8 +194,9 @@ __device__ __forceinline__ void gemv_quant_x(uint4 *xq, float *xd, int nch) {
  * [T * nch][2] scratch). Ends with a block barrier. */
 template <int T>
 __device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *xu, float2 *part, int nch,
-                                                  float (&s2)[T], float (&e2)[T]) {
+                                                  float (&s2)[T], float (&e2)[T], int *psum) {
     gemv_for_slots<T>(nch, [&](const float4(&v)[4], int tc, int l, bool in, float amax) {
+        int ps = 0; /* the block's sum of P (psum) */
         float sq = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -217,6 +218,7 @@ __device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *x
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int P = ok ? __float2int_rn(__fmul_rn(e4[e], ru)) : 0;
+                    ps += P;
                     const int hi = P >= 0 ? (P + 127) / 254 : -((127 - P) / 254);
                     h |= (uint32_t)(hi & 255) << (8 * e);
                     lo |= (uint32_t)((P - 254 * hi) & 255) << (8 * e);
@@ -227,6 +229,8 @@ __device__ __forceinline__ void gemv_quant_screen(uint4 *xh, uint4 *xl, float *x
             xl[tc * 32 + l] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
             if (!(l & 1)) xu[tc * 16 + (l >> 1)] = u;
         }
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1); /* a warp is all in or all out (whole warps) */
+        if (in && !(l & 1)) psum[tc * 16 + (l >> 1)] = ps;
         /* a whole warp is one (row, chunk): its sums, rounded up, to part[tc] */
 #pragma unroll
         for (int o = 16; o; o >>= 1) {
@@ -258,16 +262,14 @@ __device__ __forceinline__ long long q8_fix(float d, int s) {
  * product (exact), then scaled into the float32 sum: the one order of every Q8_0 row sum
  * (k_gemv, k_mlp1). FX (LM_CUDA_EPI_ADD_FIX, acc int64): lanes 2i and 2i + 1 (one Q8_0 block)
  * join their dot products, and the even lane adds the block's in fixed point (q8_fix). */
-template <int T, int R, bool FX, typename A, bool TWO = false>
+template <int T, int R, bool FX, typename A>
 __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R], const uint16_t (&sc)[R],
-                                              const uint4 *xq, const float *xd, int c, int nch, int lane,
-                                              const uint4 *xl = nullptr) {
-    uint4 xv[T], lv[TWO ? T : 1];
+                                              const uint4 *xq, const float *xd, int c, int nch, int lane) {
+    uint4 xv[T];
     float dx[T];
 #pragma unroll
     for (int t = 0; t < T; t++) {
         xv[t] = xq[(t * nch + c) * 32 + lane];
-        if constexpr (TWO) lv[t] = xl[(t * nch + c) * 32 + lane];
         dx[t] = xd[(t * nch + c) * 16 + (lane >> 1)];
     }
 #pragma unroll
@@ -275,9 +277,7 @@ __device__ __forceinline__ void gemv_chunk_q8(A (&acc)[T][R], const uint4 (&q)[R
         const float dw = __half2float(__ushort_as_half(sc[r]));
 #pragma unroll
         for (int t = 0; t < T; t++) {
-            /* TWO (GEMV_SCREEN): the quants are 254 hi + lo (gemv_quant_screen), and their integer
-             * dot product stays exact: |I| <= 16 x 127 x 32,385 < 2^31 */
-            int sdot = TWO ? 254 * dot16(q[r], xv[t], 0) + dot16(q[r], lv[TWO ? t : 0], 0) : dot16(q[r], xv[t], 0);
+            int sdot = dot16(q[r], xv[t], 0);
             if constexpr (FX) {
                 sdot += __shfl_xor_sync(0xffffffffu, sdot, 1);
                 if (!(lane & 1)) acc[t][r] += q8_fix(__fmul_rn(dw, dx[t]), sdot);
@@ -377,11 +377,11 @@ __device__ constexpr int scr_log2() {
     return N <= 1 ? 0 : N <= 2 ? 1 : N <= 4 ? 2 : N <= 8 ? 3 : N <= 16 ? 4 : 5;
 }
 
-/* The most sums a warp of GEMV_SCREEN reduces and scatters (scr_reduce); more (3 or more
+/* The most sums a warp of k_screen reduces and scatters (scr_reduce); more (3 or more
  * activation rows) take a warp_sum each, as 12 to 32 values held at once spill to local memory. */
 constexpr int SCR_SCATTER = 8;
 
-/* GEMV_SCREEN: the warp's sums of its NV = T * R lane partials (acc), reduced and scattered: NV
+/* k_screen: the warp's sums of its NV = T * R lane partials (acc), reduced and scattered: NV
  * padded to P = 2^L values, each step halves the values a lane holds (the lane whose offset bit
  * is set keeps the upper half) and adds its partner's, then the last 5 - L offsets sum the one
  * left: lane l returns the full sum of value l >> (5 - L) (P - 1 + 5 - L shuffles against warp_sum's
@@ -406,17 +406,61 @@ __device__ __forceinline__ float scr_reduce(const float (&acc)[T][R], int lane) 
     return v[0];
 }
 
+/* The row groups a warp of k_gemv or k_screen takes: strided over the whole grid. With dyn
+ * (lm_cuda_ctx's gemv_dyn_rows), only the groups before dyn_from (gemv_deal_from: the first three
+ * quarters of the rounds); the rest are dealt out in LM_CUDA_GEMV_CLASSES interleaved classes,
+ * group dyn_from + j + C i being counter j's ticket i (the counters a 128-byte line each: one line
+ * took every atomic to one L2 slice, 8 counters there made the lm_head 8 us slower, perf-notes
+ * v27), and a warp of class j takes its next ticket as it starts a group, so that warps whose
+ * memory came slower (a late start, a busier path) take fewer (perf-notes v27: the lm_head's last
+ * block ended ~12 us after its median one). Each row's sums are the same whoever takes it. */
+struct gemv_deal {
+    unsigned *dyn;
+    int dyn_from, end, stride, cls; /* every class has a warp when stride >= the classes */
+    unsigned ticket;
+    bool take;
+    __device__ gemv_deal(unsigned *d, int from, int n_rg)
+        : dyn(d), dyn_from(from), end(n_rg), stride(gridDim.x * GEMV_WARPS),
+          cls((blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) % LM_CUDA_GEMV_CLASSES), ticket(0), take(false) {}
+    /* As a warp starts group rg: the next one, the next round's, or a ticket whose atomic is
+     * issued now and read at the end of this group by next() (its trip overlaps the weights'). */
+    __device__ int start(int rg, int lane) {
+        const int next = rg + stride;
+        ticket = 0;
+        take = dyn && next >= dyn_from;
+        if (take && lane == 0) ticket = atomicAdd(dyn + cls * LM_CUDA_GEMV_CTR_STRIDE, 1u);
+        return next;
+    }
+    __device__ int next(int next) const {
+        if (!take) return next;
+        const long long g = dyn_from + cls + (long long)LM_CUDA_GEMV_CLASSES * __shfl_sync(0xffffffffu, ticket, 0);
+        return g < end ? (int)g : end;
+    }
+    /* The last block out puts the counters back to zero for the next launch (every warp's last
+     * ticket was past the end before its block got here). */
+    __device__ void finish() const {
+        if (!dyn) return;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(dyn + LM_CUDA_GEMV_CLASSES * LM_CUDA_GEMV_CTR_STRIDE, 1u) == gridDim.x - 1) {
+                for (int j = 0; j <= LM_CUDA_GEMV_CLASSES; j++) dyn[j * LM_CUDA_GEMV_CTR_STRIDE] = 0;
+                __threadfence();
+            }
+        }
+    }
+};
+
 /* T activation rows, R weight rows per warp, U chunks (of CH weights a warp, 512 bytes) loaded
  * per batch; F: the format (gemv_fmt): w is bf16, or int8 quants with ws their float16 scales. */
 template <int T, int R, int U, int EPI, int F>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv(float *y, int ldy, const float *x, int ldx, const void *__restrict__ w,
            const uint16_t *__restrict__ ws, int K, int M, const float *__restrict__ nw, float eps,
-           gemv_fix fix, unsigned *dyn, int dyn_from, unsigned long long *trace, gemv_scr scr) {
+           gemv_fix fix, unsigned *dyn, int dyn_from, unsigned long long *trace) {
     static_assert(EPI != LM_CUDA_EPI_SWIGLU || R % 2 == 0, "SwiGLU needs row pairs");
-    constexpr bool SCR = F == GEMV_SCREEN, Q8 = F == GEMV_Q8 || SCR, FX = EPI == LM_CUDA_EPI_ADD_FIX,
+    constexpr bool Q8 = F == GEMV_Q8, FX = EPI == LM_CUDA_EPI_ADD_FIX,
                    ADDY = EPI == LM_CUDA_EPI_ADD || FX;
-    static_assert(!SCR || EPI == LM_CUDA_EPI_STORE, "the screen stores its upper bounds");
     static_assert(!FX || Q8, "the fixed-point sum is over Q8_0 blocks");
     constexpr int EL = gemv_fmt<F>::EL, CH = gemv_fmt<F>::CH;
     extern __shared__ float4 gemv_smem[];
@@ -425,18 +469,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int nch = (K + CH - 1) / CH, Kp = nch * CH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
-    /* Row groups of this warp: strided over the whole grid. With dyn (lm_cuda_ctx's gemv_dyn_rows),
-     * only the groups before dyn_from (gemv_deal_from: the first three quarters of the rounds); the
-     * rest are dealt out in LM_CUDA_GEMV_CLASSES interleaved classes, group dyn_from + j + C i
-     * being counter j's ticket i (the counters a 128-byte line each: one line took every atomic to
-     * one L2 slice, 8 counters there made the lm_head 8 us slower, perf-notes v27), and a warp of
-     * class j takes its next ticket as it starts a group, so that warps whose memory
-     * came slower (a late start, a busier path) take fewer (perf-notes v27: the lm_head's last
-     * block ended ~12 us after its median one). Each row's sums are the same whoever takes it. */
-    int rg = blockIdx.x * GEMV_WARPS + warp;
-    const int stride = gridDim.x * GEMV_WARPS, end = n_rg;
-    constexpr int NC = LM_CUDA_GEMV_CLASSES, CS = LM_CUDA_GEMV_CTR_STRIDE;
-    const int cls = (blockIdx.x * GEMV_WARPS + warp) % NC; /* every class has a warp when stride >= NC */
+    int rg = blockIdx.x * GEMV_WARPS + warp; /* this warp's row groups (gemv_deal) */
+    const int end = n_rg;
+    gemv_deal deal(dyn, dyn_from, n_rg);
     uint4 wv[U][R];
     uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
     auto load = [&](int g, int c0) {
@@ -454,20 +489,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 }
             }
     };
-    /* GEMV_SCREEN: the (a_j, b_j) of the row whose sum lane l holds in the group g (scr_reduce:
-     * value l >> SCR_SHIFT, row (l >> SCR_SHIFT) % R) */
-    constexpr int SCR_SHIFT = T * R <= SCR_SCATTER ? 5 - scr_log2<T * R>() : 0;
-    auto load_ab = [&](int g) {
-        float2 v = make_float2(0.f, 0.f);
-        const int idx = lane >> SCR_SHIFT;
-        if (SCR && idx < T * R && g * R + idx % R < M) v = __ldg(scr.ab + g * R + idx % R);
-        return v;
-    };
     /* The weights never depend on the previous kernel: start streaming them before waiting. */
     const unsigned long long t0 = trace ? gtime() : 0;
     if (rg < end) load(rg, 0);
-    float2 abv = load_ab(rg);
-    float lbest = -INFINITY; /* GEMV_SCREEN: the best lower bound of this lane's row */
     constexpr int NWP = 4;
     float nwv[NWP];
     gemv_norm_prefetch(nwv, nw, K);
@@ -486,13 +510,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_stage<T, EL>(xs, x, ldx, K, Kp, nw, nwv, ADDY ? NULL : fix.add, sq, ss_part, T);
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     float *xd = reinterpret_cast<float *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
-    /* GEMV_SCREEN: the low quants after the high ones, then the units and the norms' partials */
-    [[maybe_unused]] uint4 *xl = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
-    [[maybe_unused]] float *xu = reinterpret_cast<float *>(reinterpret_cast<char *>(xl) + (size_t)T * Kp);
-    [[maybe_unused]] float s2[SCR ? T : 1], e2[SCR ? T : 1];
-    if constexpr (SCR)
-        gemv_quant_screen<T>(xq, xl, xu, reinterpret_cast<float2 *>(xu + T * Kp / 32), nch, s2, e2);
-    else if constexpr (Q8)
+    if constexpr (Q8)
         gemv_quant_x<T>(xq, xd, nch);
     pdl_trigger(); /* the next kernel may start streaming its weights */
     const unsigned long long t2 = trace ? gtime() : 0;
@@ -500,14 +518,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_inv(inv, ss_part, K, nw, eps);
 
     bool have = rg < end, first = true;
-    for (int next; rg < end; rg = next) {
-        /* The next group: the next round's, or a ticket whose atomic is issued now and read at the
-         * end of this group (its trip overlaps the weights'). */
-        next = rg + stride;
-        unsigned ticket = 0;
-        const bool take = dyn && next >= dyn_from;
-        if (take && lane == 0) ticket = atomicAdd(dyn + cls * CS, 1u);
-        if (SCR && !first) abv = load_ab(rg);
+    for (int next; rg < end; rg = deal.next(next)) {
+        next = deal.start(rg, lane);
         float acc[T][R];
         long long accf[FX ? T : 1][FX ? R : 1]; /* LM_CUDA_EPI_ADD_FIX: the sums in fixed point */
 #pragma unroll
@@ -526,8 +538,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 if (c >= nch) continue;
                 if constexpr (FX) {
                     gemv_chunk_q8<T, R, true>(accf, wv[u], sc[u], xq, xd, c, nch, lane);
-                } else if constexpr (SCR) {
-                    gemv_chunk_q8<T, R, false, float, true>(acc, wv[u], sc[u], xq, xu, c, nch, lane, xl);
                 } else if constexpr (Q8) {
                     gemv_chunk_q8<T, R, false>(acc, wv[u], sc[u], xq, xd, c, nch, lane);
                 } else {
@@ -536,39 +546,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             }
         }
         const int j0 = rg * R;
-        if constexpr (SCR) {
-            /* The T * R sums reduced and scattered over the warp (scr_reduce): lane l holds value
-             * l >> SCR_SHIFT, and the first lane of each group bounds its row (lm_cuda_gemv_screen:
-             * |L' - L| <= R_j): U = L' + R_j rounded up is stored, L' - R_j rounded down kept for
-             * the row's best. */
-            float sum = 0.f;
-            if constexpr (T * R <= SCR_SCATTER) {
-                sum = scr_reduce<T * R>(acc, lane);
-            } else { /* every lane gets every sum; lane l keeps value l */
-#pragma unroll
-                for (int i = 0; i < T * R; i++) {
-                    const float v = warp_sum(acc[i / R][i % R]);
-                    if (lane == i) sum = v;
-                }
-            }
-            const int idx = lane >> SCR_SHIFT, t = idx / R, r = idx % R;
-            float invt = inv[0], s2t = s2[0], e2t = e2[0];
-#pragma unroll
-            for (int tt = 1; tt < T; tt++)
-                if (t == tt) invt = inv[tt], s2t = s2[tt], e2t = e2[tt];
-            const float a = abv.x, ab = __fadd_ru(abv.x, abv.y), se = __fadd_ru(s2t, e2t);
-            const float d = __fadd_ru(__fadd_ru(__fadd_ru(__fmul_ru(a, s2t), __fmul_ru(ab, e2t)),
-                                                __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), se)),
-                                      scr.tiny);
-            const float rj = __fadd_ru(__fmul_ru(d, invt), 0x1p-148f), lj = __fmul_rn(sum, invt);
-            /* a row whose sums could overflow in either kernel (a magnitude bound past 2^125, or
-             * NaN) is never ruled out: U = +inf */
-            const bool wide = !(__fmul_ru(__fmul_ru(ab, se), invt) < 0x1p+125f);
-            if (idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M) {
-                y[(size_t)t * ldy + j0 + r] = wide ? INFINITY : __fadd_ru(lj, rj);
-                if (!wide) lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
-            }
-        } else {
 #pragma unroll
         for (int t = 0; t < T; t++)
 #pragma unroll
@@ -596,40 +573,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                                          fix.add ? fix.add + (size_t)t * M : NULL);
                     }
                 }
-        }
         first = false;
-        if (take) {
-            const long long g = dyn_from + cls + (long long)NC * __shfl_sync(0xffffffffu, ticket, 0);
-            next = g < end ? (int)g : end;
-        }
     }
-    /* GEMV_SCREEN: each row's best lower bound over the block, into its key */
-    if constexpr (SCR) {
-        __shared__ float lb[GEMV_WARPS][T];
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            const float v = warp_max((lane >> SCR_SHIFT) / R == t ? lbest : -INFINITY);
-            if (lane == 0) lb[warp][t] = v;
-        }
-        __syncthreads();
-        if (threadIdx.x < T) {
-            float v = -INFINITY;
-            for (int w2 = 0; w2 < GEMV_WARPS; w2++) v = fmaxf(v, lb[w2][threadIdx.x]);
-            if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
-        }
-    }
-    /* The last block out puts the counters back to zero for the next launch (every warp's last
-     * ticket was past the end before its block got here). */
-    if (dyn) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(dyn + NC * CS, 1u) == gridDim.x - 1) {
-                for (int j = 0; j <= NC; j++) dyn[j * CS] = 0;
-                __threadfence();
-            }
-        }
-    }
+    deal.finish();
     if (trace && threadIdx.x == 0) trace_put(trace, w, K, M, blockIdx.x, t0, t1, t2);
 }
 
@@ -639,14 +585,12 @@ constexpr int gemv_u() {
 }
 
 /* Dynamic shared memory of k_gemv in format F: T float32 activation rows of k rounded up to whole
- * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32; GEMV_SCREEN two int8 quants
- * an element, a float32 unit per 32 and two float32 partial norms a chunk. */
+ * chunks; GEMV_Q8 adds their int8 quants and a float32 scale per 32. */
 template <int F>
 __host__ __device__ size_t gemv_smem_bytes(int T, int k) {
     constexpr int ch = gemv_fmt<F>::CH;
     const size_t kp = (size_t)(k + ch - 1) / ch * ch;
-    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0) +
-           (F == GEMV_SCREEN ? (size_t)T * (2 * kp + kp / 32 * sizeof(float) + kp / ch * sizeof(float2)) : 0);
+    return (size_t)T * kp * sizeof(float) + (F == GEMV_Q8 ? (size_t)T * (kp + kp / 32 * sizeof(float)) : 0);
 }
 
 /* The weights of one launch: bf16 rows (ws NULL), or Q8_0 quants and scales. */
@@ -943,7 +887,7 @@ static int gemv_deal_from(const lm_cuda_ctx *c, int m, int n_rg, int grid) {
 
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
-                          gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix, gemv_scr scr) {
+                          gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     auto fn = k_gemv<T, R, U, EPI, F>;
     const size_t smem = gemv_smem_bytes<F>(T, k);
     const int n_rg = (m + R - 1) / R;
@@ -954,13 +898,13 @@ cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *
     unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
     if (dyn) c->gemv_dealt++;
     return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, fix, dyn, dyn_from, c->trace, scr);
+                     eps, fix, dyn, dyn_from, c->trace);
 }
 
 template <int T, int R, int EPI, int F>
 cudaError_t launch_gemv(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx, gemv_w w,
                         int k, int m, const float *nw, float eps, gemv_fix fix) {
-    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix, gemv_scr{});
+    return launch_gemv_u<T, R, gemv_u<T, R>(), EPI, F>(c, y, ldy, x, ldx, w, k, m, nw, eps, fix);
 }
 
 template <int T, int EPI, int F>
@@ -1063,18 +1007,37 @@ lm_status gemv_run(struct lm_cuda_ctx *c, float *y, int ldy, const float *x, int
     return LM_OK;
 }
 
-/* ---- the exact greedy choice from a Q8_0 screen of the lm_head (lm_cuda_gemv_screen) ---- */
+/* ---- the exact greedy choice from a 6-bit screen of the lm_head (lm_cuda_gemv_screen) ---- */
+
+/* The screen's layout (lm_cuda_screen_build): three planes over the m rows of nb = k / 32 blocks,
+ * 26 bytes a 32-weight block: the low nibbles [m][nb] uint4, the high bits [m][nb] uint2, the
+ * scales [m][nb] float16 (perf-notes v40: 8-row groups stored together, one stream a warp instead
+ * of three, were 0.3% slower at batch 1 and ~2% at 2-4). Block b of row j holds q = round(w / d)
+ * in [-31, 31] with d its amax / 31 rounded up to float16, offset to u = q + 32 in 1..63: nibble
+ * word i byte e = (u[8i + e] & 15) | (u[8i + 4 + e] & 15) << 4, high word h byte e bits 2s, 2s + 1 =
+ * u[16h + 4s + e] >> 4. */
+constexpr int SCR_BLOCK_BYTES = 26;
+
+/* Byte offsets of row j's block b in a screen of m rows of nb blocks: its nibbles, high bits, scale. */
+struct scr_at {
+    size_t n, h, s;
+};
+__device__ __forceinline__ scr_at scr_offsets(int m, int nb, int j, int b) {
+    const size_t o = (size_t)j * nb + b, plane = (size_t)m * nb;
+    return {o * 16, plane * 16 + o * 8, plane * 24 + o * 2};
+}
 
 /* Builds the screen of bf16 rows w [m, k]: one warp a row, lane i the 32-weight blocks i, i + 32,
- * ...: d = amax / 127 rounded up to float16 (so no quant clips), q = round(w / d) (0 where d is 0);
+ * ...: d = amax / 31 rounded up to float16 (so no quant clips), q = round(w / d) (0 where d is 0);
  * ab[j] = (||w_j - q d||_2, ||w_j||_2), summed in double and rounded up. A block holding NaN or
  * infinity gives a NaN or infinite a_j or b_j: the screen then never rules that row out. */
 __global__ void __launch_bounds__(GEMV_THREADS) k_screen_build(const uint16_t *__restrict__ w, int m, int k,
-                                                               int8_t *q, uint16_t *s, float2 *ab) {
+                                                               uint8_t *q, float2 *ab) {
     const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
+    const int nb = k / 32;
     double e2 = 0.0, b2 = 0.0;
-    for (int b = lane; b < k / 32; b += 32) {
+    for (int b = lane; b < nb; b += 32) {
         const uint16_t *src = w + (size_t)j * k + b * 32;
         float v[32], amax = 0.f;
 #pragma unroll
@@ -1082,22 +1045,34 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_build(const uint16_t *_
             v[i] = bf2f(src[i]);
             amax = fmaxf(amax, fabsf(v[i]));
         }
-        const __half dh = __float2half_ru(__fdiv_ru(amax, 127.0f));
+        const __half dh = __float2half_ru(__fdiv_ru(amax, 31.0f));
         const float d = __half2float(dh);
-        uint32_t packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int u[32];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             int qi = d > 0.f ? __float2int_rn(__fdiv_rn(v[i], d)) : 0;
-            qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
-            packed[i / 4] |= (uint32_t)(qi & 255) << (8 * (i % 4));
+            qi = qi > 31 ? 31 : qi < -31 ? -31 : qi;
+            u[i] = qi + 32;
             const double err = (double)v[i] - (double)qi * (double)d;
             e2 += err * err;
             b2 += (double)v[i] * (double)v[i];
         }
-        uint4 *dst = reinterpret_cast<uint4 *>(q + (size_t)j * k + b * 32);
-        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-        s[(size_t)j * (k / 32) + b] = __half_as_ushort(dh);
+        uint32_t n[4] = {0, 0, 0, 0}, h[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                n[i] |= (uint32_t)((u[8 * i + e] & 15) | (u[8 * i + 4 + e] & 15) << 4) << (8 * e);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+            for (int s4 = 0; s4 < 4; s4++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) h[hh] |= (uint32_t)(u[16 * hh + 4 * s4 + e] >> 4) << (8 * e + 2 * s4);
+        const scr_at at = scr_offsets(m, nb, j, b);
+        *reinterpret_cast<uint4 *>(q + at.n) = make_uint4(n[0], n[1], n[2], n[3]);
+        *reinterpret_cast<uint2 *>(q + at.h) = make_uint2(h[0], h[1]);
+        *reinterpret_cast<uint16_t *>(q + at.s) = __half_as_ushort(dh);
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
@@ -1107,6 +1082,222 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_build(const uint16_t *_
     if (lane == 0)
         ab[j] = make_float2(__fmul_ru(__double2float_ru(sqrt(e2)), 1.000001f),
                             __fmul_ru(__double2float_ru(sqrt(b2)), 1.000001f));
+}
+
+/* Weights 4g .. 4g + 3 (g < 8) of a screen block as 4 offset bytes u (1..63), from its nibble and
+ * high-bit words. */
+__device__ __forceinline__ uint32_t scr_group(const uint4 &n, const uint2 &h, int g) {
+    const uint32_t nw = g < 2 ? n.x : g < 4 ? n.y : g < 6 ? n.z : n.w, hw = g < 4 ? h.x : h.y;
+    const uint32_t lo = (g & 1 ? nw >> 4 : nw) & 0x0F0F0F0Fu;
+    const int s4 = g & 3;
+    const uint32_t hi = (s4 == 0 ? hw << 4 : s4 == 1 ? hw << 2 : s4 == 2 ? hw : hw >> 2) & 0x30303030u;
+    return lo | hi;
+}
+
+/* Dynamic shared memory of k_screen for T rows of k: the float32 staging (chunks of 512), two
+ * int8 quants an element, a float32 unit and an int32 quant sum a block, two float32 partial
+ * norms a chunk (gemv_quant_screen). */
+__host__ __device__ size_t screen_smem_bytes(int T, int k) {
+    const size_t kp = (size_t)(k + 511) / 512 * 512;
+    return (size_t)T * (kp * sizeof(float) + 2 * kp + kp / 32 * (sizeof(float) + sizeof(int)) + kp / 512 * sizeof(float2));
+}
+
+/* The screen's upper bounds of T activation rows (lm_cuda_gemv_screen), R screen rows a warp, the
+ * row groups dealt as k_gemv's (gemv_deal). x * norm_w is staged as
+ * k_gemv's (gemv_stage, gemv_slot<16>) and quantized to two int8 levels a 32-block
+ * (gemv_quant_screen: P = 254 hi + lo, with its unit and its block sums of P); a lane takes one
+ * whole block of each of its R rows a chunk of 1,024 weights, and its integer dot product with a
+ * staged row is 254 (u . hi) + (u . lo) - 32 sum(P) = q . P, exact (|.| < 2^27), times the block's
+ * scale and unit into the lane's float32 sum. The warp's T * R sums are reduced and scattered
+ * (scr_reduce) and the first lane of each bounds its row: U = L' + R_j rounded up is stored (+inf
+ * where the sums could overflow), L' - R_j rounded down kept for the row's best lower bound, which
+ * the block's warps meet into lmax by atomicMax (scr_key). */
+template <int T, int R>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    k_screen(float *y, int ldy, const float *x, int ldx, const uint8_t *__restrict__ q, int K, int M,
+             const float *__restrict__ nw, float eps, const long long *x_fix, unsigned *dyn, int dyn_from,
+             gemv_scr scr) {
+    constexpr int CH = 512; /* the staging's chunks (gemv_quant_screen) */
+    extern __shared__ float4 gemv_smem[];
+    float *xs = reinterpret_cast<float *>(gemv_smem);
+    __shared__ float ss_part[T][GEMV_WARPS];
+    const int nch = (K + CH - 1) / CH, Kp = nch * CH, nb = K >> 5, nc = (nb + 31) >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_rg = (M + R - 1) / R;
+    int rg = blockIdx.x * GEMV_WARPS + warp;
+    gemv_deal deal(dyn, dyn_from, n_rg);
+    uint4 wn[R];
+    uint2 wh[R];
+    uint16_t sc[R];
+    auto load = [&](int g, int c) {
+        const int b = c * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int j = g * R + r;
+            const bool in = j < M && b < nb;
+            const scr_at at = scr_offsets(M, nb, j, b);
+            wn[r] = in ? ld_stream16(q + at.n) : make_uint4(0, 0, 0, 0);
+            wh[r] = in ? ld_stream8(q + at.h) : make_uint2(0, 0);
+            sc[r] = in ? __ldg(reinterpret_cast<const uint16_t *>(q + at.s)) : (uint16_t)0;
+        }
+    };
+    /* the (a_j, b_j) of the row whose sum lane l holds in group g (scr_reduce: value l >>
+     * SCR_SHIFT, row (l >> SCR_SHIFT) % R) */
+    constexpr int SCR_SHIFT = T * R <= SCR_SCATTER ? 5 - scr_log2<T * R>() : 0;
+    auto load_ab = [&](int g) {
+        float2 v = make_float2(0.f, 0.f);
+        const int idx = lane >> SCR_SHIFT;
+        if (idx < T * R && g * R + idx % R < M) v = __ldg(scr.ab + g * R + idx % R);
+        return v;
+    };
+    /* The screen never depends on the previous kernel: start streaming it before waiting. */
+    if (rg < n_rg) load(rg, 0);
+    float2 abv = load_ab(rg);
+    float lbest = -INFINITY; /* the best lower bound of this lane's row */
+    constexpr int NWP = 4;
+    float nwv[NWP];
+    gemv_norm_prefetch(nwv, nw, K);
+    float sq[T];
+    pdl_wait();
+    gemv_stage<T, 16>(xs, x, ldx, K, Kp, nw, nwv, x_fix, sq, ss_part, T);
+    uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
+    uint4 *xl = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
+    float *xu = reinterpret_cast<float *>(reinterpret_cast<char *>(xl) + (size_t)T * Kp);
+    int *psum = reinterpret_cast<int *>(xu + T * Kp / 32);
+    float2 *part = reinterpret_cast<float2 *>(psum + T * Kp / 32);
+    float s2[T], e2[T];
+    gemv_quant_screen<T>(xq, xl, xu, part, nch, s2, e2, psum);
+    pdl_trigger(); /* the next kernel may launch now */
+    float inv[T];
+    gemv_inv(inv, ss_part, K, nw, eps);
+
+    bool have = rg < n_rg, first = true;
+    for (int next; rg < n_rg; rg = deal.next(next)) {
+        next = deal.start(rg, lane);
+        if (!first) abv = load_ab(rg);
+        float acc[T][R];
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+        for (int c = 0; c < nc; c++) {
+            if (!have) load(rg, c);
+            have = false;
+            const int b = c * 32 + lane;
+            if (b >= nb) continue;
+            /* staged row t's block b: uint4s i0, i0 + 1 of xq and xl (gemv_slot<16>'s two half
+             * blocks), its unit and sum of P */
+            auto at_t = [&](int t) { return (t * nch + (b >> 4)) * 32 + 2 * (b & 15); };
+            if constexpr (T <= 2) {
+                uint4 xh[T][2], xo[T][2];
+                float ux[T];
+                int pc[T];
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const int i0 = at_t(t);
+                    xh[t][0] = xq[i0], xh[t][1] = xq[i0 + 1];
+                    xo[t][0] = xl[i0], xo[t][1] = xl[i0 + 1];
+                    ux[t] = xu[t * nch * 16 + b];
+                    pc[t] = 32 * psum[t * nch * 16 + b];
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int dh[T], dl[T];
+#pragma unroll
+                    for (int t = 0; t < T; t++) dh[t] = 0, dl[t] = 0;
+#pragma unroll
+                    for (int g = 0; g < 8; g++) {
+                        const int u4 = (int)scr_group(wn[r], wh[r], g);
+#pragma unroll
+                        for (int t = 0; t < T; t++) {
+                            const uint4 &a = xh[t][g >> 2], &l2 = xo[t][g >> 2];
+                            const int e = g & 3;
+                            dh[t] = __dp4a(u4, (int)(e == 0 ? a.x : e == 1 ? a.y : e == 2 ? a.z : a.w), dh[t]);
+                            dl[t] = __dp4a(u4, (int)(e == 0 ? l2.x : e == 1 ? l2.y : e == 2 ? l2.z : l2.w), dl[t]);
+                        }
+                    }
+                    const float dw = __half2float(__ushort_as_half(sc[r]));
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        acc[t][r] = fmaf(__fmul_rn(dw, ux[t]), __int2float_rn(254 * dh[t] + dl[t] - pc[t]), acc[t][r]);
+                }
+            } else {
+                /* 3 or more rows: the blocks unpacked once, then each row's activations in turn
+                 * (every row's at once spill) */
+                uint32_t uw[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int g = 0; g < 8; g++) uw[r][g] = scr_group(wn[r], wh[r], g);
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const int i0 = at_t(t);
+                    const uint4 a0 = xq[i0], a1 = xq[i0 + 1], l0 = xl[i0], l1 = xl[i0 + 1];
+                    const float ut = xu[t * nch * 16 + b];
+                    const int pt = 32 * psum[t * nch * 16 + b];
+                    const uint32_t ah[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                    const uint32_t al[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        int dh = 0, dl = 0;
+#pragma unroll
+                        for (int g = 0; g < 8; g++) {
+                            dh = __dp4a((int)uw[r][g], (int)ah[g], dh);
+                            dl = __dp4a((int)uw[r][g], (int)al[g], dl);
+                        }
+                        const float dw = __half2float(__ushort_as_half(sc[r]));
+                        acc[t][r] = fmaf(__fmul_rn(dw, ut), __int2float_rn(254 * dh + dl - pt), acc[t][r]);
+                    }
+                }
+            }
+        }
+        /* The T * R sums reduced and scattered over the warp: lane l holds value l >> SCR_SHIFT,
+         * and the first lane of each group bounds its row (cuda.h lm_cuda_gemv_screen: |L' - L| <=
+         * R_j). */
+        const int j0 = rg * R;
+        float sum = 0.f;
+        if constexpr (T * R <= SCR_SCATTER) {
+            sum = scr_reduce<T * R>(acc, lane);
+        } else { /* every lane gets every sum; lane l keeps value l */
+#pragma unroll
+            for (int i = 0; i < T * R; i++) {
+                const float v = warp_sum(acc[i / R][i % R]);
+                if (lane == i) sum = v;
+            }
+        }
+        const int idx = lane >> SCR_SHIFT, t = idx / R, r = idx % R;
+        float invt = inv[0], s2t = s2[0], e2t = e2[0];
+#pragma unroll
+        for (int tt = 1; tt < T; tt++)
+            if (t == tt) invt = inv[tt], s2t = s2[tt], e2t = e2[tt];
+        const float a = abv.x, ab = __fadd_ru(abv.x, abv.y), se = __fadd_ru(s2t, e2t);
+        const float d = __fadd_ru(__fadd_ru(__fadd_ru(__fmul_ru(a, s2t), __fmul_ru(ab, e2t)),
+                                            __fmul_ru(__fmul_ru(2.0f * scr.rho, ab), se)),
+                                  scr.tiny);
+        const float rj = __fadd_ru(__fmul_ru(d, invt), 0x1p-148f), lj = __fmul_rn(sum, invt);
+        /* a row whose sums could overflow in either kernel (a magnitude bound past 2^125, or NaN)
+         * is never ruled out: U = +inf */
+        const bool wide = !(__fmul_ru(__fmul_ru(ab, se), invt) < 0x1p+125f);
+        if (idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M) {
+            y[(size_t)t * ldy + j0 + r] = wide ? INFINITY : __fadd_ru(lj, rj);
+            if (!wide) lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
+        }
+        first = false;
+    }
+    /* each row's best lower bound over the block, into its key */
+    __shared__ float lb[GEMV_WARPS][T];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        const float v = warp_max((lane >> SCR_SHIFT) / R == t ? lbest : -INFINITY);
+        if (lane == 0) lb[warp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < T) {
+        float v = -INFINITY;
+        for (int w2 = 0; w2 < GEMV_WARPS; w2++) v = fmaxf(v, lb[w2][threadIdx.x]);
+        if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
+    }
+    deal.finish();
 }
 
 /* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
@@ -1236,55 +1427,71 @@ extern "C" lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, c
     return gemv_run<GEMV_Q8>(c, y, ldy, x, ldx, gemv_w{wq, wd}, n, k, m, norm_w, eps, epi, fix);
 }
 
-extern "C" lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, int8_t *q,
-                                         uint16_t *s, float *ab) {
-    if (m < 1 || k < 32 || k % 32 || ((uintptr_t)q & 15) || ((uintptr_t)s & 1) || ((uintptr_t)ab & 7) ||
-        ((uintptr_t)w & 1))
+extern "C" size_t lm_cuda_screen_bytes(int m, int k) {
+    return m < 1 || k < 32 ? 0 : (size_t)m * SCR_BLOCK_BYTES * (k / 32);
+}
+
+extern "C" lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t *w, int m, int k, uint8_t *q,
+                                         float *ab) {
+    if (m < 1 || k < 32 || k % 32 || ((uintptr_t)q & 15) || ((uintptr_t)ab & 7) || ((uintptr_t)w & 1))
         return lm_errorf(LM_ERR_SHAPE, "CUDA screen build: [%d, %d]: k must be a positive multiple of 32, the "
-                         "quants 16-byte, the scales 2-byte and ab 8-byte aligned", m, k);
+                         "screen 16-byte and ab 8-byte aligned", m, k);
     LM_CU(lm_launch(c, dim3((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS)), dim3(GEMV_THREADS), 0, k_screen_build, w,
-                    m, k, q, s, reinterpret_cast<float2 *>(ab)));
+                    m, k, q, reinterpret_cast<float2 *>(ab)));
     return LM_OK;
+}
+
+template <int T, int R>
+cudaError_t launch_screen(const lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const uint8_t *q, int k,
+                          int m, const float *nw, float eps, const long long *xf, gemv_scr scr) {
+    auto fn = k_screen<T, R>;
+    const size_t smem = screen_smem_bytes(T, k);
+    const int n_rg = (m + R - 1) / R;
+    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
+    const int grid = need < cap ? need : cap;
+    const int dyn_from = gemv_deal_from(c, m, n_rg, grid);
+    unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
+    if (dyn) c->gemv_dealt++;
+    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, u, ldu, x, ldx, q, k, m, nw, eps, xf, dyn, dyn_from,
+                     scr);
 }
 
 /* The rounding terms of the screen's bound for k. rho: (the longest chain of roundings a logit's
  * sum takes, in either kernel: a lane's k_gemv chunks of 256 give Kp / 32 products, its warp_sum
- * 5 more; the screen's fewer) + 16, times twice the unit roundoff 2^-24. tiny: where partial sums
- * are subnormal a rounding errs by up to 2^-150 whatever their size: (Kp + 48) x 2^-149 covers
- * every rounding of both sums (Kp + 31 a sum at most). */
+ * 5 more; the screen's fewer: 3 a chunk of 1,024 and 5) + 16, times twice the unit roundoff
+ * 2^-24. tiny: where partial sums are subnormal a rounding errs by up to 2^-150 whatever their
+ * size: (Kp + 48) x 2^-149 covers every rounding of both sums (Kp + 31 a sum at most). */
 static float screen_rho(int k) { return (float)(((k + 255) / 256 * 8 + 16) * 0x1p-23); }
 static float screen_tiny(int k) { return ldexpf((float)((k + 255) / 256 * 256 + 48), -149); }
 
 extern "C" bool lm_cuda_screen_fits(int k) {
-    return k >= 32 && k % 32 == 0 && gemv_smem_bytes<GEMV_SCREEN>(1, k) <= 200 * 1024 &&
-           gemv_smem_bytes<GEMV_BF16>(1, k) <= 200 * 1024;
+    return k >= 32 && k % 32 == 0 && screen_smem_bytes(1, k) <= 200 * 1024 && gemv_smem_bytes<GEMV_BF16>(1, k) <= 200 * 1024;
 }
 
 extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
-                                        const int64_t *x_fix, const int8_t *q, const uint16_t *s, const float *ab,
-                                        int n, int k, int m, const float *norm_w, float eps) {
-    if (n < 1 || n > c->max_rows || !lm_cuda_screen_fits(k) || m < 1 || ((uintptr_t)q & 15) || ((uintptr_t)s & 1) ||
-        ((uintptr_t)ab & 7))
+                                        const int64_t *x_fix, const uint8_t *q, const float *ab, int n, int k, int m,
+                                        const float *norm_w, float eps) {
+    if (n < 1 || n > c->max_rows || !lm_cuda_screen_fits(k) || m < 1 || ((uintptr_t)q & 15) || ((uintptr_t)ab & 7))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemv screen: [%d, %d] x [%d, %d]^T: rows 1 to the context's max_rows %d, k a "
-                         "positive multiple of 32 whose staging fits 200 KiB (lm_cuda_screen_fits), the quants "
-                         "16-byte, the scales 2-byte and ab 8-byte aligned",
+                         "positive multiple of 32 whose staging fits 200 KiB (lm_cuda_screen_fits), the screen "
+                         "16-byte and ab 8-byte aligned",
                          n, k, m, k, c->max_rows);
-    const int per = (int)std::min<size_t>(8, 200 * 1024 / gemv_smem_bytes<GEMV_SCREEN>(1, k));
-    /* Four weight rows a warp, two chunks (of 512) a batch: v33 measured 4 rows and 4 chunks (the
-     * Q8_0 GEMV's) at 56 us for Qwen3-0.6B's lm_head, 4 and 2 at 49 (no registers held for chunks a
-     * 1,024-wide row does not have), 8 and 2 at 58 (spills). */
+    const int per = (int)std::min<size_t>(8, 200 * 1024 / screen_smem_bytes(1, k));
+    /* Screen rows a warp: 8 for 1-2 activation rows, 4 for more (perf-notes v40: at one row 8 ran
+     * the lm_head of Qwen3-0.6B in 39.8 us, and 4 and 6 were slower in tg128; 3-4 rows were
+     * slower at 2) */
     for (int t0 = 0; t0 < n; t0 += per) {
         const int T = std::min(per, n - t0);
         const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k), screen_tiny(k)};
         float *ut = u + (size_t)t0 * ldu;
         const float *xt = x + (size_t)t0 * ldx;
-        const gemv_w w = {q, s};
         /* the pending fixed-point terms fold into x as it is staged (gemv_stage), as the bf16 GEMV's */
-        const gemv_fix fx = {x_fix ? (const long long *)x_fix + (size_t)t0 * k : NULL, NULL, 0};
+        const long long *xf = x_fix ? (const long long *)x_fix + (size_t)t0 * k : NULL;
         const cudaError_t e = by_act_rows(T, [&](auto t) {
-            return launch_gemv_u<decltype(t)::value, 4, 2, LM_CUDA_EPI_STORE, GEMV_SCREEN>(c, ut, ldu, xt, ldx, w, k, m,
-                                                                                        norm_w, eps, fx, scr);
+            constexpr int TT = decltype(t)::value;
+            return launch_screen<TT, TT <= 2 ? 8 : 4>(c, ut, ldu, xt, ldx, q, k, m, norm_w, eps, xf, scr);
         });
         if (e != cudaSuccess) {
             lm_cuda_screen_reset(c); /* an earlier launch's bounds would outlive it */

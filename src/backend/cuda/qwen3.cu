@@ -92,7 +92,7 @@ struct lm_cuda_qwen3 {
     std::vector<void *> allocs;
     std::vector<layer_dev> layers;
     dmat embed, lm_head;
-    dmat screen;      /* the lm_head's Q8_0 screen (lm_cuda_screen_build; q NULL: none) */
+    uint8_t *screen;  /* the lm_head's 6-bit screen (lm_cuda_screen_build; NULL: none) */
     float *screen_ab; /* [V][2] its rows' (a_j, b_j) */
     long screened_steps; /* forward calls that chose from the screen (lm_cuda_qwen3_info) */
     bool q8_use; /* the GEMV reads a Q8_0 checkpoint's quants (lm_cuda_qwen3_set_q8; default true) */
@@ -428,10 +428,9 @@ static lm_status create(lm_cuda_qwen3 *m, const lm_cuda_qwen3_weights *w) {
     /* The lm_head's screen for greedy steps (params.lm_screen): over bf16 rows only (a Q8_0
      * checkpoint's lm_head GEMV already reads its quants). */
     if (p.lm_screen && m->lm_head.bf && !m->lm_head.q && lm_cuda_screen_fits(m->H)) {
-        LM_TRY(dev_alloc_t(m, &m->screen.q, (size_t)m->V * m->H));
-        LM_TRY(dev_alloc_t(m, &m->screen.s, (size_t)m->V * (m->H / 32)));
+        LM_TRY(dev_alloc_t(m, &m->screen, lm_cuda_screen_bytes(m->V, m->H)));
         LM_TRY(dev_alloc_t(m, &m->screen_ab, (size_t)m->V * 2));
-        LM_TRY(lm_cuda_screen_build(m->ctx, m->lm_head.bf, m->V, m->H, m->screen.q, m->screen.s, m->screen_ab));
+        LM_TRY(lm_cuda_screen_build(m->ctx, m->lm_head.bf, m->V, m->H, m->screen, m->screen_ab));
     }
     m->layers.resize(m->NL);
     for (int l = 0; l < m->NL; l++) {
@@ -624,10 +623,10 @@ extern "C" void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda
     out->kv_bytes_per_block = (size_t)m->NL * 2 * m->cfg.n_kv_heads * m->p.block_size * m->D * 2;
     out->mlp1_min_rows = mlp1_min_rows(m);
     out->tc_decode = m->tc_decode;
-    out->lm_screen = m->p.lm_screen && m->screen.q;
+    out->lm_screen = m->p.lm_screen && m->screen;
     out->screened_steps = m->screened_steps;
     const size_t VH = (size_t)m->V * m->H;
-    out->screen_step_bytes = out->lm_screen ? m->step_bytes - 2 * VH + VH + VH / 32 * 2 + (size_t)m->V * 8 : 0;
+    out->screen_step_bytes = out->lm_screen ? m->step_bytes - 2 * VH + lm_cuda_screen_bytes(m->V, m->H) + (size_t)m->V * 8 : 0;
 }
 
 extern "C" void lm_cuda_qwen3_set_options(struct lm_cuda_qwen3 *m, bool graphs, bool pdl,
@@ -941,7 +940,7 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
          * lm_cuda_qwen3_forward decided it) */
         if (screen) {
             const int64_t *xf = pending ? acc_of(m->NL - 1) : NULL;
-            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen.q, m->screen.s, m->screen_ab, no, H, V,
+            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen, m->screen_ab, no, H, V,
                                        m->norm, eps));
             return lm_cuda_argmax_screened(c, ids_out, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
                                            eps, NULL);
@@ -1133,7 +1132,7 @@ extern "C" lm_status lm_cuda_qwen3_forward(struct lm_cuda_qwen3 *m, const struct
 
     /* The lm_head's screen for a greedy step of up to gemv_max_rows outputs that wants no logits
      * (params.lm_screen, where the screen was built); a graph key of its own. */
-    const bool screen = m->p.lm_screen && m->screen.q && !b->out_logits && !any_sampling && noo <= m->p.gemv_max_rows;
+    const bool screen = m->p.lm_screen && m->screen && !b->out_logits && !any_sampling && noo <= m->p.gemv_max_rows;
     const size_t slot =
         ((((((size_t)cls * (m->MO + 16) + rows) * 2 + any_sampling) * 2 + lists.work) * 2 + gemv) * 2 + screen) * 2 +
         par; /* the graph's: its key (graphs) */

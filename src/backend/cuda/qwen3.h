@@ -121,11 +121,11 @@ struct lm_cuda_qwen3_params {
                           in the environment: false, for A/B; perf-notes v23) */
     bool lm_screen;    /* greedy steps of up to gemv_max_rows outputs whose logits the caller does not
                           ask for (lm_cuda_batch.out_logits NULL, no sampling) choose their tokens
-                          from a Q8_0 screen of a bf16 lm_head and sum only the rows it cannot rule
+                          from a 6-bit screen of a bf16 lm_head and sum only the rows it cannot rule
                           out (lm_cuda_gemv_screen, lm_cuda_argmax_screened: the same ids as the
-                          full lm_head, 0.53x its bytes; 1.06 bytes a weight more device memory,
+                          full lm_head, 0.41x its bytes; 0.81 bytes a weight more device memory,
                           built at load). Default true; LM_CUDA_LM_SCREEN=0 in the environment:
-                          false, for A/B (perf-notes v33) */
+                          false, for A/B (perf-notes v33, v40) */
     bool quantize_q8;  /* lm_cuda_qwen3_open_dir only: quantize every matrix to Q8_0 on load (as
                           `lumen build --dtype q8_0`), for `lumen cudabench --q8` (default false) */
 };
@@ -172,7 +172,8 @@ struct lm_cuda_qwen3_info {
                                             screen (lm_cuda_gemv_screen) */
     size_t screen_step_bytes;            /* with lm_screen: the weight bytes a screened greedy
                                             step reads (step_bytes with the screen's quants,
-                                            scales and row norms in place of the bf16 lm_head),
+                                            scales and row norms in place of the bf16 lm_head:
+                                            lm_cuda_screen_bytes + 8 bytes a row),
                                             else 0 */
 };
 void lm_cuda_qwen3_info(const struct lm_cuda_qwen3 *m, struct lm_cuda_qwen3_info *out);
