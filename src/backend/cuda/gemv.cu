@@ -885,20 +885,33 @@ static int gemv_deal_from(const lm_cuda_ctx *c, int m, int n_rg, int grid) {
     return rounds * 3 / 4 * stride;
 }
 
+/* The launch of kernel fn (k_gemv, k_screen) over m rows in groups of R: its grid (a warp a row
+ * group, at most the blocks that fit at once), and the counters and first dealt group of its row
+ * dealing (gemv_deal; dyn NULL: none). */
+struct gemv_plan {
+    int grid, dyn_from;
+    unsigned *dyn;
+};
+static gemv_plan gemv_plan_for(const lm_cuda_ctx *c, const void *fn, size_t smem, int m, int R) {
+    const int n_rg = (m + R - 1) / R;
+    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int cap = lm_cuda_occupancy(fn, GEMV_THREADS, smem) * c->sm_count;
+    gemv_plan p;
+    p.grid = need < cap ? need : cap;
+    p.dyn_from = gemv_deal_from(c, m, n_rg, p.grid);
+    p.dyn = p.dyn_from < n_rg ? c->gemv_ctr : nullptr;
+    if (p.dyn) c->gemv_dealt++;
+    return p;
+}
+
 template <int T, int R, int U, int EPI, int F>
 cudaError_t launch_gemv_u(const lm_cuda_ctx *c, float *y, int ldy, const float *x, int ldx,
                           gemv_w w, int k, int m, const float *nw, float eps, gemv_fix fix) {
     auto fn = k_gemv<T, R, U, EPI, F>;
     const size_t smem = gemv_smem_bytes<F>(T, k);
-    const int n_rg = (m + R - 1) / R;
-    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
-    const int grid = need < cap ? need : cap;
-    const int dyn_from = gemv_deal_from(c, m, n_rg, grid);
-    unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
-    if (dyn) c->gemv_dealt++;
-    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
-                     eps, fix, dyn, dyn_from, c->trace);
+    const gemv_plan p = gemv_plan_for(c, (const void *)fn, smem, m, R);
+    return lm_launch(c, dim3(p.grid), dim3(GEMV_THREADS), smem, fn, y, ldy, x, ldx, w.w, w.ws, k, m, nw,
+                     eps, fix, p.dyn, p.dyn_from, c->trace);
 }
 
 template <int T, int R, int EPI, int F>
@@ -1446,15 +1459,9 @@ cudaError_t launch_screen(const lm_cuda_ctx *c, float *u, int ldu, const float *
                           int m, const float *nw, float eps, const long long *xf, gemv_scr scr) {
     auto fn = k_screen<T, R>;
     const size_t smem = screen_smem_bytes(T, k);
-    const int n_rg = (m + R - 1) / R;
-    const int need = (n_rg + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int cap = lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem) * c->sm_count;
-    const int grid = need < cap ? need : cap;
-    const int dyn_from = gemv_deal_from(c, m, n_rg, grid);
-    unsigned *dyn = dyn_from < n_rg ? c->gemv_ctr : nullptr;
-    if (dyn) c->gemv_dealt++;
-    return lm_launch(c, dim3(grid), dim3(GEMV_THREADS), smem, fn, u, ldu, x, ldx, q, k, m, nw, eps, xf, dyn, dyn_from,
-                     scr);
+    const gemv_plan p = gemv_plan_for(c, (const void *)fn, smem, m, R);
+    return lm_launch(c, dim3(p.grid), dim3(GEMV_THREADS), smem, fn, u, ldu, x, ldx, q, k, m, nw, eps, xf, p.dyn,
+                     p.dyn_from, scr);
 }
 
 /* The rounding terms of the screen's bound for k. rho: (the longest chain of roundings a logit's
