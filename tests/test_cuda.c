@@ -2117,8 +2117,13 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
 static void test_screen(void) {
     const uint64_t saved = g_rng;
     g_rng = 0x9e3779b97f4a7c15ull;
+    /* hidden sizes of one 1,024-weight chunk a row and less (a warp's lanes past the row's
+     * blocks idle), and of 2 and 2.5 chunks (Qwen3-1.7B's 2,048, Qwen3-4B's 2,560); 1,056 rows of
+     * 70,001: two chunks, the staging padded past k, and the last row groups dealt out (gemv_deal,
+     * from ~67k rows at 8 a warp) */
     static const int shapes[][3] = {{1024, 50007, 1}, {1024, 50007, 3}, {96, 20011, 2}, {32, 151936, 1},
-                                    {256, 30011, 5}, {128, 10007, 8}, {32, 300007, 1}};
+                                    {256, 30011, 5}, {128, 10007, 8}, {32, 300007, 1}, {2048, 6007, 2},
+                                    {2560, 8009, 1}, {2560, 4001, 4}, {1056, 70001, 1}};
     int worst_cand = 0, cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int k = shapes[si][0], m = shapes[si][1], n = shapes[si][2];
@@ -2180,8 +2185,8 @@ static void test_screen(void) {
         /* (a) the bound nearly tight (Cauchy-Schwarz): row 3000's weights d (1 + 0.4921875) (its quants
          * 1, each a d 0.49 too low, the same sign as s = 1) beside one QM d a block (the scale d);
          * row 7 exactly quantized, its logit 100.25 d below row 3000's (2,472.25 d), 388 d above row
-         * 3000's screen logit, while the bound is 496 d: a bound of half the size would rule row
-         * 3000 out */
+         * 3000's screen logit, while the bound is 496 d: a bound 22% smaller would rule row 3000
+         * out */
         const float d = 0x1p-10f;
         const int QM = 31; /* the screen's largest quant (lm_cuda_screen_build) */
         for (int i = 0; i < k; i++) x[i] = 1.0f;
@@ -2219,8 +2224,9 @@ static void test_screen(void) {
         for (int i = 0; i < k; i++) x[i] = 0x1.004p-40f;
         sc.name = "screen: subnormal sums";
         screen_run(&sc, 1, k, m, ids);
-        /* (e) subnormal activations beside normal weights, and weights at the float16 scale's edge */
-        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16((i % 3 ? 8.0e6f : 1e-30f) * frand());
+        /* (e) subnormal activations beside normal weights, and weights at the float16 scale's edge
+         * (2.0e6 / 31 rounds up to 64,544, under float16's 65,504) */
+        for (long i = 0; i < (long)m * k; i++) w[i] = lm_f32_to_bf16((i % 3 ? 2.0e6f : 1e-30f) * frand());
         for (int i = 0; i < k; i++) x[i] = 1e-39f * frand();
         sc.name = "screen: subnormal activations, huge and tiny weights";
         screen_run(&sc, 1, k, m, ids);

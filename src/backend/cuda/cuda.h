@@ -285,8 +285,9 @@ bool lm_cuda_screen_fits(int k);
  * [k] float32 RMSNorm weights as lm_cuda_gemv): u [n, ldu] gets each row's upper bound L'_j + R_j
  * (rounded up; +inf for a row whose sums could overflow); the best lower bound of each row goes to
  * the context's scratch for the next lm_cuda_argmax_screened, which must follow on the same stream
- * with the same n, x, x_fix, norm_w and eps before another screen. LM_ERR_SHAPE for a bad shape;
- * a failed launch puts the scratch back. */
+ * with the same n, x, x_fix, norm_w and eps before another screen. q and ab: a screen built by
+ * lm_cuda_screen_build with the same m and k (its planes are laid out by m: a prefix of its rows
+ * is not a screen). LM_ERR_SHAPE for a bad shape; a failed launch puts the scratch back. */
 lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const int64_t *x_fix,
                               const uint8_t *q, const float *ab, int n, int k, int m, const float *norm_w, float eps);
 
