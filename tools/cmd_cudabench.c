@@ -587,7 +587,7 @@ int lm_cmd_cudabench(int argc, char **argv) {
     printf("floor: a decode step reads %.3f GB of weights -> %.1f us at %.3f TB/s = %.0f tok/s at batch 1\n",
            b.info.step_bytes / 1e9, floor_us, bw / 1e12, floor_tps);
     if (b.info.lm_screen)
-        printf("       (a greedy step of 1-%d sequences reads the lm_head's Q8_0 screen instead of its bf16 rows: %.3f "
+        printf("       (a greedy step of 1-%d sequences reads the lm_head's 6-bit screen instead of its bf16 rows: %.3f "
                "GB -> %.1f us = %.0f tok/s; LM_CUDA_LM_SCREEN=0 reads the whole lm_head)\n",
                p.gemv_max_rows, b.info.screen_step_bytes / 1e9, b.info.screen_step_bytes / bw * 1e6, bw / b.info.screen_step_bytes);
     printf("\n");
