@@ -262,8 +262,9 @@ lm_status lm_cuda_gemv_q8(struct lm_cuda_ctx *c, float *y, int ldy, const float 
  * largest (the lowest id among equals; NaN and -inf never win): the id lm_cuda_gemv +
  * lm_cuda_sample give, for any weights and activations (NaN or infinite ones make bounds that
  * rule nothing out, so every such row, or every row, is summed). On random rows of 1,024 the
- * bound is ~0.7 standard deviations of the logits, and a few hundred of 151,936 are summed
- * exactly (test_cuda: at most 918 of 50,007); a trained model's peaked logits leave fewer. */
+ * bound is ~0.7 standard deviations of the logits, and a few hundred rows are summed exactly
+ * (test_cuda's random cases, up to 300,007 rows: at most 918); a trained model's peaked logits
+ * leave fewer. */
 
 /* Bytes of the screen of m rows of k (k a multiple of 32): 26 a block of 32 weights (16 of low
  * nibbles, 8 of high bits, a float16 scale, in three planes); 0 for m < 1 or k < 32. */

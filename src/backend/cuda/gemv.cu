@@ -377,8 +377,9 @@ __device__ constexpr int scr_log2() {
     return N <= 1 ? 0 : N <= 2 ? 1 : N <= 4 ? 2 : N <= 8 ? 3 : N <= 16 ? 4 : 5;
 }
 
-/* The most sums a warp of k_screen reduces and scatters (scr_reduce); more (3 or more
- * activation rows) take a warp_sum each, as 12 to 32 values held at once spill to local memory. */
+/* The most sums a warp of k_screen reduces and scatters (scr_reduce); more (2 or more activation
+ * rows at 8 screen rows a warp, 3 or more at 4) take a warp_sum each, as 12 to 32 values held at
+ * once spill to local memory. */
 constexpr int SCR_SCATTER = 8;
 
 /* k_screen: the warp's sums of its NV = T * R lane partials (acc), reduced and scattered: NV
@@ -1107,10 +1108,41 @@ __device__ __forceinline__ uint32_t scr_group(const uint4 &n, const uint2 &h, in
     return lo | hi;
 }
 
+/* Staged activation row t's block b (gemv_quant_screen's layout: uint4s i0, i0 + 1 of xh and xl,
+ * gemv_slot<16>'s two half blocks; its unit; 32 x its sum of P). */
+struct scr_act {
+    uint32_t h[8], l[8];
+    float u;
+    int pc;
+};
+__device__ __forceinline__ scr_act scr_act_at(const uint4 *xh, const uint4 *xl, const float *xu, const int *psum,
+                                              int nch, int t, int b) {
+    const int i0 = (t * nch + (b >> 4)) * 32 + 2 * (b & 15);
+    const uint4 h0 = xh[i0], h1 = xh[i0 + 1], l0 = xl[i0], l1 = xl[i0 + 1];
+    return {{h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w},
+            {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w},
+            xu[t * nch * 16 + b],
+            32 * psum[t * nch * 16 + b]};
+}
+
+/* A block's integer sums against staged block a, 4 offset bytes u4 (scr_group's group g) at a
+ * time: dh += u4 . hi, dl += u4 . lo. */
+__device__ __forceinline__ void scr_dot(int u4, const scr_act &a, int g, int &dh, int &dl) {
+    dh = __dp4a(u4, (int)a.h[g], dh);
+    dl = __dp4a(u4, (int)a.l[g], dl);
+}
+
+/* acc + d_w u_b (q . P) from a block's sums (scr_dot over its 8 groups) and scale sc: 254 dh + dl -
+ * 32 sum(P) = q . P, exact (|.| < 2^27), then one float32 rounding for the conversion, one for d_w
+ * u_b and one for the fma (screen_rho's chain). */
+__device__ __forceinline__ float scr_acc(float acc, int dh, int dl, const scr_act &a, uint16_t sc) {
+    return fmaf(__fmul_rn(__half2float(__ushort_as_half(sc)), a.u), __int2float_rn(254 * dh + dl - a.pc), acc);
+}
+
 /* Dynamic shared memory of k_screen for T rows of k: the float32 staging (chunks of 512), two
  * int8 quants an element, a float32 unit and an int32 quant sum a block, two float32 partial
  * norms a chunk (gemv_quant_screen). */
-__host__ __device__ size_t screen_smem_bytes(int T, int k) {
+static size_t screen_smem_bytes(int T, int k) {
     const size_t kp = (size_t)(k + 511) / 512 * 512;
     return (size_t)T * (kp * sizeof(float) + 2 * kp + kp / 32 * (sizeof(float) + sizeof(int)) + kp / 512 * sizeof(float2));
 }
@@ -1184,7 +1216,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     float inv[T];
     gemv_inv(inv, ss_part, K, nw, eps);
 
-    bool have = rg < n_rg, first = true;
+    bool first = true; /* the first group's first chunk came before the wait */
     for (int next; rg < n_rg; rg = deal.next(next)) {
         next = deal.start(rg, lane);
         if (!first) abv = load_ab(rg);
@@ -1194,25 +1226,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
             for (int r = 0; r < R; r++) acc[t][r] = 0.f;
         for (int c = 0; c < nc; c++) {
-            if (!have) load(rg, c);
-            have = false;
+            if (!first || c) load(rg, c);
             const int b = c * 32 + lane;
             if (b >= nb) continue;
-            /* staged row t's block b: uint4s i0, i0 + 1 of xq and xl (gemv_slot<16>'s two half
-             * blocks), its unit and sum of P */
-            auto at_t = [&](int t) { return (t * nch + (b >> 4)) * 32 + 2 * (b & 15); };
-            if constexpr (T <= 2) {
-                uint4 xh[T][2], xo[T][2];
-                float ux[T];
-                int pc[T];
+            if constexpr (T <= 2) { /* every row's activations held, each block unpacked in turn */
+                scr_act a[T];
 #pragma unroll
-                for (int t = 0; t < T; t++) {
-                    const int i0 = at_t(t);
-                    xh[t][0] = xq[i0], xh[t][1] = xq[i0 + 1];
-                    xo[t][0] = xl[i0], xo[t][1] = xl[i0 + 1];
-                    ux[t] = xu[t * nch * 16 + b];
-                    pc[t] = 32 * psum[t * nch * 16 + b];
-                }
+                for (int t = 0; t < T; t++) a[t] = scr_act_at(xq, xl, xu, psum, nch, t, b);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     int dh[T], dl[T];
@@ -1222,44 +1242,27 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                     for (int g = 0; g < 8; g++) {
                         const int u4 = (int)scr_group(wn[r], wh[r], g);
 #pragma unroll
-                        for (int t = 0; t < T; t++) {
-                            const uint4 &a = xh[t][g >> 2], &l2 = xo[t][g >> 2];
-                            const int e = g & 3;
-                            dh[t] = __dp4a(u4, (int)(e == 0 ? a.x : e == 1 ? a.y : e == 2 ? a.z : a.w), dh[t]);
-                            dl[t] = __dp4a(u4, (int)(e == 0 ? l2.x : e == 1 ? l2.y : e == 2 ? l2.z : l2.w), dl[t]);
-                        }
+                        for (int t = 0; t < T; t++) scr_dot(u4, a[t], g, dh[t], dl[t]);
                     }
-                    const float dw = __half2float(__ushort_as_half(sc[r]));
 #pragma unroll
-                    for (int t = 0; t < T; t++)
-                        acc[t][r] = fmaf(__fmul_rn(dw, ux[t]), __int2float_rn(254 * dh[t] + dl[t] - pc[t]), acc[t][r]);
+                    for (int t = 0; t < T; t++) acc[t][r] = scr_acc(acc[t][r], dh[t], dl[t], a[t], sc[r]);
                 }
-            } else {
-                /* 3 or more rows: the blocks unpacked once, then each row's activations in turn
-                 * (every row's at once spill) */
-                uint32_t uw[R][8];
+            } else { /* 3 or more rows: the blocks unpacked once, then each row's activations in
+                      * turn (every row's at once spill) */
+                uint32_t u[R][8];
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int g = 0; g < 8; g++) uw[r][g] = scr_group(wn[r], wh[r], g);
+                    for (int g = 0; g < 8; g++) u[r][g] = scr_group(wn[r], wh[r], g);
 #pragma unroll
                 for (int t = 0; t < T; t++) {
-                    const int i0 = at_t(t);
-                    const uint4 a0 = xq[i0], a1 = xq[i0 + 1], l0 = xl[i0], l1 = xl[i0 + 1];
-                    const float ut = xu[t * nch * 16 + b];
-                    const int pt = 32 * psum[t * nch * 16 + b];
-                    const uint32_t ah[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                    const uint32_t al[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+                    const scr_act a = scr_act_at(xq, xl, xu, psum, nch, t, b);
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         int dh = 0, dl = 0;
 #pragma unroll
-                        for (int g = 0; g < 8; g++) {
-                            dh = __dp4a((int)uw[r][g], (int)ah[g], dh);
-                            dl = __dp4a((int)uw[r][g], (int)al[g], dl);
-                        }
-                        const float dw = __half2float(__ushort_as_half(sc[r]));
-                        acc[t][r] = fmaf(__fmul_rn(dw, ut), __int2float_rn(254 * dh + dl - pt), acc[t][r]);
+                        for (int g = 0; g < 8; g++) scr_dot((int)u[r][g], a, g, dh, dl);
+                        acc[t][r] = scr_acc(acc[t][r], dh, dl, a, sc[r]);
                     }
                 }
             }
