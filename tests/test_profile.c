@@ -589,12 +589,17 @@ int main(void) {
              LM_SOURCE_DIR, LM_LUMEN_BIN, port, sg_dir, dir);
     rc = system(cmd);
     CHECK(rc == 0, "lumen profile --preset qwen3-conversations exited with %d", rc);
+    /* its --output inside the --artifact-dir the run creates, the path spelled another way */
     snprintf(cmd, sizeof cmd,
              "cd '%s' && '%s' profile --url http://127.0.0.1:%d --dataset spec_bench --category qa "
-             "--conversations 3 --max-tokens 8 --artifact-dir '%s' --quiet > '%s/spec_bench.txt'",
-             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sb_dir, dir);
+             "--conversations 3 --max-tokens 8 --artifact-dir '%s' --output '%s/./spec_bench/out.jsonl' "
+             "--quiet > '%s/spec_bench.txt'",
+             LM_SOURCE_DIR, LM_LUMEN_BIN, port, sb_dir, dir, dir);
     rc = system(cmd);
     CHECK(rc == 0, "lumen profile --dataset spec_bench exited with %d", rc);
+    char sb_out[300];
+    snprintf(sb_out, sizeof sb_out, "%s/out.jsonl", sb_dir);
+    CHECK(file_size(sb_out) > 0, "%s: --output inside the run folder, spelled with ./, not written", sb_out);
     char sw_dir[256];
     snprintf(sw_dir, sizeof sw_dir, "%s/sweep", dir);
     snprintf(cmd, sizeof cmd,

@@ -65,20 +65,13 @@ static int try_write(const char *path) {
 }
 
 /* The checks made before the first request is sent, so that a path that cannot be used fails in
- * a second instead of after the whole benchmark: the --output file can be written, and the
- * --server-records file can be read where it exists already. lumen serve creates it when it
+ * a second instead of after the whole benchmark: the --server-records file can be read where it
+ * exists already (the --output file is checked by run_one, once the run folder it may lie in
+ * exists). lumen serve creates it when it
  * starts, but a server may write it only as requests retire (the join waits for them), so a file
  * not there yet is not an error: only one whose folder does not exist, or that exists and cannot
  * be read. */
 static lm_status check_paths(const struct lm_bench_profile_opts *o) {
-    int e;
-    /* an --output inside the --artifact-dir that the run creates is checked with the folder */
-    const size_t na = o->artifact_dir ? strlen(o->artifact_dir) : 0;
-    const bool in_artifact_dir = na && o->output_jsonl && !strncmp(o->output_jsonl, o->artifact_dir, na) &&
-                                 o->output_jsonl[na] == '/';
-    if (o->output_jsonl && (e = try_write(o->output_jsonl)) && !(e == ENOENT && in_artifact_dir))
-        return lm_errorf(LM_ERR_IO, "--output %s: cannot write the file: %s", o->output_jsonl,
-                         strerror(e));
     if (o->server_records) {
         struct stat sb;
         if (stat(o->server_records, &sb)) {
@@ -314,6 +307,12 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
                              : prepare_dir("the default --artifact-dir's parent", root, &made);
     if (st) return st;
     if (!dir_given) made = false; /* runs/ stays */
+    /* --output, now that the folder it may lie in exists (however its path is spelled) */
+    const int oe = o->output_jsonl ? try_write(o->output_jsonl) : 0;
+    if (oe) {
+        if (made) rmdir(dir_given); /* nothing was written: leave no empty folder behind */
+        return lm_errorf(LM_ERR_IO, "--output %s: cannot write the file: %s", o->output_jsonl, strerror(oe));
+    }
 
     models = get_json(p.url, p.api_key, "/v1/models", NULL);
     m_before = metrics_spec(&p);
