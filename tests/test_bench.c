@@ -654,7 +654,7 @@ static void test_summary_and_jsonl(void) {
           "ttft excludes warmup and failures: max %g", ttft->max);
     CHECK(near(ttft->std, sqrt(200.0 / 3)), "std %g", ttft->std);
     /* ITL per request: (110-10)/10 = 10, (230-30)/20 = 10; one output token -> no ITL */
-    CHECK(s.m[LM_BENCH_M_ITL_REQUEST].n == 2 && near(s.m[LM_BENCH_M_ITL_REQUEST].mean, 10), "itl");
+    CHECK(s.m[LM_BENCH_M_ITL].n == 2 && near(s.m[LM_BENCH_M_ITL].mean, 10), "itl");
     CHECK(s.m[LM_BENCH_M_THINK].n == 1 && near(s.m[LM_BENCH_M_THINK].p50, 90),
           "measured think gap");
     CHECK(near(s.window_s, 0.43) && near(s.request_throughput, 3 / 0.43) &&

@@ -11,8 +11,8 @@ static const struct lm_bench_metric_info k_metrics[LM_BENCH_M_COUNT] = {
     [LM_BENCH_M_TTFT] = {"time_to_first_token", "Time to First Token", "ms"},
     [LM_BENCH_M_TTST] = {"time_to_second_token", "Time to Second Token", "ms"},
     [LM_BENCH_M_TTFO] = {"time_to_first_output_token", "Time to First Output Token", "ms"},
-    [LM_BENCH_M_ITL] = {"inter_token_latency_per_token", "Inter Token Latency per Token", "ms"},
-    [LM_BENCH_M_ITL_REQUEST] = {"inter_token_latency", "Inter Token Latency", "ms"},
+    [LM_BENCH_M_ITL_TOKEN] = {"inter_token_latency_per_token", "Inter Token Latency per Token", "ms"},
+    [LM_BENCH_M_ITL] = {"inter_token_latency", "Inter Token Latency", "ms"},
     [LM_BENCH_M_ICL] = {"inter_chunk_latency", "Inter Chunk Latency", "ms"},
     [LM_BENCH_M_LATENCY] = {"request_latency", "Request Latency", "ms"},
     [LM_BENCH_M_OTPU] = {"output_token_throughput_per_user", "Output Token Throughput Per User",
@@ -171,8 +171,8 @@ void lm_bench_summarize(const struct lm_bench_run *run, const struct lm_bench_sl
         lm_bench_samples_push(&v[LM_BENCH_M_TTFT], r->ttft_ms);
         lm_bench_samples_push(&v[LM_BENCH_M_TTST], lm_bench_record_ttst_ms(r));
         lm_bench_samples_push(&v[LM_BENCH_M_TTFO], r->ttfo_ms);
-        lm_bench_record_itl_samples(r, &v[LM_BENCH_M_ITL]);
-        lm_bench_samples_push(&v[LM_BENCH_M_ITL_REQUEST], itl_req);
+        lm_bench_record_itl_samples(r, &v[LM_BENCH_M_ITL_TOKEN]);
+        lm_bench_samples_push(&v[LM_BENCH_M_ITL], itl_req);
         for (size_t c = 1; c < r->n_chunks; c++)
             lm_bench_samples_push(&v[LM_BENCH_M_ICL], r->chunks[c].t_ms - r->chunks[c - 1].t_ms);
         lm_bench_samples_push(&v[LM_BENCH_M_LATENCY], r->latency_ms);

@@ -36,8 +36,8 @@ enum lm_bench_metric {
     LM_BENCH_M_TTST,        /* time_to_second_token, ms */
     LM_BENCH_M_TTFO,        /* time_to_first_output_token, ms (first answer token after the
                                reasoning) */
-    LM_BENCH_M_ITL,         /* inter_token_latency_per_token, ms: a sample a token (record.h) */
-    LM_BENCH_M_ITL_REQUEST, /* inter_token_latency, ms: AIPerf's, a value a request,
+    LM_BENCH_M_ITL_TOKEN,   /* inter_token_latency_per_token, ms: a sample a token (record.h) */
+    LM_BENCH_M_ITL,         /* inter_token_latency, ms: AIPerf's, a value a request,
                                (latency - TTFT) / (output tokens - 1) */
     LM_BENCH_M_ICL,         /* inter_chunk_latency, ms */
     LM_BENCH_M_LATENCY,     /* request_latency, ms */
