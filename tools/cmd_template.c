@@ -127,7 +127,7 @@ static lm_status parse_messages(json_t *arr, struct lm_chat_msg *msgs) {
     json_array_foreach(arr, i, m) {
         if (!json_is_object(m)) return lm_errorf(LM_ERR_INVALID, "messages[%zu]: expected an object", i);
         json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role) || !lm_chat_role_parse_request(json_string_value(role), &msgs[i].role))
+        if (!json_is_string(role) || !lm_chat_role_parse(json_string_value(role), &msgs[i].role))
             return lm_errorf(LM_ERR_INVALID, "messages[%zu]: role must be one of system, developer, "
                              "user, assistant", i);
         lm_status st = take_content(m, i, &msgs[i].content);

@@ -178,7 +178,7 @@ static lm_status load_jsonl(struct lm_bench_dataset *ds, const struct lm_bench_d
                     }
                     /* the roles a request takes (the server's: "developer" is "system") */
                     enum lm_chat_role rl;
-                    const bool known = lm_chat_role_parse_request(role, &rl);
+                    const bool known = lm_chat_role_parse(role, &rl);
                     if (known && rl == LM_ROLE_USER) {
                         c->turns[c->n_turns++] = xstrdup(content);
                     } else if (known && rl == LM_ROLE_ASSISTANT) {

@@ -76,7 +76,7 @@ lm_status lm_bench_prompt_render_ids(const struct lm_bench_prompt *p, const json
     for (size_t i = 0; i < n && !st; i++) {
         json_t *m = json_array_get(messages, i);
         const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role || !lm_chat_role_parse_request(role, &msgs[i].role)) {
+        if (!role || !lm_chat_role_parse(role, &msgs[i].role)) {
             st = lm_errorf(LM_ERR_INVALID, "messages[%zu].role: expected system, developer, user or "
                            "assistant", i);
             break;

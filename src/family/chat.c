@@ -9,6 +9,7 @@ bool lm_chat_role_parse(const char *s, enum lm_chat_role *out) {
         enum lm_chat_role role;
     } k_roles[] = {
         {"system", LM_ROLE_SYSTEM},
+        {"developer", LM_ROLE_SYSTEM}, /* chat.h */
         {"user", LM_ROLE_USER},
         {"assistant", LM_ROLE_ASSISTANT},
         {"tool", LM_ROLE_TOOL},
@@ -20,12 +21,4 @@ bool lm_chat_role_parse(const char *s, enum lm_chat_role *out) {
             return true;
         }
     return false;
-}
-
-bool lm_chat_role_parse_request(const char *s, enum lm_chat_role *out) {
-    if (s && !strcmp(s, "developer")) {
-        *out = LM_ROLE_SYSTEM;
-        return true;
-    }
-    return lm_chat_role_parse(s, out);
 }

@@ -29,14 +29,12 @@ struct lm_chat_opts {
     int enable_thinking;        /* -1 not given (template default), 0 false, 1 true */
 };
 
-/* Parses "system"/"user"/"assistant"/"tool"; returns false for anything else. */
+/* Parses a message's role as the OpenAI chat API names it: "system", "user", "assistant", "tool",
+ * and "developer", which OpenAI's newer models take in place of "system" ("developer messages
+ * replace the previous system messages", API reference, Chat Completions) and which Qwen3's
+ * template, knowing only "system", renders as one (LM_ROLE_SYSTEM). Case-sensitive; false for
+ * anything else or NULL. The server, `lumen template` and the profiler's corpora all parse with
+ * it, so the three accept the same messages. */
 bool lm_chat_role_parse(const char *s, enum lm_chat_role *out);
-
-/* A request's role as the OpenAI chat API names it: lm_chat_role_parse's, plus "developer", which
- * OpenAI's newer models take in place of "system" ("developer messages replace the previous
- * system messages", API reference, Chat Completions) and which Qwen3's template, knowing only
- * "system", renders as one. Used by the server, `lumen template` and the profiler's corpora, so
- * that the three accept the same messages. */
-bool lm_chat_role_parse_request(const char *s, enum lm_chat_role *out);
 
 #endif

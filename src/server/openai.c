@@ -217,8 +217,8 @@ static lm_status parse_messages(struct lm_chat_request *r, struct lm_api_error *
         json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "messages[%zu].role", i);
         if (!json_is_string(role)) return bad(e, param, "%s must be a string", param);
-        /* "developer" is taken as "system" (lm_chat_role_parse_request) */
-        if (!lm_chat_role_parse_request(json_string_value(role), &cm->role))
+        /* "developer" is taken as "system" (lm_chat_role_parse) */
+        if (!lm_chat_role_parse(json_string_value(role), &cm->role))
             return bad(e, param, "%s '%s' is not one of system, developer, user, assistant", param,
                        json_string_value(role));
         if (cm->role == LM_ROLE_TOOL)
