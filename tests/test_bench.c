@@ -1037,6 +1037,7 @@ static void test_verify(void) {
         for (int kind = 0; kind < 2; kind++) {
             r3->error = kind ? LM_BENCH_ERR_CONNECTION : LM_BENCH_ERR_TIMEOUT;
             r3->error_message = kind ? strdup(LM_BENCH_CLIENT_CANCELLED " after 2.0 s more") : NULL;
+            r3->cancelled = kind;
             lm_bench_verify(&run, &ds, path, &g_prompt, &v);
             if (!v.ok) lm_bench_verification_print(stderr, &v);
             CHECK(v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 0 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 0 &&
@@ -1047,7 +1048,7 @@ static void test_verify(void) {
             free(r3->error_message);
             r3->error_message = NULL;
         }
-        r3->error = LM_BENCH_ERR_NONE;
+        r3->error = LM_BENCH_ERR_NONE, r3->cancelled = false;
         lm_bench_verify(&run, &ds, path, &g_prompt, &v);
         CHECK(!v.ok && v.failed[LM_BENCH_CHECK_IDENTITY] == 1 && v.failed[LM_BENCH_CHECK_SERVER_TIMES] == 1,
               "the same record against a request the client did not abandon: caught (identity %zu, times %zu)",

@@ -291,6 +291,7 @@ void lm_bench_client_chat(struct lm_bench_client *c, const char *body,
     if (!rec->http_status) curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &rec->http_status);
 
     if (rc == CURLE_ABORTED_BY_CALLBACK && x.cancelled) {
+        rec->cancelled = true;
         lm_bench_record_fail(rec, LM_BENCH_ERR_CONNECTION,
                              "%s after %.1f s more for the response (%s)", LM_BENCH_CLIENT_CANCELLED,
                              g_stop_grace_s, url.p);

@@ -266,11 +266,10 @@ static const char *signal_name(int sig) {
 static void settle_interrupted(struct lm_bench_run *run, size_t *n_not_sent, size_t *n_cancelled) {
     *n_not_sent = *n_cancelled = 0;
     const char *cut = NULL; /* the conversation id that the stop cut */
-    const size_t k = strlen(LM_BENCH_CLIENT_CANCELLED);
     for (size_t i = 0; i < run->n_records; i++) {
         struct lm_bench_record *r = &run->records[i];
         bool prof = i >= run->n_warmup;
-        if (r->sent && r->error_message && !strncmp(r->error_message, LM_BENCH_CLIENT_CANCELLED, k)) {
+        if (r->sent && r->cancelled) {
             cut = r->conversation_id;
             if (prof) ++*n_cancelled;
         } else if (!r->sent && r->skip == LM_BENCH_SKIP_AFTER_FAILURE && cut && r->conversation_id &&

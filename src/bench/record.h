@@ -116,6 +116,9 @@ struct lm_bench_record {
     long http_status;      /* 0 when no response came */
     enum lm_bench_error error;
     char *error_message;     /* owned; NULL when ok */
+    bool cancelled;          /* failed by the client in flight when the run was stopped
+                                (lm_bench_client_watch_stop; its message starts with
+                                LM_BENCH_CLIENT_CANCELLED) */
     char *finish_reason;     /* owned; NULL when none came; in lumen's words
                                 (lm_bench_finish_word): "abort" arrives as "cancelled" */
     char *server_id;         /* the chunks' "id" (the server's completion id); owned; NULL */
