@@ -1067,11 +1067,48 @@ static void test_verify(void) {
           "server-side rows");
     lm_bench_verification_free(&v);
 
-    /* a malformed records file */
-    write_file(path, "{\"id\":1}\nnot json\n");
+    /* a malformed records file: the run's good records, then a line that is not JSON. Nothing
+     * of it is used (the joins made before the bad line are dropped), and the reason is kept. */
+    write_records(path, recs);
+    {
+        FILE *f = fopen(path, "a");
+        fputs("not json\n", f);
+        fclose(f);
+    }
+    const size_t bad_line = json_array_size(recs) + 1;
     st = lm_bench_verify(&run, &ds, path, NULL, &v);
-    CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), ":2:"), "malformed: %s",
-          lm_error_message());
+    char want[32];
+    snprintf(want, sizeof want, ":%zu:", bad_line);
+    bool joined = false;
+    for (size_t i = 0; i < run.n_records; i++) joined |= run.records[i].server_record != NULL;
+    CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), want) && v.error && strstr(v.error, want) &&
+              !v.available && !v.ok && !joined,
+          "malformed at line %zu: %s (error %s, available %d, joins left %d)", bad_line, lm_error_message(),
+          v.error ? v.error : "(none)", v.available, joined);
+    lm_bench_summarize(&run, NULL, &s);
+    CHECK(!s.server_side, "malformed: no server-side figures from part of the file");
+    {
+        char *txt = NULL;
+        size_t len = 0;
+        FILE *mf = open_memstream(&txt, &len);
+        lm_bench_verification_print(mf, &v);
+        fclose(mf);
+        json_t *vj = lm_bench_verification_json(&v);
+        const char *je = json_string_value(json_object_get(vj, "error"));
+        CHECK(strstr(txt, "Verification: FAILED (the server records could not be used: ") && strstr(txt, want) &&
+                  json_is_false(json_object_get(vj, "ok")) && je && strstr(je, want),
+              "malformed: printed and in JSON as FAILED with the reason: %s", txt);
+        json_decref(vj);
+        free(txt);
+    }
+    lm_bench_verification_free(&v);
+
+    /* an unreadable one */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s.missing", path);
+    st = lm_bench_verify(&run, &ds, missing, NULL, &v);
+    CHECK(st == LM_ERR_IO && v.error && strstr(v.error, missing) && !v.available, "missing records: %s",
+          v.error ? v.error : "(none)");
     lm_bench_verification_free(&v);
 
     json_decref(recs);

@@ -449,6 +449,11 @@ static void test_paths(const char *dir, int port, const char *done) {
     CHECK(strstr(txt, "Verification: FAILED (the server records could not be used"),
           "records not JSONL: summary.txt says why verification failed:\n%s", txt);
     free(txt);
+    snprintf(path, sizeof path, "%s/bad_rec/report.html", dir);
+    txt = read_text(path);
+    CHECK(txt && strstr(txt, "FAILED</span>: the server records could not be used") && !strstr(txt, "unavailable: no server"),
+          "records not JSONL: report.html says verification FAILED, not unavailable");
+    free(txt);
 }
 
 /* SIGINT in the middle of a run of 30 two-turn conversations (each answer takes ~0.6 s): once

@@ -431,7 +431,10 @@ lm_status lm_bench_write_html(const char *path, const struct lm_bench_run *run,
                           : "ordinary generation (the server reported no speculative counters; "
                             "acceptance metrics unavailable)");
     lm_buf_puts(&b, "<tr><th>verification</th><td>");
-    if (!v || !v->available)
+    if (v && v->error) {
+        lm_buf_puts(&b, "<span class=\"bad\">FAILED</span>: the server records could not be used: ");
+        esc(&b, v->error);
+    } else if (!v || !v->available)
         lm_buf_puts(&b,
                     "<span class=\"na\">unavailable: no server records (docs/RECORDS.md)</span>");
     else

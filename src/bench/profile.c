@@ -295,7 +295,6 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     json_t *models = NULL, *m_before = NULL, *m_after = NULL;
     char *merged_path = NULL; /* the parent folder's coverage.json, when this run merges into it */
     char *path = NULL;
-    char *verify_error = NULL; /* why --server-records could not be used after the run */
     size_t n_not_sent = 0, n_cancelled = 0;
     /* The folder before the first request: a path that cannot be written fails now, not after
      * the run. The default folder's name holds the run id and the time of the first measured
@@ -340,13 +339,9 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
         note(o, "lumen profile: joining with the server's records (%s; up to %.0f s for the last "
                 "ones to be written)\n", o->server_records, res->interrupted ? 1.0 : 5.0);
         lm_bench_verify_wait(&run, o->server_records, res->interrupted ? 1.0 : 5.0);
-        if (lm_bench_verify(&run, &se->ds, o->server_records, se->render, &v)) {
-            /* the run stands: write it, with verification failed and the reason */
-            verify_error = strdup(lm_error_message());
-            if (!verify_error) abort();
-            lm_bench_verification_free(&v);
-            memset(&v, 0, sizeof v);
-        }
+        /* records that cannot be used do not fail the run: it is written, with verification
+         * failed and the reason (v.error) */
+        lm_bench_verify(&run, &se->ds, o->server_records, se->render, &v);
     }
     struct lm_bench_summary s;
     lm_bench_summarize(&run, &o->slo, &s);
@@ -395,9 +390,7 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
                                   "rejected", se->ds.rejected));
     json_object_set_new(sj, "verification",
                         json_pack("{s:b,s:b}", "available", v.available, "ok", v.ok));
-    if (verify_error)
-        json_object_set_new(json_object_get(sj, "verification"), "error",
-                            json_string(verify_error));
+    if (v.error) json_object_set_new(json_object_get(sj, "verification"), "error", json_string(v.error));
     json_object_set_new(sj, "interrupted", json_boolean(res->interrupted != 0));
     if (res->interrupted)
         json_object_set_new(sj, "interruption",
@@ -410,13 +403,6 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     WRITE("summary.json", lm_bench_write_json(path, sj));
     WRITE("summary.csv", lm_bench_write_summary_csv(path, &run, &s));
     vj = lm_bench_verification_json(&v);
-    if (verify_error) { /* not "unavailable": the user gave the records, and they could not be used */
-        json_object_set_new(vj, "ok", json_false());
-        json_object_set_new(vj, "server_records", json_string(o->server_records));
-        json_object_set_new(vj, "error", json_string(verify_error));
-        json_object_set_new(vj, "note", json_string("verification failed: the server records could "
-                                                    "not be read (see error)"));
-    }
     WRITE("verification.json", lm_bench_write_json(path, vj));
     WRITE("selection.jsonl", lm_bench_dataset_write_ledger(&se->ds, path));
     struct lm_bench_manifest_info mi = {
@@ -463,11 +449,7 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
                     signal_name(res->interrupted), n_cancelled, n_not_sent);
         lm_bench_report_print(mf, &run, &s);
         fprintf(mf, "\n");
-        if (verify_error)
-            fprintf(mf, "Verification: FAILED (the server records could not be used: %s)\n",
-                    verify_error);
-        else
-            lm_bench_verification_print(mf, &v);
+        lm_bench_verification_print(mf, &v);
         if (run.n_conversations > se->ds.n)
             fprintf(mf, "Dataset: %s, %zu of %zu conversations selected, %zu conversations ran (the "
                         "selection cycled, %.1f passes: later passes reuse the server's prefix cache)",
@@ -508,14 +490,13 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     res->n_ok = s.n_ok;
     res->verification_available = v.available;
     res->verification_ok = v.ok;
-    res->exit_code = s.n_ok == 0 || (v.available && !v.ok) || verify_error ? 1 : 0;
+    res->exit_code = s.n_ok == 0 || (v.available && !v.ok) || v.error ? 1 : 0;
     if (res->interrupted) res->exit_code = 128 + res->interrupted; /* as a shell reports it */
     if (s.n_ok == 0) note(o, "lumen profile: no profiling request succeeded\n");
     if (v.available && !v.ok)
         note(o, "lumen profile: verification FAILED (see %s/verification.json)\n", res->dir);
-    if (verify_error)
-        note(o, "lumen profile: verification FAILED: --server-records %s: %s\n", o->server_records,
-             verify_error);
+    if (v.error)
+        note(o, "lumen profile: verification FAILED: --server-records %s: %s\n", o->server_records, v.error);
     if (res->interrupted)
         note(o, "lumen profile: interrupted (%s): wrote the %zu profiling requests that completed "
                 "to %s\n",
@@ -534,7 +515,6 @@ done:
     json_decref(m_after);
     lm_bench_verification_free(&v);
     lm_bench_run_free(&run);
-    free(verify_error);
     return st;
 }
 

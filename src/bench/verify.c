@@ -36,6 +36,7 @@ const char *lm_bench_check_name(enum lm_bench_check c) {
 void lm_bench_verification_free(struct lm_bench_verification *v) {
     if (!v) return;
     free(v->path);
+    free(v->error);
     json_decref(v->issues);
     memset(v, 0, sizeof *v);
 }
@@ -335,6 +336,19 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     }
 }
 
+/* A records file that cannot be used: none of its lines are (the joins made before a malformed
+ * line are dropped: no server-side figures from part of a file), v->error keeps why. */
+static lm_status unusable(struct lm_bench_verification *v, struct lm_bench_run *run, lm_status st) {
+    for (size_t i = 0; i < run->n_records; i++) {
+        json_decref(run->records[i].server_record);
+        run->records[i].server_record = NULL;
+    }
+    v->available = v->ok = false;
+    v->error = strdup(lm_error_message());
+    if (!v->error) abort();
+    return st;
+}
+
 lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_dataset *ds,
                           const char *path, const struct lm_bench_prompt *render,
                           struct lm_bench_verification *v) {
@@ -349,7 +363,7 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
                  "config.json) to render prompts");
     struct lm_buf text = {0};
     lm_status st = lm_file_read(path, &text);
-    if (st) return st;
+    if (st) return unusable(v, run, st);
     /* index the client's records */
     json_t *by_rid = json_object(), *by_sid = json_object(), *by_turn = json_object(),
            *conv_index = json_object();
@@ -520,7 +534,7 @@ lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_datase
     json_decref(by_sid);
     json_decref(by_turn);
     json_decref(conv_index);
-    return st;
+    return st ? unusable(v, run, st) : LM_OK;
 }
 
 size_t lm_bench_verify_wait(const struct lm_bench_run *run, const char *path, double timeout_s) {
@@ -553,6 +567,10 @@ size_t lm_bench_verify_wait(const struct lm_bench_run *run, const char *path, do
 }
 
 void lm_bench_verification_print(FILE *f, const struct lm_bench_verification *v) {
+    if (v->error) {
+        fprintf(f, "Verification: FAILED (the server records could not be used: %s)\n", v->error);
+        return;
+    }
     if (!v->available) {
         fprintf(f, "Verification: unavailable (the server's request records were not given: run "
                    "the server with --records FILE and pass --server-records FILE; "
@@ -598,6 +616,14 @@ void lm_bench_verification_print(FILE *f, const struct lm_bench_verification *v)
 json_t *lm_bench_verification_json(const struct lm_bench_verification *v) {
     json_t *o = json_object();
     json_object_set_new(o, "available", json_boolean(v->available));
+    if (v->error) { /* not "unavailable": the user gave the records, and they could not be used */
+        json_object_set_new(o, "ok", json_false());
+        json_object_set_new(o, "server_records", json_string(v->path));
+        json_object_set_new(o, "error", json_string(v->error));
+        json_object_set_new(o, "note", json_string("verification failed: the server records could "
+                                                   "not be read (see error)"));
+        return o;
+    }
     if (!v->available) {
         json_object_set_new(o, "note",
                             json_string("verification unavailable: no server records "

@@ -57,12 +57,16 @@ struct lm_bench_verification {
     char prompt_ids_note[160]; /* why prompt_ids is unavailable, or "" */
     json_t *issues;            /* [{"request_id", "check", "detail"}]; owned */
     bool ok;                   /* available and nothing failed */
+    char *error; /* records given but unusable (unreadable, a line not a JSON object): why, as
+                  * lm_bench_verify's status said it; owned. NULL otherwise. Not available, not
+                  * ok: print, JSON and the HTML report say FAILED with this reason. */
 };
 
 /* Reads `server_records` (JSONL; LM_ERR_IO / LM_ERR_FORMAT "path:line: ..." when it cannot be
- * read or a line is not a JSON object), joins and checks. `render` (may be NULL) renders
- * prompts for prompt_ids; `ds` gives the corpus's original user strings. Failed checks are not
- * a status: out->ok says. `out` is zeroed first; free with lm_bench_verification_free. */
+ * read or a line is not a JSON object, the message kept in out->error too, out->available false),
+ * joins and checks. `render` (may be NULL) renders prompts for prompt_ids; `ds` gives the
+ * corpus's original user strings. Failed checks are not a status: out->ok says. `out` is zeroed
+ * first; free with lm_bench_verification_free (also after an error). */
 lm_status lm_bench_verify(struct lm_bench_run *run, const struct lm_bench_dataset *ds,
                           const char *server_records, const struct lm_bench_prompt *render,
                           struct lm_bench_verification *out);
