@@ -309,7 +309,20 @@ static void fake_conn(int fd, const char *done) {
     static const char k_head[] =
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
     if (!write_all(fd, k_head, sizeof k_head - 1)) return;
-    for (int i = 0; i < 4; i++) {
+    /* slow (40 chunks, 6 s: past the client's 2 s grace after a stop) once the answers counted
+     * in `done` reach the number in `done`.slow, when that file exists (test_interrupt) */
+    char slow_path[300];
+    snprintf(slow_path, sizeof slow_path, "%s.slow", done);
+    FILE *sf = fopen(slow_path, "r");
+    long slow_from = -1;
+    if (sf) {
+        if (fscanf(sf, "%ld", &slow_from) != 1) slow_from = -1;
+        fclose(sf);
+    }
+    struct stat dsb;
+    const long answered = stat(done, &dsb) ? 0 : (long)dsb.st_size;
+    const int chunks = slow_from >= 0 && answered >= slow_from ? 40 : 4;
+    for (int i = 0; i < chunks; i++) {
         usleep(150000);
         static const char k_chunk[] =
             "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":\"fake\",\"choices\":"
@@ -467,6 +480,12 @@ static void test_interrupt(const char *dir, int port, const char *done) {
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     snprintf(dpath, sizeof dpath, "%s/data/mt_bench/question.jsonl", LM_SOURCE_DIR);
     long before = file_size(done);
+    /* the answers after the third are slow: the stop finds one in flight and cancels it */
+    char slow[300];
+    snprintf(slow, sizeof slow, "%s.slow", done);
+    FILE *sf = fopen(slow, "w");
+    CHECK(sf != NULL, "%s", slow);
+    if (sf) fprintf(sf, "%ld\n", before + 3), fclose(sf);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -516,9 +535,35 @@ static void test_interrupt(const char *dir, int port, const char *done) {
           "%s: marked interrupted by SIGINT", path);
     CHECK(n >= 3 && n < 60, "interrupted run: %lld requests in the summary, want 3..59",
           (long long)n);
+    const json_int_t not_sent =
+        json_integer_value(json_object_get(json_object_get(sj, "interruption"), "not_sent"));
+    const json_int_t cancelled =
+        json_integer_value(json_object_get(json_object_get(sj, "interruption"), "cancelled_in_flight"));
+    CHECK(cancelled >= 1, "interrupted run: %lld requests cancelled in flight, want 1 or more", (long long)cancelled);
+    unlink(slow);
     json_decref(sj);
     snprintf(path, sizeof path, "%s/requests.jsonl", rd);
     CHECK(access(path, R_OK) == 0, "%s", path);
+    /* every planned turn the stop kept from being sent is skipped by the limit, also the second
+     * turn of a conversation whose first was cancelled in flight: nothing failed */
+    char *lines = read_text(path);
+    json_int_t n_limit = 0, n_after_failure = 0, n_unsent = 0;
+    for (char *ln = lines ? strtok(lines, "\n") : NULL; ln; ln = strtok(NULL, "\n")) {
+        json_t *rec = json_loads(ln, 0, NULL);
+        const char *why = json_string_value(json_object_get(rec, "skip_reason"));
+        const char *ph = json_string_value(json_object_get(rec, "phase"));
+        if (json_is_false(json_object_get(rec, "sent")) && ph && !strcmp(ph, "profiling")) {
+            n_unsent++;
+            if (why && !strcmp(why, "limit")) n_limit++;
+        }
+        if (why && !strcmp(why, "after_failure")) n_after_failure++;
+        json_decref(rec);
+    }
+    free(lines);
+    CHECK(n_unsent > 0 && n_limit == n_unsent && n_after_failure == 0 && not_sent == n_limit,
+          "interrupted run: %lld unsent profiling turns, %lld of them 'limit', %lld 'after_failure' (want "
+          "0), summary's not_sent %lld",
+          (long long)n_unsent, (long long)n_limit, (long long)n_after_failure, (long long)not_sent);
     char *txt = read_text(out);
     CHECK(strstr(txt, "INTERRUPTED (SIGINT)"), "stdout marks the run interrupted:\n%s", txt);
     free(txt);

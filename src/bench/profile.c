@@ -259,24 +259,15 @@ static const char *signal_name(int sig) {
     return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
-/* After a stop: the turns the replay skipped as "after_failure" behind a request cancelled in
- * flight become skipped by the limit, as the stop's other unsent turns are: none of them failed.
- * Counts the profiling requests cancelled in flight and the profiling turns never sent. Records
- * are conversation-major, in turn order (replay.h). */
-static void settle_interrupted(struct lm_bench_run *run, size_t *n_not_sent, size_t *n_cancelled) {
+/* After a stop: the profiling requests cancelled in flight, and the profiling turns never sent
+ * (skipped by the limit: the replay marks the turns behind a cancelled request so too, not as
+ * "after_failure"). */
+static void count_interrupted(const struct lm_bench_run *run, size_t *n_not_sent, size_t *n_cancelled) {
     *n_not_sent = *n_cancelled = 0;
-    const char *cut = NULL; /* the conversation id that the stop cut */
-    for (size_t i = 0; i < run->n_records; i++) {
-        struct lm_bench_record *r = &run->records[i];
-        bool prof = i >= run->n_warmup;
-        if (r->sent && r->cancelled) {
-            cut = r->conversation_id;
-            if (prof) ++*n_cancelled;
-        } else if (!r->sent && r->skip == LM_BENCH_SKIP_AFTER_FAILURE && cut && r->conversation_id &&
-                   !strcmp(r->conversation_id, cut)) {
-            r->skip = LM_BENCH_SKIP_LIMIT;
-        }
-        if (prof && !r->sent && r->skip == LM_BENCH_SKIP_LIMIT) ++*n_not_sent;
+    for (size_t i = run->n_warmup; i < run->n_records; i++) {
+        const struct lm_bench_record *r = &run->records[i];
+        if (r->sent && r->cancelled) ++*n_cancelled;
+        if (!r->sent && r->skip == LM_BENCH_SKIP_LIMIT) ++*n_not_sent; /* replay's skip_after */
     }
 }
 
@@ -327,7 +318,7 @@ static lm_status run_one(struct session *se, const struct lm_bench_profile_opts 
     }
     m_after = metrics_spec(&p);
     if (res->interrupted) {
-        settle_interrupted(&run, &n_not_sent, &n_cancelled);
+        count_interrupted(&run, &n_not_sent, &n_cancelled);
         note(o, "lumen profile: interrupted (%s): no new requests sent, %zu in flight cancelled; "
                 "writing what completed (a second signal quits at once)\n",
              signal_name(res->interrupted), n_cancelled);

@@ -62,7 +62,9 @@ const char *lm_bench_error_name(enum lm_bench_error e);
 enum lm_bench_skip {
     LM_BENCH_SKIP_NONE = 0,
     LM_BENCH_SKIP_AFTER_FAILURE, /* "after_failure": an earlier turn of its conversation failed */
-    LM_BENCH_SKIP_LIMIT,         /* "limit": --request-count or --benchmark-duration was reached */
+    LM_BENCH_SKIP_LIMIT,         /* "limit": --request-count or --benchmark-duration was reached,
+                                  * or the run was stopped (a turn whose predecessor the stop
+                                  * cancelled in flight, lm_bench_record.cancelled) */
 };
 
 const char *lm_bench_skip_name(enum lm_bench_skip s);

@@ -227,6 +227,11 @@ static void mark_rest(struct conv *cv, size_t from, enum lm_bench_skip why) {
         if (!cv->recs[t].sent && !cv->recs[t].skip) cv->recs[t].skip = why;
 }
 
+/* Why the turns after a failed one are not sent: the failure, or the stop that cancelled it. */
+static enum lm_bench_skip skip_after(const struct lm_bench_record *failed) {
+    return failed->cancelled ? LM_BENCH_SKIP_LIMIT : LM_BENCH_SKIP_AFTER_FAILURE;
+}
+
 static double draw_think(const struct lm_bench_params *p, uint64_t *rng) {
     double ms = lm_bench_rng_normal(rng, p->think_time_mean_ms, p->think_time_std_ms);
     return ms > 0 ? ms : 0;
@@ -295,7 +300,7 @@ static void run_conversation(struct phase *ph, struct lm_bench_client *client, s
         finished_one(ph, rec);
         pthread_mutex_unlock(&ph->mu);
         if (!ok) {
-            mark_rest(cv, t + 1, LM_BENCH_SKIP_AFTER_FAILURE);
+            mark_rest(cv, t + 1, skip_after(rec));
             break;
         }
     }
@@ -348,7 +353,7 @@ static void *rate_worker(void *arg) {
         cv->busy = false;
         cv->next++;
         if (!ok) {
-            mark_rest(cv, cv->next, LM_BENCH_SKIP_AFTER_FAILURE);
+            mark_rest(cv, cv->next, skip_after(&cv->recs[t]));
             cv->done = true;
         } else if (cv->next == cv->n_turns) {
             cv->done = true;
