@@ -1067,24 +1067,33 @@ static void test_verify(void) {
           "server-side rows");
     lm_bench_verification_free(&v);
 
-    /* a malformed records file: the run's good records, then a line that is not JSON. Nothing
-     * of it is used (the joins made before the bad line are dropped), and the reason is kept. */
+    /* a malformed records file: the run's good records and a duplicate of the first (a problem
+     * found), then a line that is not JSON. Nothing of it is used (the joins and problems found
+     * before the bad line are dropped), and the reason is kept. */
     write_records(path, recs);
     {
         FILE *f = fopen(path, "a");
-        fputs("not json\n", f);
+        char *dup = json_dumps(json_array_get(recs, 0), JSON_COMPACT);
+        fprintf(f, "%s\nnot json\n", dup);
+        free(dup);
         fclose(f);
     }
-    const size_t bad_line = json_array_size(recs) + 1;
+    const size_t bad_line = json_array_size(recs) + 2;
     st = lm_bench_verify(&run, &ds, path, NULL, &v);
     char want[32];
     snprintf(want, sizeof want, ":%zu:", bad_line);
-    bool joined = false;
-    for (size_t i = 0; i < run.n_records; i++) joined |= run.records[i].server_record != NULL;
+    bool joined = false, flagged = false;
+    for (size_t i = 0; i < run.n_records; i++) {
+        joined |= run.records[i].server_record != NULL;
+        flagged |= run.records[i].issues != NULL;
+    }
     CHECK(st == LM_ERR_FORMAT && strstr(lm_error_message(), want) && v.error && strstr(v.error, want) &&
-              !v.available && !v.ok && !joined,
-          "malformed at line %zu: %s (error %s, available %d, joins left %d)", bad_line, lm_error_message(),
-          v.error ? v.error : "(none)", v.available, joined);
+              !v.available && !v.ok && !joined && !flagged && json_array_size(v.issues) == 0 &&
+              v.n_duplicate == 0 && v.n_lines == 0,
+          "malformed at line %zu: %s (error %s, available %d, joins left %d, record issues left %d, issues %zu, "
+          "duplicates %zu, lines %zu)",
+          bad_line, lm_error_message(), v.error ? v.error : "(none)", v.available, joined, flagged,
+          json_array_size(v.issues), v.n_duplicate, v.n_lines);
     lm_bench_summarize(&run, NULL, &s);
     CHECK(!s.server_side, "malformed: no server-side figures from part of the file");
     {

@@ -322,6 +322,15 @@ static void fake_conn(int fd, const char *done) {
     struct stat dsb;
     const long answered = stat(done, &dsb) ? 0 : (long)dsb.st_size;
     const int chunks = slow_from >= 0 && answered >= slow_from ? 40 : 4;
+    if (chunks > 4) { /* a slow answer has begun: `done`.inflight grows (test_interrupt waits for it) */
+        char inflight[300];
+        snprintf(inflight, sizeof inflight, "%s.inflight", done);
+        int ff = open(inflight, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (ff >= 0) {
+            write_all(ff, "x", 1);
+            close(ff);
+        }
+    }
     for (int i = 0; i < chunks; i++) {
         usleep(150000);
         static const char k_chunk[] =
@@ -502,6 +511,12 @@ static void test_interrupt(const char *dir, int port, const char *done) {
     for (int i = 0; i < 300 && file_size(done) < before + 3; i++) /* up to 30 s */
         usleep(100000);
     CHECK(file_size(done) >= before + 3, "3 answers before the interrupt");
+    /* and a slow answer under way (not the instant between an answer and the next request) */
+    char inflight[300];
+    snprintf(inflight, sizeof inflight, "%s.inflight", done);
+    for (int i = 0; i < 100 && file_size(inflight) < 1; i++) /* up to 10 s */
+        usleep(20000);
+    CHECK(file_size(inflight) >= 1, "a slow answer in flight before the interrupt");
     double t0 = 0, t1 = 0;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -541,6 +556,7 @@ static void test_interrupt(const char *dir, int port, const char *done) {
         json_integer_value(json_object_get(json_object_get(sj, "interruption"), "cancelled_in_flight"));
     CHECK(cancelled >= 1, "interrupted run: %lld requests cancelled in flight, want 1 or more", (long long)cancelled);
     unlink(slow);
+    unlink(inflight);
     json_decref(sj);
     snprintf(path, sizeof path, "%s/requests.jsonl", rd);
     CHECK(access(path, R_OK) == 0, "%s", path);

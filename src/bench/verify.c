@@ -336,14 +336,22 @@ static void check_request(struct lm_bench_verification *v, struct lm_bench_run *
     }
 }
 
-/* A records file that cannot be used: none of its lines are (the joins made before a malformed
- * line are dropped: no server-side figures from part of a file), v->error keeps why. */
+/* A records file that cannot be used: none of its lines are. The joins and the problems found
+ * before a malformed line are dropped (no server-side figures or verification_issues from part
+ * of a file, no counts from it); v->path and v->error (why) stay. */
 static lm_status unusable(struct lm_bench_verification *v, struct lm_bench_run *run, lm_status st) {
     for (size_t i = 0; i < run->n_records; i++) {
-        json_decref(run->records[i].server_record);
-        run->records[i].server_record = NULL;
+        struct lm_bench_record *r = &run->records[i];
+        json_decref(r->server_record);
+        json_decref(r->issues);
+        r->server_record = r->issues = NULL;
     }
-    v->available = v->ok = false;
+    char *path = v->path;
+    json_t *issues = v->issues;
+    json_array_clear(issues);
+    memset(v, 0, sizeof *v);
+    v->path = path, v->issues = issues;
+    v->warmup_last_finish_ms = v->profiling_first_arrival_ms = NAN;
     v->error = strdup(lm_error_message());
     if (!v->error) abort();
     return st;
