@@ -471,7 +471,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
     int rg = blockIdx.x * GEMV_WARPS + warp; /* this warp's row groups (gemv_deal) */
-    const int end = n_rg;
     gemv_deal deal(dyn, dyn_from, n_rg);
     uint4 wv[U][R];
     uint16_t sc[Q8 ? U : 1][Q8 ? R : 1]; /* Q8: the scale of each loaded half block */
@@ -492,7 +491,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     };
     /* The weights never depend on the previous kernel: start streaming them before waiting. */
     const unsigned long long t0 = trace ? gtime() : 0;
-    if (rg < end) load(rg, 0);
+    if (rg < n_rg) load(rg, 0);
     constexpr int NWP = 4;
     float nwv[NWP];
     gemv_norm_prefetch(nwv, nw, K);
@@ -504,7 +503,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     /* The residual this lane adds to in its first row group, read in the same round trip as x
      * (not after the sums). Lane t * R + r owns output (t, row r of the group). */
     float yold = 0.f;
-    if (ADDY && rg < end && lane < T * R) {
+    if (ADDY && rg < n_rg && lane < T * R) {
         const int j = rg * R + lane % R;
         if (j < M) yold = gemv_resid(y + (size_t)(lane / R) * ldy, j, fix.add ? fix.add + (size_t)(lane / R) * M : NULL);
     }
@@ -518,8 +517,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     float inv[T];
     gemv_inv(inv, ss_part, K, nw, eps);
 
-    bool have = rg < end, first = true;
-    for (int next; rg < end; rg = deal.next(next)) {
+    bool have = rg < n_rg, first = true;
+    for (int next; rg < n_rg; rg = deal.next(next)) {
         next = deal.start(rg, lane);
         float acc[T][R];
         long long accf[FX ? T : 1][FX ? R : 1]; /* LM_CUDA_EPI_ADD_FIX: the sums in fixed point */
@@ -1139,12 +1138,16 @@ __device__ __forceinline__ float scr_acc(float acc, int dh, int dl, const scr_ac
     return fmaf(__fmul_rn(__half2float(__ushort_as_half(sc)), a.u), __int2float_rn(254 * dh + dl - a.pc), acc);
 }
 
-/* Dynamic shared memory of k_screen for T rows of k: the float32 staging (chunks of 512), two
+/* k_screen's staging chunk: x staged as the Q8_0 GEMV's (gemv_slot<16>, 512 elements a chunk), so
+ * that gemv_quant_screen takes its slots as gemv_quant_x does. */
+constexpr int SCR_CH = gemv_fmt<GEMV_Q8>::CH;
+
+/* Dynamic shared memory of k_screen for T rows of k: the float32 staging (chunks of SCR_CH), two
  * int8 quants an element, a float32 unit and an int32 quant sum a block, two float32 partial
  * norms a chunk (gemv_quant_screen). */
 static size_t screen_smem_bytes(int T, int k) {
-    const size_t kp = (size_t)(k + 511) / 512 * 512;
-    return (size_t)T * (kp * sizeof(float) + 2 * kp + kp / 32 * (sizeof(float) + sizeof(int)) + kp / 512 * sizeof(float2));
+    const size_t kp = (size_t)(k + SCR_CH - 1) / SCR_CH * SCR_CH;
+    return (size_t)T * (kp * sizeof(float) + 2 * kp + kp / 32 * (sizeof(float) + sizeof(int)) + kp / SCR_CH * sizeof(float2));
 }
 
 /* The screen's upper bounds of T activation rows (lm_cuda_gemv_screen), R screen rows a warp, the
@@ -1162,11 +1165,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_screen(float *y, int ldy, const float *x, int ldx, const uint8_t *__restrict__ q, int K, int M,
              const float *__restrict__ nw, float eps, const long long *x_fix, unsigned *dyn, int dyn_from,
              gemv_scr scr) {
-    constexpr int CH = 512; /* the staging's chunks (gemv_quant_screen) */
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float ss_part[T][GEMV_WARPS];
-    const int nch = (K + CH - 1) / CH, Kp = nch * CH, nb = K >> 5, nc = (nb + 31) >> 5;
+    const int nch = (K + SCR_CH - 1) / SCR_CH, Kp = nch * SCR_CH, nb = K >> 5, nc = (nb + 31) >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_rg = (M + R - 1) / R;
     int rg = blockIdx.x * GEMV_WARPS + warp;
