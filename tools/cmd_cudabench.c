@@ -13,7 +13,8 @@
  *   instead of lm_cuda_mlp1, and batch 2, 4, 8 on the GEMV vs the
  *   cuBLAS path. (The variants that measured slower or within noise, docs/perf-notes.md v4-v8,
  *   were removed after measurement.)
- * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace);
+ * - --trace: the GEMV blocks' timeline in a batch-1 decode step (lm_cuda_ctx_trace), with the
+ *   lm_head's greedy screen and pick as rows of their own (lm_cuda_trace_entry.kind);
  *   --trace-batches: the same for batched decode steps (the GEMV, MLP and tensor-core GEMM blocks);
  *   after each timeline, the tensor-core GEMM's blocks alone on their multiprocessor against those
  *   sharing it with another block of the same launch (the trace's %smid);
@@ -70,7 +71,9 @@ static void usage(FILE *f) {
             "  --gemm-rows L   the row counts of --gemm, comma-separated (9 to 64)\n"
             "  --trace         timeline of the GEMV and MLP blocks in a batch-1 decode step\n"
             "                  (per matrix, averaged over layers: when blocks start, pass\n"
-            "                  their wait on the preceding kernel, have x staged, finish)\n"
+            "                  their wait on the preceding kernel, have x staged, finish),\n"
+            "                  with the lm_head's greedy screen and pick ('screen': x staged\n"
+            "                  and quantized; 'pick': its candidates known)\n"
             "  --trace-batches LIST  the same timeline for a decode step of each batch size\n"
             "                  (2 to 1024, comma-separated; sequences of min(--in, 64)\n"
             "                  tokens): the GEMV and MLP kernels where the step runs them, the\n"
@@ -236,6 +239,7 @@ static int cmp_u64(const void *a, const void *b) {
 struct launch {
     uintptr_t w;
     int m, k, n;
+    int kind; /* enum lm_cuda_trace_kind */
     bool mid; /* its blocks recorded t_mid (k_gemm_tc: the last slice of x landed) */
     double start_min, start_med, wait_med, wait_max, ready_med, ready_max, end_med, end_max, mid_med;
 };
@@ -369,7 +373,7 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
         if (f < 0) {
             if (nl == 512) break;
             f = nl++;
-            L[f].w = e[i].weights, L[f].m = e[i].m, L[f].k = e[i].k;
+            L[f].w = e[i].weights, L[f].m = e[i].m, L[f].k = e[i].k, L[f].kind = e[i].kind;
         }
         const int blk = e[i].block & 4095;
         if (seen[f][blk]) break;
@@ -417,17 +421,17 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
     printf("\ntimeline, %s (one step of %d token%s, %d traced launches; us, medians over blocks, averaged over "
            "layers; 'lead' = first block start before the previous traced launch's last block end)\n",
            name, B, B == 1 ? "" : "s", nl);
-    printf("| %-12s | %3s | %6s | %8s | %9s | %9s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead",
+    printf("| %-20s | %3s | %6s | %8s | %9s | %9s | %9s | %9s | %9s | %9s |\n", "m x k", "n", "blocks", "lead",
            "start-wait", "end-wait", "wait-x", "wait-ready", "ready-end", "span");
-    printf("| ------------ | --: | -----: | -------: | --------: | --------: | --------: | --------: | --------: | "
-           "--------: |\n");
+    printf("| -------------------- | --: | -----: | -------: | --------: | --------: | --------: | --------: | "
+           "--------: | --------: |\n");
     bool *counted = calloc((size_t)nl, sizeof *counted); /* launches already in a shape's row */
     for (int j = 1; j < nl; j++) {
         if (counted[j]) continue;
         double a[7] = {0}, cnt = 0;
         const int blocks = L[j].n;
         for (int q = j; q < nl; q++) { /* launch 0 has no predecessor in the step: not counted */
-            if (L[q].m != L[j].m || L[q].k != L[j].k) continue;
+            if (L[q].m != L[j].m || L[q].k != L[j].k || L[q].kind != L[j].kind) continue;
             const double prev_end = L[q - 1].end_max;
             a[0] += (prev_end - L[q].start_min) / 1e3;
             a[1] += (L[q].wait_med - L[q].start_med) / 1e3;
@@ -439,10 +443,13 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
             cnt++;
             counted[q] = true;
         }
-        char wx[16] = "-";
+        char wx[16] = "-", shape[48];
         if (L[j].mid) snprintf(wx, sizeof wx, "%.2f", a[6] / cnt);
-        printf("| %5d x %-4d | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9s | %9.2f | %9.2f | %9.2f |\n", L[j].m,
-               L[j].k, cnt, blocks, a[0] / cnt, a[1] / cnt, a[5] / cnt, wx, a[2] / cnt, a[3] / cnt, a[4] / cnt);
+        /* the lm_head's screen and pick: ready = x staged and quantized / the candidates known */
+        snprintf(shape, sizeof shape, "%d x %d%s", L[j].m, L[j].k,
+                 L[j].kind == LM_CUDA_TRACE_SCREEN ? " screen" : L[j].kind == LM_CUDA_TRACE_PICK ? " pick" : "");
+        printf("| %-20s | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9s | %9.2f | %9.2f | %9.2f |\n", shape, cnt, blocks,
+               a[0] / cnt, a[1] / cnt, a[5] / cnt, wx, a[2] / cnt, a[3] / cnt, a[4] / cnt);
     }
     printf("step: first block start to last block end %.1f us\n", (L[nl - 1].end_max - L[0].start_min) / 1e3);
     fflush(stdout);

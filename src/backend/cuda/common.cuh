@@ -450,18 +450,20 @@ static __device__ __forceinline__ unsigned sm_id() {
 }
 /* Appends one entry for block `block` (< 2^20) of the launch over weights w (thread 0 of a
  * block): trace[0] counts entries, trace[1] is the capacity; t_end is now; t_mid (0: none) an
- * optional time between t1 and t2, kept as its offset from t0 beside the block; sm (sm_id(), < 2^12;
- * 0 where a kernel does not record it) in the block word's top 12 bits. */
+ * optional time between t1 and t2, kept as its offset from t0 (28 bits of ns) beside the block;
+ * sm (sm_id(), < 2^12; 0 where a kernel does not record it) in the block word's top 12 bits;
+ * kind (enum lm_cuda_trace_kind, < 16) in the entry word's top 4 bits. */
 static __device__ __forceinline__ void trace_put(unsigned long long *trace, const void *w, int K, int M,
                                                  unsigned block, unsigned long long t0, unsigned long long t1,
                                                  unsigned long long t2, unsigned long long t_mid = 0,
-                                                 unsigned sm = 0) {
+                                                 unsigned sm = 0, unsigned kind = LM_CUDA_TRACE_MATRIX) {
     const unsigned long long t3 = gtime();
     const unsigned long long i = atomicAdd(trace, 1ull) % trace[1];
     unsigned long long *e = trace + 2 + i * LM_CUDA_TRACE_WORDS;
     e[0] = (unsigned long long)(uintptr_t)w;
     e[1] = ((unsigned long long)(unsigned)M << 32) | (unsigned)K;
-    e[2] = (t_mid > t0 ? (t_mid - t0) & 0xffffffffull : 0) << 32 | (block | sm << 20);
+    e[2] = (unsigned long long)(kind & 15u) << 60 | (t_mid > t0 ? (t_mid - t0) & 0x0fffffffull : 0) << 32 |
+           (block | sm << 20);
     e[3] = t0, e[4] = t1, e[5] = t2, e[6] = t3;
 }
 

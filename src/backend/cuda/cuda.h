@@ -163,12 +163,22 @@ int lm_cuda_gemm_tc_default_rows(void);
 /* GEMV timeline, for performance work: with a buffer of `capacity` entries (0 frees it), every
  * lm_cuda_gemv, lm_cuda_mlp1 and k_gemm_tc (lm_cuda_gemm's tensor-core kernel) block launched
  * afterwards (graphs captured afterwards too) appends one entry (lm_cuda_mlp1's under its gate/up
- * matrix), the buffer wrapping around. Times are the GPU's %globaltimer in ns (about 1 us
- * resolution on some parts: average over blocks). */
+ * matrix), the buffer wrapping around; so do the blocks of lm_cuda_gemv_screen at 1-2 rows (under
+ * the screen's pointer) and of lm_cuda_argmax_screened (under the bf16 lm_head's). Times are the
+ * GPU's %globaltimer in ns (about 1 us resolution on some parts: average over blocks). */
 enum { LM_CUDA_TRACE_WORDS = 7 };
+/* What an entry's launch was (lm_cuda_trace_entry.kind). */
+enum lm_cuda_trace_kind {
+    LM_CUDA_TRACE_MATRIX = 0, /* a GEMV, the MLP kernel or k_gemm_tc */
+    LM_CUDA_TRACE_SCREEN = 1, /* lm_cuda_gemv_screen: t_ready is when x was staged and quantized */
+    LM_CUDA_TRACE_PICK = 2,   /* lm_cuda_argmax_screened: t_ready is when the block's candidates
+                               * were known (x staged, the bounds read) */
+};
 struct lm_cuda_trace_entry {
     uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
-    int m, k, block;            /* rows, columns, blockIdx.x */
+    int m, k, block;            /* rows, columns, block (blockIdx.x, + gridDim.x * blockIdx.y for
+                                 * k_gemm_tc and the pick) */
+    int kind;                   /* enum lm_cuda_trace_kind */
     int sm;                     /* k_gemm_tc: the multiprocessor the block ran on (%smid); 0 for
                                  * the GEMV kernels */
     unsigned long long t_start; /* block began */

@@ -1160,11 +1160,12 @@ static size_t screen_smem_bytes(int T, int k) {
  * (scr_reduce) and the first lane of each bounds its row: U = L' + R_j rounded up is stored (+inf
  * where the sums could overflow), L' - R_j rounded down kept for the row's best lower bound, which
  * the block's warps meet into lmax by atomicMax (scr_key). */
-template <int T, int R>
+template <int T, int R, bool TRACE>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_screen(float *y, int ldy, const float *x, int ldx, const uint8_t *__restrict__ q, int K, int M,
              const float *__restrict__ nw, float eps, const long long *x_fix, unsigned *dyn, int dyn_from,
-             gemv_scr scr) {
+             gemv_scr scr, unsigned long long *trace) {
+    const unsigned long long t0 = TRACE ? gtime() : 0;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float ss_part[T][GEMV_WARPS];
@@ -1206,6 +1207,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_norm_prefetch(nwv, nw, K);
     float sq[T];
     pdl_wait();
+    const unsigned long long t1 = TRACE ? gtime() : 0;
     gemv_stage<T, 16>(xs, x, ldx, K, Kp, nw, nwv, x_fix, sq, ss_part, T);
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     uint4 *xl = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
@@ -1214,6 +1216,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     float2 *part = reinterpret_cast<float2 *>(psum + T * Kp / 32);
     float s2[T], e2[T];
     gemv_quant_screen<T>(xq, xl, xu, part, nch, s2, e2, psum);
+    const unsigned long long t2 = TRACE ? gtime() : 0;
     pdl_trigger(); /* the next kernel may launch now */
     float inv[T];
     gemv_inv(inv, ss_part, K, nw, eps);
@@ -1316,6 +1319,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
     }
     deal.finish();
+    if (TRACE && threadIdx.x == 0)
+        trace_put(trace, q, K, M, blockIdx.x, t0, t1, t2, 0, sm_id(), LM_CUDA_TRACE_SCREEN);
 }
 
 /* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
@@ -1330,12 +1335,14 @@ constexpr int PICK_CAP = 512, PICK_REG = 8;
  * x_fix: NULL, or [rows, K] the pending fixed-point terms gemv_stage folds in, as k_gemv's.
  * The blocks' best (value, lowest id) meet as in k_argmax; the last block of a row writes ids[r]
  * and resets lmax[r] to -inf and count[r] to 0. n_cand: NULL, or [rows] += the candidates summed. */
+template <bool TRACE>
 __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, const float *u, int ldu, const float *x,
                                                               int ldx, const long long *x_fix,
                                                               const uint16_t *__restrict__ w, int K, int M,
                                                               int chunk, const float *__restrict__ nw, float eps,
                                                               int *lmax, float2 *part, unsigned *count,
-                                                              int32_t *n_cand) {
+                                                              int32_t *n_cand, unsigned long long *trace) {
+    const unsigned long long t0 = TRACE ? gtime() : 0;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
     __shared__ float ss_part[1][GEMV_WARPS];
@@ -1351,6 +1358,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     gemv_norm_prefetch(nwv, nw, K);
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
+    const unsigned long long t1 = TRACE ? gtime() : 0;
     if (threadIdx.x == 0) ncand = 0;
     /* T and the first PICK_REG upper bounds a thread in one L2 trip; the candidates among them
      * fetched into L2 (prefetch) while x is staged */
@@ -1390,6 +1398,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     for (int j = lo + (int)threadIdx.x + PICK_REG * GEMV_THREADS; j < hi; j += GEMV_THREADS)
         if (all || !(__ldcg(ur + j) < T)) add(j);
     __syncthreads();
+    const unsigned long long t2 = TRACE ? gtime() : 0;
     const int nc = ncand;
     const bool whole = nc > PICK_CAP; /* too many: every row of the range, exactly */
     const int n_rows = whole ? hi - lo : nc;
@@ -1418,6 +1427,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
         ids[r] = win;
         lmax[r] = LM_CUDA_SCR_KEY_NEG_INF;
     }
+    if (TRACE && threadIdx.x == 0)
+        trace_put(trace, w, K, M, b + nb * r, t0, t1, t2, 0, sm_id(), LM_CUDA_TRACE_PICK);
 }
 
 } // namespace
@@ -1459,14 +1470,17 @@ extern "C" lm_status lm_cuda_screen_build(struct lm_cuda_ctx *c, const uint16_t 
     return LM_OK;
 }
 
+/* With the context's trace on, 1-2 activation rows run the TRACE instantiation (the timeline's
+ * batch-1 and -2 steps); more rows are not traced. */
 template <int T, int R>
 cudaError_t launch_screen(const lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const uint8_t *q, int k,
                           int m, const float *nw, float eps, const long long *xf, gemv_scr scr) {
-    auto fn = k_screen<T, R>;
+    constexpr bool CAN_TRACE = T <= 2;
+    auto fn = CAN_TRACE && c->trace ? k_screen<T, R, CAN_TRACE> : k_screen<T, R, false>;
     const size_t smem = screen_smem_bytes(T, k);
     const gemv_plan p = gemv_plan_for(c, (const void *)fn, smem, m, R);
     return lm_launch(c, dim3(p.grid), dim3(GEMV_THREADS), smem, fn, u, ldu, x, ldx, q, k, m, nw, eps, xf, p.dyn,
-                     p.dyn_from, scr);
+                     p.dyn_from, scr, c->trace);
 }
 
 /* The rounding terms of the screen's bound for k. rho: (the longest chain of roundings a logit's
@@ -1525,10 +1539,12 @@ extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids
                          n, m, k, c->max_rows);
     }
     const int nb = std::min((int)LM_CUDA_AM_MAX_CHUNKS, (m + 255) / 256), chunk = (m + nb - 1) / nb;
-    lm_cuda_occupancy((const void *)k_screen_pick, GEMV_THREADS, smem); /* raises the shared-memory limit */
+    auto fn = c->trace ? k_screen_pick<true> : k_screen_pick<false>;
+    lm_cuda_occupancy((const void *)fn, GEMV_THREADS, smem); /* raises the shared-memory limit */
     const cudaError_t e =
-        lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, k_screen_pick, ids, u, ldu, x, ldx,
-                  (const long long *)x_fix, w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand);
+        lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, fn, ids, u, ldu, x, ldx,
+                  (const long long *)x_fix, w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand,
+                  c->trace);
     if (e != cudaSuccess) {
         lm_cuda_screen_reset(c);
         return lm_cuda_fail(e, "screened argmax launch");
@@ -1587,7 +1603,9 @@ extern "C" lm_status lm_cuda_ctx_trace_read(struct lm_cuda_ctx *c, struct lm_cud
         o.m = (int)(e[1] >> 32), o.k = (int)(e[1] & 0xffffffffu), o.block = (int)(e[2] & 0xfffffu);
         o.sm = (int)((e[2] >> 20) & 0xfffu);
         o.t_start = e[3], o.t_waited = e[4], o.t_ready = e[5], o.t_end = e[6];
-        o.t_mid = e[2] >> 32 ? e[3] + (e[2] >> 32) : 0;
+        const unsigned long long mid = (e[2] >> 32) & 0x0fffffffull;
+        o.t_mid = mid ? e[3] + mid : 0;
+        o.kind = (int)(e[2] >> 60);
     }
     *n = (int)take;
     return LM_OK;
