@@ -331,8 +331,11 @@ static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, in
  * its predecessor's last block ended (lead), waited, then had its inputs (stall after the wait),
  * ran to its end; end-wait: the median block's wait returned this long after the predecessor
  * traced launch's last block ended (for o_proj that includes the attention kernel between them).
- * Traced kernels: the GEMV, the MLP kernel and k_gemm_tc (its "ready" is its products summed and
- * its x-landed column the last slice of x in shared memory). */
+ * Traced kernels: the GEMV, the MLP kernel, k_gemm_tc (its "ready" is its products summed and
+ * its x-landed column the last slice of x in shared memory), and at 1-2 rows the lm_head's greedy
+ * screen and pick (rows of their own by lm_cuda_trace_entry.kind; "ready": x staged and
+ * quantized, the candidates known). Where k is too large for two rows' staging, a 2-row screen
+ * is two launches over one pointer, and the walk back below stops between them. */
 static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const char *name) {
     struct lm_cuda_ctx *ctx = lm_cuda_qwen3_ctx(b->m);
     const int cap = 1 << 18;

@@ -179,8 +179,8 @@ struct lm_cuda_trace_entry {
     int m, k, block;            /* rows, columns, block (blockIdx.x, + gridDim.x * blockIdx.y for
                                  * k_gemm_tc and the pick) */
     int kind;                   /* enum lm_cuda_trace_kind */
-    int sm;                     /* k_gemm_tc: the multiprocessor the block ran on (%smid); 0 for
-                                 * the GEMV kernels */
+    int sm;                     /* k_gemm_tc, the screen and the pick: the multiprocessor the
+                                 * block ran on (%smid); 0 for the GEMV and MLP kernels */
     unsigned long long t_start; /* block began */
     unsigned long long t_waited; /* its wait on the preceding kernel returned */
     unsigned long long t_ready; /* its x was staged (the GEMV kernel records t_waited here);
