@@ -72,8 +72,9 @@ static void usage(FILE *f) {
             "  --trace         timeline of the GEMV and MLP blocks in a batch-1 decode step\n"
             "                  (per matrix, averaged over layers: when blocks start, pass\n"
             "                  their wait on the preceding kernel, have x staged, finish),\n"
-            "                  with the lm_head's greedy screen and pick ('screen': x staged\n"
-            "                  and quantized; 'pick': its candidates known)\n"
+            "                  with the lm_head's greedy screen and pick ('screen': wait-x\n"
+            "                  x staged, ready x also quantized; 'pick': wait-x its bounds\n"
+            "                  read and compared, ready its candidates known)\n"
             "  --trace-batches LIST  the same timeline for a decode step of each batch size\n"
             "                  (2 to 1024, comma-separated; sequences of min(--in, 64)\n"
             "                  tokens): the GEMV and MLP kernels where the step runs them, the\n"
@@ -333,9 +334,10 @@ static void print_coresidency(const struct lm_cuda_trace_entry *e, int first, in
  * traced launch's last block ended (for o_proj that includes the attention kernel between them).
  * Traced kernels: the GEMV, the MLP kernel, k_gemm_tc (its "ready" is its products summed and
  * its x-landed column the last slice of x in shared memory), and at 1-2 rows the lm_head's greedy
- * screen and pick (rows of their own by lm_cuda_trace_entry.kind; "ready": x staged and
- * quantized, the candidates known). Where k is too large for two rows' staging, a 2-row screen
- * is two launches over one pointer, and the walk back below stops between them. */
+ * screen and pick (rows of their own by lm_cuda_trace_entry.kind; "x": x staged, the bounds
+ * read and compared; "ready": x also quantized, the candidates known). Where k is too large for
+ * two rows' staging, a 2-row screen is two launches over one pointer, and the walk back below
+ * stops between them. */
 static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const char *name) {
     struct lm_cuda_ctx *ctx = lm_cuda_qwen3_ctx(b->m);
     const int cap = 1 << 18;
@@ -448,7 +450,8 @@ static lm_status trace_step(struct bench *b, int B, int steps, int in_len, const
         }
         char wx[16] = "-", shape[48];
         if (L[j].mid) snprintf(wx, sizeof wx, "%.2f", a[6] / cnt);
-        /* the lm_head's screen and pick: ready = x staged and quantized / the candidates known */
+        /* the lm_head's screen and pick: x = x staged / the bounds compared, ready = x quantized / the
+         * candidates known */
         snprintf(shape, sizeof shape, "%d x %d%s", L[j].m, L[j].k,
                  L[j].kind == LM_CUDA_TRACE_SCREEN ? " screen" : L[j].kind == LM_CUDA_TRACE_PICK ? " pick" : "");
         printf("| %-20s | %3.0f | %6d | %8.2f | %9.2f | %9.2f | %9s | %9.2f | %9.2f | %9.2f |\n", shape, cnt, blocks,

@@ -170,9 +170,10 @@ enum { LM_CUDA_TRACE_WORDS = 7 };
 /* What an entry's launch was (lm_cuda_trace_entry.kind). */
 enum lm_cuda_trace_kind {
     LM_CUDA_TRACE_MATRIX = 0, /* a GEMV, the MLP kernel or k_gemm_tc */
-    LM_CUDA_TRACE_SCREEN = 1, /* lm_cuda_gemv_screen: t_ready is when x was staged and quantized */
-    LM_CUDA_TRACE_PICK = 2,   /* lm_cuda_argmax_screened: t_ready is when the block's candidates
-                               * were known (x staged, the bounds read) */
+    LM_CUDA_TRACE_SCREEN = 1, /* lm_cuda_gemv_screen: t_mid is when x was staged, t_ready when it
+                               * was also quantized */
+    LM_CUDA_TRACE_PICK = 2,   /* lm_cuda_argmax_screened: t_mid is when the block's bounds were read
+                               * and compared, t_ready when its candidates were known (x staged) */
 };
 struct lm_cuda_trace_entry {
     uintptr_t weights;          /* the launch's weight pointer: one launch per matrix and step */
@@ -189,7 +190,8 @@ struct lm_cuda_trace_entry {
     unsigned long long t_end;   /* it finished */
     unsigned long long t_mid;   /* k_gemm_tc: its last slice of x landed, or, with
                                  * LM_CUDA_TRACE_SYNC=1 in the environment, it passed the cluster
-                                 * barrier after writing its partials; 0 for the GEMV kernels */
+                                 * barrier after writing its partials; the screen and the pick:
+                                 * lm_cuda_trace_kind's; 0 for the GEMV kernels */
 };
 lm_status lm_cuda_ctx_trace(struct lm_cuda_ctx *c, int capacity); /* LM_ERR_NOMEM */
 /* Copies the last min(max, recorded) entries, oldest first; *n gets the count. Waits for the

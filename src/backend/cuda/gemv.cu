@@ -1209,6 +1209,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     pdl_wait();
     const unsigned long long t1 = TRACE ? gtime() : 0;
     gemv_stage<T, 16>(xs, x, ldx, K, Kp, nw, nwv, x_fix, sq, ss_part, T);
+    const unsigned long long tx = TRACE ? gtime() : 0;
     uint4 *xq = reinterpret_cast<uint4 *>(xs + T * Kp);
     uint4 *xl = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(xq) + (size_t)T * Kp);
     float *xu = reinterpret_cast<float *>(reinterpret_cast<char *>(xl) + (size_t)T * Kp);
@@ -1320,7 +1321,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     }
     deal.finish();
     if (TRACE && threadIdx.x == 0)
-        trace_put(trace, q, K, M, blockIdx.x, t0, t1, t2, 0, sm_id(), LM_CUDA_TRACE_SCREEN);
+        trace_put(trace, q, K, M, blockIdx.x, t0, t1, t2, tx, sm_id(), LM_CUDA_TRACE_SCREEN);
 }
 
 /* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
@@ -1383,6 +1384,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
                     asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(w + (size_t)j * K) + b2));
         }
     }
+    const unsigned long long tu = TRACE ? gtime() : 0; /* the bounds' trip done (flags used them) */
     float sq[1];
     gemv_stage<1, 8>(xs, x + (size_t)r * ldx, ldx, K, Kp, nw, nwv, x_fix ? x_fix + (size_t)r * K : NULL, sq, ss_part,
                      1);
@@ -1428,7 +1430,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
         lmax[r] = LM_CUDA_SCR_KEY_NEG_INF;
     }
     if (TRACE && threadIdx.x == 0)
-        trace_put(trace, w, K, M, b + nb * r, t0, t1, t2, 0, sm_id(), LM_CUDA_TRACE_PICK);
+        trace_put(trace, w, K, M, b + nb * r, t0, t1, t2, tu, sm_id(), LM_CUDA_TRACE_PICK);
 }
 
 } // namespace
