@@ -74,7 +74,7 @@ for step in "$@"; do
     need_q06
     timeout 200 $LUMEN cudabench --model /tmp/q06 -p 0 -n 16 --batches= -r 1 --trace \
       --trace-batches "${TRACE_BATCHES:-16,64}" >"$OUT/trace.log" 2>&1
-    grep -E "^\|  |^step|^timeline|^co-residency" "$OUT/trace.log" | grep -v -- "---" ;;
+    grep -E "^\| +[0-9m]|^step|^timeline|^co-residency" "$OUT/trace.log" | grep -v -- "---" ;;
   bench)
     need_q06
     timeout 300 $LUMEN cudabench --model /tmp/q06 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
