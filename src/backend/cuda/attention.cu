@@ -97,34 +97,50 @@ __device__ __forceinline__ void attn_store(const lm_cuda_attn &a, int t, int qh,
         static_cast<float *>(a.out)[oi] = o;
 }
 
-/* Head h, dim d of a block's NW warp partials merged: *M the max, *num the weighted V sum, *den
- * the sum of exponentials, both relative to *M (each warp's scaled by exp(its max - M), in warp
- * order). */
-template <int NW, int GM, int D>
-__device__ __forceinline__ void attn_warp_sums(const float (&wm)[NW][GM], const float (&wl)[NW][GM],
-                                               const float (&wacc)[NW][GM][D], int h, int d, float *M,
-                                               float *num, float *den) {
-    float mx = -INFINITY;
+/* Each of a block's NW warp partials' factor exp(its max - the head's max) (0 for a warp that met
+ * no position: max -inf), into wf, and each head's max into wM: computed once by the first NW x GM
+ * threads, then a barrier. Every thread of the block calls it. Each value is what every thread
+ * computed for itself before (v43): the same bits, and NW exponentials a block instead of NW a
+ * thread. */
+template <int NW, int GM>
+__device__ __forceinline__ void attn_warp_factors(const float (&wm)[NW][GM], int G, float (&wf)[NW][GM],
+                                                  float (&wM)[GM]) {
+    if (threadIdx.x < NW * GM) {
+        const int w = threadIdx.x / GM, h = threadIdx.x % GM;
+        float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NW; w++) mx = fmaxf(mx, wm[w][h]);
+        for (int w2 = 0; w2 < NW; w2++) mx = fmaxf(mx, wm[w2][h]);
+        wf[w][h] = h < G && wm[w][h] != -INFINITY ? expf(wm[w][h] - mx) : 0.f;
+        if (w == 0) wM[h] = mx;
+    }
+    __syncthreads();
+}
+
+/* Head h, dim d of a block's NW warp partials merged (attn_warp_factors' wf): *num the weighted V
+ * sum, *den the sum of exponentials, both relative to the head's max, in warp order. */
+template <int NW, int GM, int D>
+__device__ __forceinline__ void attn_warp_sums(const float (&wf)[NW][GM], const float (&wl)[NW][GM],
+                                               const float (&wacc)[NW][GM][D], int h, int d, float *num,
+                                               float *den) {
     float nu = 0.f, de = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; w++) {
-        const float f = wm[w][h] == -INFINITY ? 0.f : expf(wm[w][h] - mx);
-        nu = fmaf(wacc[w][h][d], f, nu);
-        de = fmaf(wl[w][h], f, de);
+        nu = fmaf(wacc[w][h][d], wf[w][h], nu);
+        de = fmaf(wl[w][h], wf[w][h], de);
     }
-    *M = mx, *num = nu, *den = de;
+    *num = nu, *den = de;
 }
 
 template <int NW, int GM, int D>
 __device__ __forceinline__ void attn_merge_warps(const lm_cuda_attn &a, const float (&wm)[NW][GM],
                                                  const float (&wl)[NW][GM], const float (&wacc)[NW][GM][D],
                                                  int t, int g, int G, int Q, int stride) {
+    __shared__ float wf[NW][GM], wM[GM];
+    attn_warp_factors(wm, G, wf, wM);
     for (int i = threadIdx.x; i < G * D; i += stride) {
         const int h = i / D, d = i % D;
-        float M, num, den;
-        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
+        float num, den;
+        attn_warp_sums(wf, wl, wacc, h, d, &num, &den);
         attn_store(a, t, g * G + h, Q, D, d, num / den);
     }
 }
@@ -141,13 +157,15 @@ __device__ __forceinline__ void attn_split_merge(const lm_cuda_attn &a, const fl
                                                  int nthreads) {
     const int stride = G * (D + 2);
     float *part = a.split_part + (size_t)(slot * a.n_kv_heads + g) * nz * stride;
+    __shared__ float wf[NW][GM], wM[GM];
+    attn_warp_factors(wm, G, wf, wM);
     for (int i = threadIdx.x; i < G * D; i += nthreads) {
         const int h = i / D, d = i % D;
-        float M, num, den;
-        attn_warp_sums(wm, wl, wacc, h, d, &M, &num, &den);
+        float num, den;
+        attn_warp_sums(wf, wl, wacc, h, d, &num, &den);
         float *ps = part + (size_t)z * stride;
         ps[h * D + d] = num;
-        if (d == 0) ps[G * D + h] = M, ps[G * D + G + h] = den;
+        if (d == 0) ps[G * D + h] = wM[h], ps[G * D + G + h] = den;
     }
     /* The block's partials are published by thread 0's release after the barrier (cumulative over
      * what the barrier ordered before it: CUTLASS's semaphore arrive), and the last block's reads
@@ -817,6 +835,23 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
     }
 }
 
+/* Halving butterfly over lanes lane ^ O, lane ^ 2 O, .. (< END): N values a lane in v[0, N) become
+ * N / 2 sums at each step, the lane with bit O set keeping the upper half. Each sum is own +
+ * partner's, as the plain butterfly's (v += shfl_xor(v, O)) is at those values: the same bits, with
+ * half the shuffles at each step. */
+template <int N, int O, int END>
+__device__ __forceinline__ void tr_halve(float *v, int lane) {
+    if constexpr (O < END && N >= 2) {
+        const bool up = lane & O;
+#pragma unroll
+        for (int k = 0; k < N / 2; k++) {
+            const float lo = v[k], hi = v[N / 2 + k];
+            v[k] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, O);
+        }
+        tr_halve<N / 2, O * 2, END>(v, lane);
+    }
+}
+
 template <int D, int GM, int W, int NPX>
 __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 : 2) k_attn_dec(const lm_cuda_attn a) {
     using S = DecShape<D, GM, W, NPX>;
@@ -887,6 +922,15 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
     load_round(p0);
     float rc[PER], rs[PER];
     dec_rope_cs<D>(a.inv_freq, pos, lane, rc, rs);
+    /* The one-wave shape waits here for its round's K/V (a store that depends on every load; its
+     * slot is written again at the end), so that after the wait the q/k/v row's loads do not queue
+     * behind them (v43: +0.2 to +0.6% at batch 1). */
+    if constexpr (NPX == 0) {
+        unsigned sx = 0;
+#pragma unroll
+        for (int p = 0; p < NP; p++) sx ^= kr[p][0].x ^ kr[p][1].x ^ vr[p][0].x ^ vr[p][1].x;
+        if (lane == 0) wm[warp][0] = __uint_as_float(sx);
+    }
 
     pdl_wait();
     const float *row = a.qkv + (size_t)t * a.ld_qkv;
@@ -1030,27 +1074,57 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
             }
         }
     }
-    /* Sum the warp's position groups (they share the warp's max). */
+    /* Sum the warp's NG position groups (they share the warp's max), halving (tr_halve: 2 (NG - 1)
+     * GM 16 / NG shuffles, against 16 GM log2(NG) summing all in every lane; the same bits, v43):
+     * lane keeps NK of the NV = 16 GM sums, the flat index h * 16 + e from base, and stores them. */
+    constexpr int NG = 32 / LP, NV = GM * 16, NK = NV / (NG > 0 ? NG : 1);
+    if constexpr (NG >= 2 && NV % NG == 0 && NK % 4 == 0) {
+        float v[NV];
 #pragma unroll
-    for (int o = LP; o < 32; o <<= 1)
+        for (int h = 0; h < GM; h++)
 #pragma unroll
-        for (int h = 0; h < GM; h++) {
-            if (h >= G) break;
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+            for (int e = 0; e < 16; e++) v[h * 16 + e] = acc[h][e];
+        tr_halve<NV, LP, 32>(v, lane);
+        int base = 0;
 #pragma unroll
-            for (int e = 0; e < 16; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+        for (int o = LP, n = NV; o < 32; o <<= 1, n >>= 1) base += (lane & o) ? n / 2 : 0;
+#pragma unroll
+        for (int o = LP; o < 32; o <<= 1)
+#pragma unroll
+            for (int h = 0; h < GM; h++) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+        for (int k4 = 0; k4 < NK; k4 += 4) {
+            const int f = base + k4, h = f >> 4, e = f & 15;
+            const int d = e < 8 ? j * 8 + e : (j + LP) * 8 + e - 8;
+            if (h < G)
+                *reinterpret_cast<float4 *>(&wacc[warp][h][d]) = make_float4(v[k4], v[k4 + 1], v[k4 + 2], v[k4 + 3]);
         }
-    if (grp == 0) {
+        if (lane == 0)
 #pragma unroll
-        for (int h = 0; h < GM; h++) {
-            if (h >= G) break;
-            *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8]) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-            *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8 + 4]) = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
-            *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8]) = make_float4(acc[h][8], acc[h][9], acc[h][10], acc[h][11]);
-            *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8 + 4]) = make_float4(acc[h][12], acc[h][13], acc[h][14], acc[h][15]);
-            if (j == 0) {
-                wm[warp][h] = m[h];
-                wl[warp][h] = l[h];
+            for (int h = 0; h < GM; h++)
+                if (h < G) wm[warp][h] = m[h], wl[warp][h] = l[h];
+    } else { /* every lane sums all, the first group stores */
+#pragma unroll
+        for (int o = LP; o < 32; o <<= 1)
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                if (h >= G) break;
+                l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+                for (int e = 0; e < 16; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+            }
+        if (grp == 0) {
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                if (h >= G) break;
+                *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8]) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+                *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8 + 4]) = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+                *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8]) = make_float4(acc[h][8], acc[h][9], acc[h][10], acc[h][11]);
+                *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8 + 4]) = make_float4(acc[h][12], acc[h][13], acc[h][14], acc[h][15]);
+                if (j == 0) {
+                    wm[warp][h] = m[h];
+                    wl[warp][h] = l[h];
+                }
             }
         }
     }
