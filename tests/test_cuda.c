@@ -2087,9 +2087,18 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
           sc->name, lm_error_message());
     CHECK(lm_cuda_argmax_screened(g_ctx, dsids, du, m, dx, k, dfix, dw, n, k, m, dnw, eps, dcand) == LM_OK,
           "%s: screened argmax: %s", sc->name, lm_error_message());
+    /* the same through lm_cuda_screen_pick (at one row the screen picks the id itself) */
+    float *du2 = dev(sizeof(float) * (size_t)n * m);
+    int32_t *dfids = dev(sizeof(int32_t) * n), *dfcand = dev(sizeof(int32_t) * n);
+    lm_cuda_memset(dfcand, 0, sizeof(int32_t) * n);
+    lm_cuda_memset(dfids, 0xff, sizeof(int32_t) * n);
+    CHECK(lm_cuda_screen_pick(g_ctx, dfids, du2, m, dx, k, dfix, dq, dab, dw, n, k, m, dnw, eps, dfcand) == LM_OK,
+          "%s: screen pick: %s", sc->name, lm_error_message());
     sync_ok(sc->name);
     float *l = malloc(sizeof(float) * (size_t)n * m), *u = malloc(sizeof(float) * (size_t)n * m);
-    int32_t ids[8], sids[8], cand[8];
+    int32_t ids[8], sids[8], cand[8], fids[8], fcand[8];
+    lm_cuda_download(fids, dfids, sizeof(int32_t) * n);
+    lm_cuda_download(fcand, dfcand, sizeof(int32_t) * n);
     lm_cuda_download(l, dl, sizeof(float) * (size_t)n * m);
     lm_cuda_download(u, du, sizeof(float) * (size_t)n * m);
     lm_cuda_download(ids, dids, sizeof(int32_t) * n);
@@ -2104,6 +2113,12 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
         CHECK(below == 0, "%s row %d: %ld upper bounds below their logits", sc->name, t, below);
         CHECK(sids[t] == ids[t], "%s row %d: screened id %d, full lm_head %d (%d summed exactly)", sc->name, t,
               sids[t], ids[t], cand[t]);
+        CHECK(fids[t] == ids[t], "%s row %d: screen pick's id %d, full lm_head %d (%d summed exactly)", sc->name, t,
+              fids[t], ids[t], fcand[t]);
+        /* the screen's own pick sums every candidate the pick would (its bound is never above),
+         * unless a pick block summed its whole range (past 512 candidates: k_screen_pick) */
+        CHECK(n > 1 || cand[t] > 512 || fcand[t] >= cand[t], "%s row %d: the screen pick summed %d rows, the pick %d", sc->name, t,
+              fcand[t], cand[t]);
         ids_out[t] = ids[t];
     }
     free(l), free(u);
@@ -2111,6 +2126,8 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     if (dnw) lm_cuda_free(dnw);
     if (dfix) lm_cuda_free(dfix);
     lm_cuda_free(dl), lm_cuda_free(du), lm_cuda_free(dids), lm_cuda_free(dsids), lm_cuda_free(dcand);
+    lm_cuda_free(du2), lm_cuda_free(dfids), lm_cuda_free(dfcand);
+    if (n == 1) fprintf(stderr, "screen pick: %s: %d rows summed exactly (the pick alone %d)\n", sc->name, fcand[0], cand[0]);
     return cand[0];
 }
 

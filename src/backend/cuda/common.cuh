@@ -62,6 +62,19 @@ struct lm_cuda_ctx {
     unsigned *am_count;  /* [max_rows] blocks done, reset by the last one */
     int *scr_max;        /* [max_rows] lm_cuda_gemv_screen's best lower bound of each row, as an
                           * ordered key (-inf between launches: lm_cuda_argmax_screened resets it) */
+    struct lm_cuda_scr_fuse *scr_fuse; /* the one-row screen's own pick (lm_cuda_screen_pick) */
+    bool scr_fuse_on;    /* LM_CUDA_SCR_FUSE (default 1): the one-row screen picks its own id */
+};
+
+/* The state of a one-row screen that picks its own greedy id (gemv.cu k_screen<..., FU>):
+ * zero between launches but for done, which the screen clears as it starts and sets when it
+ * wrote the id (the pick that follows then returns at once). */
+struct lm_cuda_scr_fuse {
+    unsigned long long best; /* the best (logit, lowest id) key summed exactly so far */
+    unsigned count;          /* blocks done */
+    int ovf;                 /* a warp held more candidates than it keeps: the pick decides */
+    int done;
+    int pad;
 };
 
 enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128, LM_CUDA_GEMV_CLASSES = 32, LM_CUDA_GEMV_CTR_STRIDE = 32 };

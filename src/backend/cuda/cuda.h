@@ -312,6 +312,18 @@ lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const flo
                                   int ldx, const int64_t *x_fix, const uint16_t *w, int n, int k, int m,
                                   const float *norm_w, float eps, int32_t *n_cand);
 
+/* lm_cuda_gemv_screen then lm_cuda_argmax_screened (the same arguments, the same ids), where one
+ * activation row's screen also picks the id (perf-notes v43): each warp keeps the rows whose upper
+ * bound was not below the best lower bound it knew when it met them (every lower bound met is
+ * published to the row's key as found), sums those still not below it at the end exactly as the
+ * pick would, and the last block writes ids[0]; the pick then returns at once, unless a warp met
+ * more such rows than it keeps (then the pick decides, as without the screen's). n_cand as
+ * lm_cuda_argmax_screened's. LM_CUDA_SCR_FUSE=0 turns the screen's pick off. LM_ERR_SHAPE for a
+ * bad shape. */
+lm_status lm_cuda_screen_pick(struct lm_cuda_ctx *c, int32_t *ids, float *u, int ldu, const float *x, int ldx,
+                              const int64_t *x_fix, const uint8_t *q, const float *ab, const uint16_t *w, int n,
+                              int k, int m, const float *norm_w, float eps, int32_t *n_cand);
+
 /* The MLP of 1 to LM_CUDA_MLP1_MAX_ROWS tokens as one kernel (decode on the GEMV path: one
  * dependency a layer instead of two; each block copies its weights to shared memory before its
  * wait, holding no registers, so that the next kernel's blocks start beside it):

@@ -47,6 +47,12 @@ struct gemv_scr {
     float rho;        /* the rounding terms' coefficient (screen_rho) */
     float tiny;       /* the rounding terms' absolute part (screen_rho): partial sums that are
                          subnormal round by up to 2^-150 a step, not relatively */
+    /* k_screen<..., FU = true> (one activation row): the bf16 rows, the id out, the state, the
+     * count of rows summed exactly (NULL: not counted) */
+    const uint16_t *w16;
+    int32_t *ids;
+    lm_cuda_scr_fuse *fuse;
+    int32_t *n_cand;
 };
 
 /* An order-preserving map of a float (not NaN) to a signed int, for atomicMax, and back
@@ -56,6 +62,48 @@ __device__ __forceinline__ int scr_key(float f) {
     return i >= 0 ? i : i ^ 0x7fffffff;
 }
 __device__ __forceinline__ float scr_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
+
+/* The one-row screen's exact sum of bf16 row j (k of them, 16-byte aligned) with the staged row xs
+ * (gemv_slot<16>, k_screen's staging) times inv: k_screen_pick's value for row j, bit for bit (its
+ * chunks of 256 in order, each lane's 8 products in element order as gemv_chunk_bf16, warp_sum,
+ * times inv). All of a chunk group's loads are issued before the first product. */
+__device__ __forceinline__ float scr_exact_row(const uint16_t *__restrict__ w, int j, int K, const float *xs,
+                                               float inv, int lane) {
+    constexpr int G = 8;
+    const int nch = (K + 255) / 256;
+    const float4 *x4 = reinterpret_cast<const float4 *>(xs);
+    float a = 0.f;
+    for (int c0 = 0; c0 < nch; c0 += G) {
+        uint4 q[G];
+#pragma unroll
+        for (int c = 0; c < G; c++) {
+            const int kk = (c0 + c) * 256 + lane * 8;
+            q[c] = c0 + c < nch && kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int c = 0; c < G; c++) {
+            if (c0 + c >= nch) break;
+            const int kk = (c0 + c) * 256 + lane * 8;
+            const float4 xa = x4[gemv_slot<16>(kk) >> 2], xb = x4[gemv_slot<16>(kk + 4) >> 2];
+            a = fmaf(bf_lo(q[c].x), xa.x, a);
+            a = fmaf(bf_hi(q[c].x), xa.y, a);
+            a = fmaf(bf_lo(q[c].y), xa.z, a);
+            a = fmaf(bf_hi(q[c].y), xa.w, a);
+            a = fmaf(bf_lo(q[c].z), xb.x, a);
+            a = fmaf(bf_hi(q[c].z), xb.y, a);
+            a = fmaf(bf_lo(q[c].w), xb.z, a);
+            a = fmaf(bf_hi(q[c].w), xb.w, a);
+        }
+    }
+    return __fmul_rn(warp_sum(a), inv);
+}
+
+/* A greedy (logit, id) as one 64-bit key whose unsigned order is the greedy order (am_better: the
+ * larger logit, then the lower id; -0 as +0). v is not NaN. */
+__device__ __forceinline__ unsigned long long scr_pick_key(float v, int j) {
+    const unsigned u = (unsigned)scr_key(v + 0.f) ^ 0x80000000u;
+    return (unsigned long long)u << 32 | (0xffffffffu - (unsigned)j);
+}
 
 /* Residual element j of a row plus the pending fixed-point term (add: NULL, or the row's),
  * read through L2: both are a predecessor's output. */
@@ -1159,8 +1207,17 @@ static size_t screen_smem_bytes(int T, int k) {
  * scale and unit into the lane's float32 sum. The warp's T * R sums are reduced and scattered
  * (scr_reduce) and the first lane of each bounds its row: U = L' + R_j rounded up is stored (+inf
  * where the sums could overflow), L' - R_j rounded down kept for the row's best lower bound, which
- * the block's warps meet into lmax by atomicMax (scr_key). */
-template <int T, int R, bool TRACE>
+ * the block's warps meet into lmax by atomicMax (scr_key).
+ * FU (one activation row, lm_cuda_screen_pick; perf-notes v43): the screen picks the id too. Each
+ * warp publishes its lower bounds to lmax as it finds them (an atomicMax when one beats the best it
+ * knows, else a read of lmax, folded in at its next group), keeps the rows whose upper bound is not
+ * below what it knows (SCR_FCAP of them), and at its end sums those still not below it exactly
+ * (scr_exact_row: the pick's bits); the blocks' bests meet in one 64-bit atomicMax (scr_pick_key),
+ * and the last block writes the id, resets lmax and sets done, so that k_screen_pick returns at
+ * once. A warp that met more rows than it keeps leaves the choice to k_screen_pick (ovf). */
+constexpr int SCR_FCAP = 32; /* the candidates a warp of the one-row screen keeps (k_screen FU) */
+
+template <int T, int R, bool TRACE, bool FU>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_screen(float *y, int ldy, const float *x, int ldx, const uint8_t *__restrict__ q, int K, int M,
              const float *__restrict__ nw, float eps, const long long *x_fix, unsigned *dyn, int dyn_from,
@@ -1198,6 +1255,16 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         if (idx < T * R && g * R + idx % R < M) v = __ldg(scr.ab + g * R + idx % R);
         return v;
     };
+    static_assert(!FU || T == 1, "the screen picks its own id for one activation row");
+    /* FU: each warp's best lower bound known so far (its own, and the row's as last read: a read
+     * or the atomicMax that publishes its own, issued at a group and folded in at the next), and
+     * the rows whose upper bound was not below it when found (at most SCR_FCAP kept) */
+    float kn = -INFINITY;
+    int gpend = LM_CUDA_SCR_KEY_NEG_INF, fcn = 0;
+    __shared__ int fc_j[FU ? GEMV_WARPS : 1][SCR_FCAP];
+    __shared__ float fc_u[FU ? GEMV_WARPS : 1][SCR_FCAP];
+    if constexpr (FU)
+        if (blockIdx.x == 0 && threadIdx.x == 0) scr.fuse->done = 0; /* the last pick returned long ago */
     /* The screen never depends on the previous kernel: start streaming it before waiting. */
     if (rg < n_rg) load(rg, 0);
     float2 abv = load_ab(rg);
@@ -1300,24 +1367,84 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         /* a row whose sums could overflow in either kernel (a magnitude bound past 2^125, or NaN)
          * is never ruled out: U = +inf */
         const bool wide = !(__fmul_ru(__fmul_ru(ab, se), invt) < 0x1p+125f);
-        if (idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M) {
-            y[(size_t)t * ldy + j0 + r] = wide ? INFINITY : __fadd_ru(lj, rj);
+        const bool has = idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M;
+        const float uj = wide ? INFINITY : __fadd_ru(lj, rj);
+        if (has) {
+            y[(size_t)t * ldy + j0 + r] = uj;
             if (!wide) lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
+        }
+        if constexpr (FU) {
+            kn = fmaxf(kn, scr_unkey(__shfl_sync(0xffffffffu, gpend, 0)));
+            const float gb = warp_max(has && !wide ? __fadd_rd(lj, -rj) : -INFINITY);
+            if (lane == 0) gpend = gb > kn ? atomicMax(scr.lmax, scr_key(gb)) : __ldcg(scr.lmax);
+            kn = fmaxf(kn, gb);
+            const bool cand = has && !(uj < kn);
+            const unsigned bal = __ballot_sync(0xffffffffu, cand);
+            if (cand) {
+                const int pos = fcn + __popc(bal & ((1u << lane) - 1));
+                if (pos < SCR_FCAP) fc_j[warp][pos] = j0 + r, fc_u[warp][pos] = uj;
+            }
+            fcn += __popc(bal);
         }
         first = false;
     }
-    /* each row's best lower bound over the block, into its key */
-    __shared__ float lb[GEMV_WARPS][T];
+    if constexpr (!FU) {
+        /* each row's best lower bound over the block, into its key */
+        __shared__ float lb[GEMV_WARPS][T];
 #pragma unroll
-    for (int t = 0; t < T; t++) {
-        const float v = warp_max((lane >> SCR_SHIFT) / R == t ? lbest : -INFINITY);
-        if (lane == 0) lb[warp][t] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < T) {
-        float v = -INFINITY;
-        for (int w2 = 0; w2 < GEMV_WARPS; w2++) v = fmaxf(v, lb[w2][threadIdx.x]);
-        if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
+        for (int t = 0; t < T; t++) {
+            const float v = warp_max((lane >> SCR_SHIFT) / R == t ? lbest : -INFINITY);
+            if (lane == 0) lb[warp][t] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < T) {
+            float v = -INFINITY;
+            for (int w2 = 0; w2 < GEMV_WARPS; w2++) v = fmaxf(v, lb[w2][threadIdx.x]);
+            if (v > -INFINITY) atomicMax(scr.lmax + threadIdx.x, scr_key(v));
+        }
+    } else {
+        /* Every lower bound this warp met is in the row's key (published, or below what was), so
+         * kn <= the final best lower bound: a kept row below kn is no candidate, and every
+         * candidate (upper bound not below the final one) was kept unless the warp overflowed.
+         * The warp sums its candidates exactly, the block's best goes to the state's key, and the
+         * last block writes the id (or, after an overflow, leaves the row to k_screen_pick). */
+        kn = fmaxf(kn, scr_unkey(__shfl_sync(0xffffffffu, gpend, 0)));
+        __syncwarp();
+        float bv = -INFINITY;
+        int bi = INT_MAX, summed = 0;
+        for (int e = 0; e < min(fcn, SCR_FCAP); e++) {
+            if (fc_u[warp][e] < kn) continue;
+            const int j = fc_j[warp][e];
+            const float v = scr_exact_row(scr.w16, j, K, xs, inv[0], lane);
+            summed++;
+            if (v > -INFINITY && am_better(v, j, bv, bi)) bv = v, bi = j;
+        }
+        __shared__ float fsv[GEMV_WARPS];
+        __shared__ int fsi[GEMV_WARPS], fsn[GEMV_WARPS], fso[GEMV_WARPS];
+        if (lane == 0) fsv[warp] = bv, fsi[warp] = bi, fsn[warp] = summed, fso[warp] = fcn > SCR_FCAP;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int ovf = fso[0], nsum = fsn[0];
+            for (int w2 = 1; w2 < GEMV_WARPS; w2++) {
+                if (am_better(fsv[w2], fsi[w2], bv, bi)) bv = fsv[w2], bi = fsi[w2];
+                ovf |= fso[w2], nsum += fsn[w2];
+            }
+            lm_cuda_scr_fuse *st = scr.fuse;
+            if (bv > -INFINITY) atomicMax(&st->best, scr_pick_key(bv, bi));
+            if (ovf) atomicOr(&st->ovf, 1);
+            if (scr.n_cand && nsum) atomicAdd(scr.n_cand, nsum);
+            __threadfence();
+            if (atomicAdd(&st->count, 1u) == gridDim.x - 1) {
+                __threadfence();
+                const unsigned long long key = __ldcg(&st->best);
+                if (!__ldcg(&st->ovf)) {
+                    scr.ids[0] = key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0;
+                    scr.lmax[0] = LM_CUDA_SCR_KEY_NEG_INF;
+                    st->done = 1;
+                }
+                st->best = 0, st->count = 0, st->ovf = 0;
+            }
+        }
     }
     deal.finish();
     if (TRACE && threadIdx.x == 0)
@@ -1326,7 +1453,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 
 /* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
  * the upper bounds a thread reads into registers before staging x (a block's first 2,048). */
-constexpr int PICK_CAP = 512, PICK_REG = 8;
+constexpr int PICK_CAP = 512, PICK_REG = 8, PICK_LOADS = 8; /* PICK_LOADS: a row's chunks loaded at once */
 
 /* Grid (blocks, rows) of GEMV_THREADS: block b of row r takes rows [b * chunk, (b + 1) * chunk) of
  * the vocabulary. Its candidates are the rows whose upper bound u is not below the row's best lower
@@ -1335,14 +1462,16 @@ constexpr int PICK_CAP = 512, PICK_REG = 8;
  * chunk order, warp_sum, times 1 / rms from gemv_inv): the bits the full lm_head GEMV gives it.
  * x_fix: NULL, or [rows, K] the pending fixed-point terms gemv_stage folds in, as k_gemv's.
  * The blocks' best (value, lowest id) meet as in k_argmax; the last block of a row writes ids[r]
- * and resets lmax[r] to -inf and count[r] to 0. n_cand: NULL, or [rows] += the candidates summed. */
+ * and resets lmax[r] to -inf and count[r] to 0. n_cand: NULL, or [rows] += the candidates summed.
+ * done: NULL, or the one-row screen's flag: set, the screen wrote the id and the kernel returns. */
 template <bool TRACE>
 __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, const float *u, int ldu, const float *x,
                                                               int ldx, const long long *x_fix,
                                                               const uint16_t *__restrict__ w, int K, int M,
                                                               int chunk, const float *__restrict__ nw, float eps,
                                                               int *lmax, float2 *part, unsigned *count,
-                                                              int32_t *n_cand, unsigned long long *trace) {
+                                                              int32_t *n_cand, const int *done,
+                                                              unsigned long long *trace) {
     const unsigned long long t0 = TRACE ? gtime() : 0;
     extern __shared__ float4 gemv_smem[];
     float *xs = reinterpret_cast<float *>(gemv_smem);
@@ -1359,6 +1488,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     gemv_norm_prefetch(nwv, nw, K);
     pdl_trigger(); /* the next kernel may launch now; it waits for this one */
     pdl_wait();
+    if (done && __ldcg(done)) return; /* the one-row screen picked the id itself */
     const unsigned long long t1 = TRACE ? gtime() : 0;
     if (threadIdx.x == 0) ncand = 0;
     /* T and the first PICK_REG upper bounds a thread in one L2 trip; the candidates among them
@@ -1409,10 +1539,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     for (int i = warp; i < n_rows; i += GEMV_WARPS) {
         const int j = whole ? lo + i : cand[i];
         float acc[1][1] = {{0.f}};
-        for (int c = 0; c < nch; c++) {
-            const int kk = c * 256 + lane * 8;
-            const uint4 q[1] = {kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0)};
-            gemv_chunk_bf16<1, 1>(acc, q, gemv_smem, c, Kp, lane);
+        for (int c0 = 0; c0 < nch; c0 += PICK_LOADS) { /* a group of chunks' loads, then their sums */
+            uint4 q[PICK_LOADS][1];
+#pragma unroll
+            for (int c = 0; c < PICK_LOADS; c++) {
+                const int kk = (c0 + c) * 256 + lane * 8;
+                q[c][0] = c0 + c < nch && kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int c = 0; c < PICK_LOADS; c++)
+                if (c0 + c < nch) gemv_chunk_bf16<1, 1>(acc, q[c], gemv_smem, c0 + c, Kp, lane);
         }
         const float v = __fmul_rn(warp_sum(acc[0][0]), inv[0]);
         if (v > -INFINITY && am_better(v, j, bv, bi)) bv = v, bi = j; /* as k_argmax: -inf never wins */
@@ -1478,7 +1614,9 @@ template <int T, int R>
 cudaError_t launch_screen(const lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx, const uint8_t *q, int k,
                           int m, const float *nw, float eps, const long long *xf, gemv_scr scr) {
     constexpr bool CAN_TRACE = T <= 2;
-    auto fn = CAN_TRACE && c->trace ? k_screen<T, R, CAN_TRACE> : k_screen<T, R, false>;
+    auto fn = CAN_TRACE && c->trace ? k_screen<T, R, CAN_TRACE, false> : k_screen<T, R, false, false>;
+    if constexpr (T == 1)
+        if (scr.ids) fn = c->trace ? k_screen<T, R, true, true> : k_screen<T, R, false, true>;
     const size_t smem = screen_smem_bytes(T, k);
     const gemv_plan p = gemv_plan_for(c, (const void *)fn, smem, m, R);
     return lm_launch(c, dim3(p.grid), dim3(GEMV_THREADS), smem, fn, u, ldu, x, ldx, q, k, m, nw, eps, xf, p.dyn,
@@ -1497,9 +1635,11 @@ extern "C" bool lm_cuda_screen_fits(int k) {
     return k >= 32 && k % 32 == 0 && screen_smem_bytes(1, k) <= 200 * 1024 && gemv_smem_bytes<GEMV_BF16>(1, k) <= 200 * 1024;
 }
 
-extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
-                                        const int64_t *x_fix, const uint8_t *q, const float *ab, int n, int k, int m,
-                                        const float *norm_w, float eps) {
+/* lm_cuda_gemv_screen, and with ids and w (one activation row, the context's mode on) the
+ * screen that also picks the id (k_screen FU), leaving the pick only an overflow. */
+static lm_status screen_launch(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
+                               const int64_t *x_fix, const uint8_t *q, const float *ab, int n, int k, int m,
+                               const float *norm_w, float eps, int32_t *ids, const uint16_t *w, int32_t *n_cand) {
     if (n < 1 || n > c->max_rows || !lm_cuda_screen_fits(k) || m < 1 || ((uintptr_t)q & 15) || ((uintptr_t)ab & 7))
         return lm_errorf(LM_ERR_SHAPE,
                          "CUDA gemv screen: [%d, %d] x [%d, %d]^T: rows 1 to the context's max_rows %d, k a "
@@ -1512,7 +1652,9 @@ extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ld
      * slower at 2) */
     for (int t0 = 0; t0 < n; t0 += per) {
         const int T = std::min(per, n - t0);
-        const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k), screen_tiny(k)};
+        const bool fu = ids && n == 1;
+        const gemv_scr scr = {reinterpret_cast<const float2 *>(ab), c->scr_max + t0, screen_rho(k), screen_tiny(k),
+                              fu ? w : NULL, fu ? ids : NULL, c->scr_fuse, fu ? n_cand : NULL};
         float *ut = u + (size_t)t0 * ldu;
         const float *xt = x + (size_t)t0 * ldx;
         /* the pending fixed-point terms fold into x as it is staged (gemv_stage), as the bf16 GEMV's */
@@ -1529,9 +1671,16 @@ extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ld
     return LM_OK;
 }
 
-extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu,
-                                            const float *x, int ldx, const int64_t *x_fix, const uint16_t *w, int n,
-                                            int k, int m, const float *norm_w, float eps, int32_t *n_cand) {
+extern "C" lm_status lm_cuda_gemv_screen(struct lm_cuda_ctx *c, float *u, int ldu, const float *x, int ldx,
+                                        const int64_t *x_fix, const uint8_t *q, const float *ab, int n, int k, int m,
+                                        const float *norm_w, float eps) {
+    return screen_launch(c, u, ldu, x, ldx, x_fix, q, ab, n, k, m, norm_w, eps, NULL, NULL, NULL);
+}
+
+/* lm_cuda_argmax_screened; done: NULL, or the one-row screen's flag (the pick returns when set). */
+static lm_status pick_launch(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu, const float *x, int ldx,
+                             const int64_t *x_fix, const uint16_t *w, int n, int k, int m, const float *norm_w,
+                             float eps, int32_t *n_cand, const int *done) {
     const size_t smem = gemv_smem_bytes<GEMV_BF16>(1, k);
     if (n < 1 || n > c->max_rows || k < 8 || k % 8 || m < 1 || smem > 200 * 1024 || ((uintptr_t)w & 15)) {
         lm_cuda_screen_reset(c);
@@ -1546,12 +1695,30 @@ extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids
     const cudaError_t e =
         lm_launch(c, dim3((unsigned)nb, (unsigned)n), dim3(GEMV_THREADS), smem, fn, ids, u, ldu, x, ldx,
                   (const long long *)x_fix, w, k, m, chunk, norm_w, eps, c->scr_max, c->am_part, c->am_count, n_cand,
-                  c->trace);
+                  done, c->trace);
     if (e != cudaSuccess) {
         lm_cuda_screen_reset(c);
         return lm_cuda_fail(e, "screened argmax launch");
     }
     return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const float *u, int ldu,
+                                            const float *x, int ldx, const int64_t *x_fix, const uint16_t *w, int n,
+                                            int k, int m, const float *norm_w, float eps, int32_t *n_cand) {
+    return pick_launch(c, ids, u, ldu, x, ldx, x_fix, w, n, k, m, norm_w, eps, n_cand, NULL);
+}
+
+extern "C" lm_status lm_cuda_screen_pick(struct lm_cuda_ctx *c, int32_t *ids, float *u, int ldu, const float *x,
+                                        int ldx, const int64_t *x_fix, const uint8_t *q, const float *ab,
+                                        const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
+                                        int32_t *n_cand) {
+    if (((uintptr_t)w & 15) || k % 8)
+        return lm_errorf(LM_ERR_SHAPE, "CUDA screen pick: the bf16 rows must be 16-byte aligned and k a multiple of 8");
+    const bool fu = n == 1 && c->scr_fuse_on;
+    const lm_status rc = screen_launch(c, u, ldu, x, ldx, x_fix, q, ab, n, k, m, norm_w, eps, fu ? ids : NULL, w, n_cand);
+    if (rc) return rc;
+    return pick_launch(c, ids, u, ldu, x, ldx, x_fix, w, n, k, m, norm_w, eps, n_cand, fu ? &c->scr_fuse->done : NULL);
 }
 
 extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {

@@ -117,6 +117,7 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
     cudaFree(c->am_part);
     cudaFree(c->am_count);
     cudaFree(c->scr_max);
+    cudaFree(c->scr_fuse);
     cudaFree(c->gemv_ctr);
     cudaFree(c->trace);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -126,7 +127,9 @@ extern "C" void lm_cuda_ctx_destroy(struct lm_cuda_ctx *c) {
 /* The screen's per-row best lower bounds at -inf (common.cuh LM_CUDA_SCR_KEY_NEG_INF). */
 static cudaError_t screen_fill(lm_cuda_ctx *c) {
     const std::vector<int> neg((size_t)c->max_rows, LM_CUDA_SCR_KEY_NEG_INF);
-    return cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
+    const cudaError_t e = cudaMemcpy(c->scr_max, neg.data(), sizeof(int) * c->max_rows, cudaMemcpyHostToDevice);
+    const lm_cuda_scr_fuse zero = {};
+    return e == cudaSuccess ? cudaMemcpy(c->scr_fuse, &zero, sizeof zero, cudaMemcpyHostToDevice) : e;
 }
 
 void lm_cuda_screen_reset(lm_cuda_ctx *c) {
@@ -177,7 +180,9 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     if (e == cudaSuccess) e = cudaMalloc(&c->am_count, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMemset(c->am_count, 0, sizeof(unsigned) * c->max_rows);
     if (e == cudaSuccess) e = cudaMalloc(&c->scr_max, sizeof(int) * c->max_rows);
+    if (e == cudaSuccess) e = cudaMalloc(&c->scr_fuse, sizeof(lm_cuda_scr_fuse));
     if (e == cudaSuccess) e = screen_fill(c);
+    c->scr_fuse_on = lm_env_flag("LM_CUDA_SCR_FUSE", true);
     const size_t ctr_bytes = sizeof(unsigned) * (LM_CUDA_GEMV_CLASSES + 1) * LM_CUDA_GEMV_CTR_STRIDE;
     if (e == cudaSuccess) e = cudaMalloc(&c->gemv_ctr, ctr_bytes);
     if (e == cudaSuccess) e = cudaMemset(c->gemv_ctr, 0, ctr_bytes);

@@ -940,10 +940,8 @@ static lm_status run_forward(lm_cuda_qwen3 *m, int nt, int no, const layout &L, 
          * lm_cuda_qwen3_forward decided it) */
         if (screen) {
             const int64_t *xf = pending ? acc_of(m->NL - 1) : NULL;
-            LM_TRY(lm_cuda_gemv_screen(c, m->logits, V, src, H, xf, m->screen, m->screen_ab, no, H, V,
-                                       m->norm, eps));
-            return lm_cuda_argmax_screened(c, ids_out, m->logits, V, src, H, xf, m->lm_head.bf, no, H, V, m->norm,
-                                           eps, NULL);
+            return lm_cuda_screen_pick(c, ids_out, m->logits, V, src, H, xf, m->screen, m->screen_ab, m->lm_head.bf,
+                                       no, H, V, m->norm, eps, NULL);
         }
         const lm_cuda_fix_io ff = {pending ? acc_of(m->NL - 1) : NULL, NULL, 0};
         LM_TRY(gemv_any(m, c, m->logits, V, src, H, m->lm_head, no, H, V, m->norm, eps, LM_CUDA_EPI_STORE,
