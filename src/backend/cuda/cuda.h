@@ -318,7 +318,8 @@ lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const flo
  * published to the row's key as found), sums those still not below it at the end exactly as the
  * pick would, and the last block writes ids[0]; the pick then returns at once, unless a warp met
  * more such rows than it keeps (then the pick decides, as without the screen's). n_cand as
- * lm_cuda_argmax_screened's. LM_CUDA_SCR_FUSE=0 turns the screen's pick off. LM_ERR_SHAPE for a
+ * lm_cuda_argmax_screened's, counting the rows whichever kernel summed (after an overflow, both
+ * kernels' rows). LM_CUDA_SCR_FUSE=0 turns the screen's pick off. LM_ERR_SHAPE for a
  * bad shape. */
 lm_status lm_cuda_screen_pick(struct lm_cuda_ctx *c, int32_t *ids, float *u, int ldu, const float *x, int ldx,
                               const int64_t *x_fix, const uint8_t *q, const float *ab, const uint16_t *w, int n,

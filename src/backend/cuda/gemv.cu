@@ -1263,8 +1263,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     int gpend = LM_CUDA_SCR_KEY_NEG_INF, fcn = 0;
     __shared__ int fc_j[FU ? GEMV_WARPS : 1][SCR_FCAP];
     __shared__ float fc_u[FU ? GEMV_WARPS : 1][SCR_FCAP];
-    if constexpr (FU)
-        if (blockIdx.x == 0 && threadIdx.x == 0) scr.fuse->done = 0; /* the last pick returned long ago */
     /* The screen never depends on the previous kernel: start streaming it before waiting. */
     if (rg < n_rg) load(rg, 0);
     float2 abv = load_ab(rg);
@@ -1274,6 +1272,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_norm_prefetch(nwv, nw, K);
     float sq[T];
     pdl_wait();
+    /* FU: clear the flag the last pick read (it ended before the previous kernel did); the last
+     * block sets it after every block's count, this one's among them */
+    if constexpr (FU)
+        if (blockIdx.x == 0 && threadIdx.x == 0) scr.fuse->done = 0;
     const unsigned long long t1 = TRACE ? gtime() : 0;
     gemv_stage<T, 16>(xs, x, ldx, K, Kp, nw, nwv, x_fix, sq, ss_part, T);
     const unsigned long long tx = TRACE ? gtime() : 0;
