@@ -2063,6 +2063,9 @@ struct scr_case {
     const int64_t *fix; /* NULL, or [n, k] pending fixed-point terms of x */
 };
 
+/* After screen_run at one row: whether the screen picked the id itself (lm_cuda_screen_picked). */
+static bool g_scr_picked;
+
 /* Runs both paths on one case; returns the candidates summed exactly (row 0). */
 static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *ids_out) {
     uint16_t *dw = dev_from(sc->w, 2 * (size_t)m * k);
@@ -2127,7 +2130,12 @@ static int screen_run(const struct scr_case *sc, int n, int k, int m, int32_t *i
     if (dfix) lm_cuda_free(dfix);
     lm_cuda_free(dl), lm_cuda_free(du), lm_cuda_free(dids), lm_cuda_free(dsids), lm_cuda_free(dcand);
     lm_cuda_free(du2), lm_cuda_free(dfids), lm_cuda_free(dfcand);
-    if (n == 1) fprintf(stderr, "screen pick: %s: %d rows summed exactly (the pick alone %d)\n", sc->name, fcand[0], cand[0]);
+    g_scr_picked = false;
+    if (n == 1) {
+        CHECK(lm_cuda_screen_picked(g_ctx, &g_scr_picked) == LM_OK, "%s: %s", sc->name, lm_error_message());
+        fprintf(stderr, "screen pick: %s: %d rows summed exactly (the pick alone %d), %s\n", sc->name, fcand[0],
+                cand[0], g_scr_picked ? "the screen picked" : "the pick decided");
+    }
     return cand[0];
 }
 
@@ -2141,7 +2149,8 @@ static void test_screen(void) {
     static const int shapes[][3] = {{1024, 50007, 1}, {1024, 50007, 3}, {96, 20011, 2}, {32, 151936, 1},
                                     {256, 30011, 5}, {128, 10007, 8}, {32, 300007, 1}, {2048, 6007, 2},
                                     {2560, 8009, 1}, {2560, 4001, 4}, {1056, 70001, 1}};
-    int worst_cand = 0, cases = 0;
+    int worst_cand = 0, cases = 0, fell_back = 0;
+    const bool fuse = lm_cuda_ctx_screen_fuse(g_ctx);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int k = shapes[si][0], m = shapes[si][1], n = shapes[si][2];
         uint16_t *w = malloc(2 * (size_t)m * k);
@@ -2157,6 +2166,8 @@ static void test_screen(void) {
             const int c = screen_run(&sc, n, k, m, ids);
             if (c > worst_cand) worst_cand = c;
             cases++;
+            /* random rows leave a warp a handful of candidates: the screen's pick must decide */
+            CHECK(n > 1 || !fuse || g_scr_picked, "%s: the screen left a random one-row case to the pick", name);
             if (seed) continue;
             /* an exact tie below: row 5 a copy of the argmax row; then a near tie, one weight of
              * row 9 a bf16 step above the argmax row's */
@@ -2184,6 +2195,7 @@ static void test_screen(void) {
             snprintf(name, sizeof name, "screen k %d m %d: zero activations", k, m);
             const int cz = screen_run(&sc, n, k, m, ids);
             CHECK(cz == m, "%s: %d rows summed, want all %d", name, cz, m);
+            fell_back += n == 1 && !g_scr_picked; /* every row a candidate: warps past 32 overflow */
             x[1] = INFINITY;
             snprintf(name, sizeof name, "screen k %d m %d: an infinite activation", k, m);
             screen_run(&sc, n, k, m, ids);
@@ -2253,6 +2265,8 @@ static void test_screen(void) {
     /* random weights leave a few hundred rows to sum (the bound is Cauchy-Schwarz, ~0.7 sigma of the
      * logits at k = 1,024); a pick block sums its whole range past 512 of its rows */
     CHECK(worst_cand <= 2048, "screen: up to %d rows summed exactly on random weights (want <= 2,048)", worst_cand);
+    /* zero activations at 151,936 and 300,007 rows (72 and 142 a warp) overflow: the fallback ran */
+    CHECK(!fuse || fell_back > 0, "screen: no one-row case fell back to the pick (want the zero-activation ones)");
     CHECK(lm_cuda_gemv_screen(g_ctx, NULL, 1, NULL, 40, NULL, NULL, NULL, 1, 40, 8, NULL, 0) == LM_ERR_SHAPE,
           "screen with k = 40 must be refused");
     fprintf(stderr, "screen: %d cases, ids equal to the full lm_head's; up to %d rows summed exactly on random "

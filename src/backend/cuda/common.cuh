@@ -74,7 +74,6 @@ struct lm_cuda_scr_fuse {
     unsigned count;          /* blocks done */
     int ovf;                 /* a warp held more candidates than it keeps: the pick decides */
     int done;
-    int pad;
 };
 
 enum { LM_CUDA_AM_CHUNK = 2048, LM_CUDA_AM_MAX_CHUNKS = 128, LM_CUDA_GEMV_CLASSES = 32, LM_CUDA_GEMV_CTR_STRIDE = 32 };

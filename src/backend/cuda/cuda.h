@@ -324,6 +324,11 @@ lm_status lm_cuda_argmax_screened(struct lm_cuda_ctx *c, int32_t *ids, const flo
 lm_status lm_cuda_screen_pick(struct lm_cuda_ctx *c, int32_t *ids, float *u, int ldu, const float *x, int ldx,
                               const int64_t *x_fix, const uint8_t *q, const float *ab, const uint16_t *w, int n,
                               int k, int m, const float *norm_w, float eps, int32_t *n_cand);
+/* Whether c's one-row lm_cuda_screen_pick lets the screen pick (LM_CUDA_SCR_FUSE, default on). */
+bool lm_cuda_ctx_screen_fuse(const struct lm_cuda_ctx *c);
+/* *picked: whether the last one-row lm_cuda_screen_pick's screen wrote the id itself (false when
+ * the pick decided after an overflow, or with the screen's pick off). Waits for c's stream (tests). */
+lm_status lm_cuda_screen_picked(struct lm_cuda_ctx *c, bool *picked);
 
 /* The MLP of 1 to LM_CUDA_MLP1_MAX_ROWS tokens as one kernel (decode on the GEMV path: one
  * dependency a layer instead of two; each block copies its weights to shared memory before its

@@ -63,41 +63,6 @@ __device__ __forceinline__ int scr_key(float f) {
 }
 __device__ __forceinline__ float scr_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
 
-/* The one-row screen's exact sum of bf16 row j (k of them, 16-byte aligned) with the staged row xs
- * (gemv_slot<16>, k_screen's staging) times inv: k_screen_pick's value for row j, bit for bit (its
- * chunks of 256 in order, each lane's 8 products in element order as gemv_chunk_bf16, warp_sum,
- * times inv). All of a chunk group's loads are issued before the first product. */
-__device__ __forceinline__ float scr_exact_row(const uint16_t *__restrict__ w, int j, int K, const float *xs,
-                                               float inv, int lane) {
-    constexpr int G = 8;
-    const int nch = (K + 255) / 256;
-    const float4 *x4 = reinterpret_cast<const float4 *>(xs);
-    float a = 0.f;
-    for (int c0 = 0; c0 < nch; c0 += G) {
-        uint4 q[G];
-#pragma unroll
-        for (int c = 0; c < G; c++) {
-            const int kk = (c0 + c) * 256 + lane * 8;
-            q[c] = c0 + c < nch && kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int c = 0; c < G; c++) {
-            if (c0 + c >= nch) break;
-            const int kk = (c0 + c) * 256 + lane * 8;
-            const float4 xa = x4[gemv_slot<16>(kk) >> 2], xb = x4[gemv_slot<16>(kk + 4) >> 2];
-            a = fmaf(bf_lo(q[c].x), xa.x, a);
-            a = fmaf(bf_hi(q[c].x), xa.y, a);
-            a = fmaf(bf_lo(q[c].y), xa.z, a);
-            a = fmaf(bf_hi(q[c].y), xa.w, a);
-            a = fmaf(bf_lo(q[c].z), xb.x, a);
-            a = fmaf(bf_hi(q[c].z), xb.y, a);
-            a = fmaf(bf_lo(q[c].w), xb.z, a);
-            a = fmaf(bf_hi(q[c].w), xb.w, a);
-        }
-    }
-    return __fmul_rn(warp_sum(a), inv);
-}
-
 /* A greedy (logit, id) as one 64-bit key whose unsigned order is the greedy order (am_better: the
  * larger logit, then the lower id; -0 as +0). v is not NaN. */
 __device__ __forceinline__ unsigned long long scr_pick_key(float v, int j) {
@@ -131,6 +96,19 @@ __device__ __forceinline__ void gemv_store(float *yrow, int j, int M, float v, f
     }
 }
 
+/* a + the products of 8 bf16 weights q (elements e .. e + 7) with xa (e .. e + 3) and xb (e + 4 ..
+ * e + 7), fused in element order */
+__device__ __forceinline__ float bf16_fma8(float a, uint4 q, float4 xa, float4 xb) {
+    a = fmaf(bf_lo(q.x), xa.x, a);
+    a = fmaf(bf_hi(q.x), xa.y, a);
+    a = fmaf(bf_lo(q.y), xa.z, a);
+    a = fmaf(bf_hi(q.y), xa.w, a);
+    a = fmaf(bf_lo(q.z), xb.x, a);
+    a = fmaf(bf_hi(q.z), xb.y, a);
+    a = fmaf(bf_lo(q.w), xb.z, a);
+    return fmaf(bf_hi(q.w), xb.w, a);
+}
+
 /* acc[t][r] += the products of a lane's 8 bf16 weights of row r (q[r], elements c * 256 + lane * 8
  * .. + 7) with staged row t (xs: T rows of Kp floats at gemv_slot<8>), in element order: the
  * one summation order of every bf16 row sum (k_gemv, k_mlp1). */
@@ -144,23 +122,37 @@ __device__ __forceinline__ void gemv_chunk_bf16(float (&acc)[T][R], const uint4 
         xb[t] = xs[(t * Kp >> 2) + c * 64 + 32 + lane];
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float f0 = bf_lo(q[r].x), f1 = bf_hi(q[r].x), f2 = bf_lo(q[r].y), f3 = bf_hi(q[r].y);
-        const float f4 = bf_lo(q[r].z), f5 = bf_hi(q[r].z), f6 = bf_lo(q[r].w), f7 = bf_hi(q[r].w);
+    for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < T; t++) {
-            float a = acc[t][r];
-            a = fmaf(f0, xa[t].x, a);
-            a = fmaf(f1, xa[t].y, a);
-            a = fmaf(f2, xa[t].z, a);
-            a = fmaf(f3, xa[t].w, a);
-            a = fmaf(f4, xb[t].x, a);
-            a = fmaf(f5, xb[t].y, a);
-            a = fmaf(f6, xb[t].z, a);
-            a = fmaf(f7, xb[t].w, a);
-            acc[t][r] = a;
+        for (int t = 0; t < T; t++) acc[t][r] = bf16_fma8(acc[t][r], q[r], xa[t], xb[t]);
+}
+
+/* Row j of bf16 rows w (K of them, 16-byte aligned) times one staged row xs (x * norm_w at
+ * gemv_slot<EL>: k_screen_pick's staging at EL 8, k_screen's at 16), summed as k_gemv sums a bf16
+ * row (gemv_chunk_bf16's order, chunk by chunk, then warp_sum), times inv: the full lm_head's
+ * logit, bit for bit. A group of up to 8 chunks' loads is issued before their sums. */
+template <int EL>
+__device__ __forceinline__ float gemv_row_bf16(const uint16_t *__restrict__ w, int j, int K, const float *xs,
+                                               float inv, int lane) {
+    constexpr int G = 8;
+    const int nch = (K + 255) / 256;
+    const float4 *x4 = reinterpret_cast<const float4 *>(xs);
+    float a = 0.f;
+    for (int c0 = 0; c0 < nch; c0 += G) {
+        uint4 q[G];
+#pragma unroll
+        for (int c = 0; c < G; c++) {
+            const int kk = (c0 + c) * 256 + lane * 8;
+            q[c] = c0 + c < nch && kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int c = 0; c < G; c++) {
+            if (c0 + c >= nch) break;
+            const int kk = (c0 + c) * 256 + lane * 8;
+            a = bf16_fma8(a, q[c], x4[gemv_slot<EL>(kk) >> 2], x4[gemv_slot<EL>(kk + 4) >> 2]);
         }
     }
+    return __fmul_rn(warp_sum(a), inv);
 }
 
 /* ggml's Q8_0 scale of a block whose largest magnitude is amax (backend/cpu/quant.h
@@ -1212,7 +1204,7 @@ static size_t screen_smem_bytes(int T, int k) {
  * warp publishes its lower bounds to lmax as it finds them (an atomicMax when one beats the best it
  * knows, else a read of lmax, folded in at its next group), keeps the rows whose upper bound is not
  * below what it knows (SCR_FCAP of them), and at its end sums those still not below it exactly
- * (scr_exact_row: the pick's bits); the blocks' bests meet in one 64-bit atomicMax (scr_pick_key),
+ * (gemv_row_bf16: the pick's bits); the blocks' bests meet in one 64-bit atomicMax (scr_pick_key),
  * and the last block writes the id, resets lmax and sets done, so that k_screen_pick returns at
  * once. A warp that met more rows than it keeps leaves the choice to k_screen_pick (ovf). */
 constexpr int SCR_FCAP = 32; /* the candidates a warp of the one-row screen keeps (k_screen FU) */
@@ -1261,8 +1253,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
      * the rows whose upper bound was not below it when found (at most SCR_FCAP kept) */
     float kn = -INFINITY;
     int gpend = LM_CUDA_SCR_KEY_NEG_INF, fcn = 0;
-    __shared__ int fc_j[FU ? GEMV_WARPS : 1][SCR_FCAP];
-    __shared__ float fc_u[FU ? GEMV_WARPS : 1][SCR_FCAP];
+    __shared__ int fc_j[FU ? GEMV_WARPS : 1][FU ? SCR_FCAP : 1];
+    __shared__ float fc_u[FU ? GEMV_WARPS : 1][FU ? SCR_FCAP : 1];
     /* The screen never depends on the previous kernel: start streaming it before waiting. */
     if (rg < n_rg) load(rg, 0);
     float2 abv = load_ab(rg);
@@ -1370,14 +1362,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
          * is never ruled out: U = +inf */
         const bool wide = !(__fmul_ru(__fmul_ru(ab, se), invt) < 0x1p+125f);
         const bool has = idx < T * R && !(lane & ((1 << SCR_SHIFT) - 1)) && j0 + r < M;
-        const float uj = wide ? INFINITY : __fadd_ru(lj, rj);
-        if (has) {
-            y[(size_t)t * ldy + j0 + r] = uj;
-            if (!wide) lbest = fmaxf(lbest, __fadd_rd(lj, -rj));
-        }
-        if constexpr (FU) {
+        const float uj = wide ? INFINITY : __fadd_ru(lj, rj), lo = has && !wide ? __fadd_rd(lj, -rj) : -INFINITY;
+        if (has) y[(size_t)t * ldy + j0 + r] = uj;
+        if constexpr (!FU) {
+            lbest = fmaxf(lbest, lo);
+        } else {
             kn = fmaxf(kn, scr_unkey(__shfl_sync(0xffffffffu, gpend, 0)));
-            const float gb = warp_max(has && !wide ? __fadd_rd(lj, -rj) : -INFINITY);
+            const float gb = warp_max(lo);
             if (lane == 0) gpend = gb > kn ? atomicMax(scr.lmax, scr_key(gb)) : __ldcg(scr.lmax);
             kn = fmaxf(kn, gb);
             const bool cand = has && !(uj < kn);
@@ -1417,7 +1408,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int e = 0; e < min(fcn, SCR_FCAP); e++) {
             if (fc_u[warp][e] < kn) continue;
             const int j = fc_j[warp][e];
-            const float v = scr_exact_row(scr.w16, j, K, xs, inv[0], lane);
+            const float v = gemv_row_bf16<16>(scr.w16, j, K, xs, inv[0], lane);
             summed++;
             if (v > -INFINITY && am_better(v, j, bv, bi)) bv = v, bi = j;
         }
@@ -1455,7 +1446,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 
 /* Candidates a block of k_screen_pick holds before it sums its whole range exactly instead, and
  * the upper bounds a thread reads into registers before staging x (a block's first 2,048). */
-constexpr int PICK_CAP = 512, PICK_REG = 8, PICK_LOADS = 8; /* PICK_LOADS: a row's chunks loaded at once */
+constexpr int PICK_CAP = 512, PICK_REG = 8;
 
 /* Grid (blocks, rows) of GEMV_THREADS: block b of row r takes rows [b * chunk, (b + 1) * chunk) of
  * the vocabulary. Its candidates are the rows whose upper bound u is not below the row's best lower
@@ -1540,19 +1531,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) k_screen_pick(int32_t *ids, cons
     int bi = INT_MAX;
     for (int i = warp; i < n_rows; i += GEMV_WARPS) {
         const int j = whole ? lo + i : cand[i];
-        float acc[1][1] = {{0.f}};
-        for (int c0 = 0; c0 < nch; c0 += PICK_LOADS) { /* a group of chunks' loads, then their sums */
-            uint4 q[PICK_LOADS][1];
-#pragma unroll
-            for (int c = 0; c < PICK_LOADS; c++) {
-                const int kk = (c0 + c) * 256 + lane * 8;
-                q[c][0] = c0 + c < nch && kk < K ? ld_stream16(w + (size_t)j * K + kk) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int c = 0; c < PICK_LOADS; c++)
-                if (c0 + c < nch) gemv_chunk_bf16<1, 1>(acc, q[c], gemv_smem, c0 + c, Kp, lane);
-        }
-        const float v = __fmul_rn(warp_sum(acc[0][0]), inv[0]);
+        const float v = gemv_row_bf16<8>(w, j, K, xs, inv[0], lane);
         if (v > -INFINITY && am_better(v, j, bv, bi)) bv = v, bi = j; /* as k_argmax: -inf never wins */
     }
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
@@ -1715,12 +1694,22 @@ extern "C" lm_status lm_cuda_screen_pick(struct lm_cuda_ctx *c, int32_t *ids, fl
                                         int ldx, const int64_t *x_fix, const uint8_t *q, const float *ab,
                                         const uint16_t *w, int n, int k, int m, const float *norm_w, float eps,
                                         int32_t *n_cand) {
-    if (((uintptr_t)w & 15) || k % 8)
-        return lm_errorf(LM_ERR_SHAPE, "CUDA screen pick: the bf16 rows must be 16-byte aligned and k a multiple of 8");
+    if ((uintptr_t)w & 15) /* checked before the screen, which reads them when it picks */
+        return lm_errorf(LM_ERR_SHAPE, "CUDA screen pick: the bf16 rows must be 16-byte aligned");
     const bool fu = n == 1 && c->scr_fuse_on;
     const lm_status rc = screen_launch(c, u, ldu, x, ldx, x_fix, q, ab, n, k, m, norm_w, eps, fu ? ids : NULL, w, n_cand);
     if (rc) return rc;
     return pick_launch(c, ids, u, ldu, x, ldx, x_fix, w, n, k, m, norm_w, eps, n_cand, fu ? &c->scr_fuse->done : NULL);
+}
+
+extern "C" bool lm_cuda_ctx_screen_fuse(const struct lm_cuda_ctx *c) { return c->scr_fuse_on; }
+
+extern "C" lm_status lm_cuda_screen_picked(struct lm_cuda_ctx *c, bool *picked) {
+    int done = 0;
+    LM_CU(cudaStreamSynchronize(c->stream));
+    LM_CU(cudaMemcpy(&done, &c->scr_fuse->done, sizeof done, cudaMemcpyDeviceToHost));
+    *picked = done != 0;
+    return LM_OK;
 }
 
 extern "C" bool lm_cuda_mlp1_fits(const struct lm_cuda_ctx *c, int k, int inter) {
