@@ -753,10 +753,31 @@ __global__ void __launch_bounds__(FA_WARPS * 32, 1) k_attn_prefill(const lm_cuda
  * Batched decode past one wave of this shape runs a lighter one (batch_dec: 4 warps, 2 passes a
  * round, 4 blocks a multiprocessor), also from the host's work list. k_attention's lane-a-position
  * K loads touch 32 rows an instruction; here LP lanes share a row, so an instruction touches 4.
+ * Where the output is bf16 and D is 32, 64 or 128 the one-wave shape runs its rounds on the tensor
+ * cores instead (TC, perf-notes v44): each warp takes 16 positions of a 128-position round, its K
+ * rows in registers as mma.sync's A fragments (a permutation of the dims that 16-byte loads give),
+ * its V rows copied into shared memory before the wait, q.k against q's bf16 hi and lo parts and
+ * p.V with the probabilities rounded to bf16 (k_attn_prefill's arithmetic), an online softmax in
+ * log2 units; the warps' partials merge as before. Its cost hardly grows with the positions of a
+ * round: at batch 1 the same as the float32 rounds at 32 positions, +2% tok/s at tg128, +4% at 96-127
+ * positions (the float32 rounds cost ~0.28 us a layer for each 32 positions past the first).
  */
 
 constexpr int DEC_WARPS = 8, DEC_THREADS = DEC_WARPS * 32;
 static_assert(LM_CUDA_DEC_RUN <= 8, "k_attn_dec keeps a run's K/V in 8 shared-memory rows");
+
+/* k_attn_dec's tensor-core rounds (TC): head sizes whose rows split into 4 lanes of whole 16-byte
+ * chunks and whose output fits D / 2 registers a lane, groups of up to 8 query heads (the mma's 8
+ * columns). */
+template <int D, int GM>
+__host__ __device__ constexpr bool dec_tc_ok() {
+    return (D == 32 || D == 64 || D == 128) && GM <= 8;
+}
+
+/* Word i (0..3, a constant after unrolling) of v. */
+__device__ __forceinline__ unsigned u4_word(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 /* W warps a block; NPX passes a round (0: by the group size, as v7). The one-wave launch is
  * <DEC_WARPS, 0>; batched decode uses a lighter shape (batch_dec: 4 warps, 2 passes) with several
@@ -794,12 +815,14 @@ __device__ __forceinline__ void dec_rope_cs(const float *inv_freq, int pos, int 
 }
 
 /* One warp: RoPE(RMSNorm(src) * w) with precomputed cos/sin, to a query head in shared memory
- * (layout dec_qslot) or to a key row (bf16) in shared memory and, unless k_out is NULL, the
- * cache. */
+ * (layout dec_qslot; or with q_hi, split into bf16 hi and lo parts at q_hi[i] and q_lo[i], the
+ * tensor-core rounds' operands) or to a key row (bf16) in shared memory and, unless k_out is NULL,
+ * the cache. */
 template <int D>
 __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, const float *c,
                                               const float *s, float eps, int lane, float *q_out,
-                                              uint16_t *k_out, uint16_t *k_sm) {
+                                              uint16_t *k_out, uint16_t *k_sm, uint16_t *q_hi = nullptr,
+                                              uint16_t *q_lo = nullptr) {
     constexpr int H = D / 2, PER = (H + 31) / 32;
     float x1[PER], x2[PER], w1[PER], w2[PER], ss = 0.f;
 #pragma unroll
@@ -820,7 +843,11 @@ __device__ __forceinline__ void dec_norm_rope(const float *src, const float *w, 
         if (j >= H) continue;
         const float a = w1[i] * (x1[i] * inv), b = w2[i] * (x2[i] * inv);
         const float o1 = a * c[i] - b * s[i], o2 = b * c[i] + a * s[i];
-        if (q_out) {
+        if (q_hi) {
+            const uint16_t h1 = f2bf(o1), h2 = f2bf(o2);
+            q_hi[j] = h1, q_hi[j + H] = h2;
+            q_lo[j] = f2bf(o1 - bf2f(h1)), q_lo[j + H] = f2bf(o2 - bf2f(h2));
+        } else if (q_out) {
             q_out[dec_qslot<D>(j)] = o1;
             q_out[dec_qslot<D>(j + H)] = o2;
         } else {
@@ -852,15 +879,22 @@ __device__ __forceinline__ void tr_halve(float *v, int lane) {
     }
 }
 
-template <int D, int GM, int W, int NPX>
+template <int D, int GM, int W, int NPX, bool TC = false>
 __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 : 2) k_attn_dec(const lm_cuda_attn a) {
     using S = DecShape<D, GM, W, NPX>;
     constexpr int LP = S::LP, PW = S::PW, PP = S::PP, NP = S::NP, RP = S::RP;
     constexpr int PER = (D / 2 + 31) / 32, NT = W * 32;
+    static_assert(!TC || (dec_tc_ok<D, GM>() && NPX == 0), "k_attn_dec<TC>: D of 32, 64 or 128, the one-wave shape");
+    /* TC: a warp's 16 positions a round on the tensor cores: RT positions a round, the V rows in a
+     * tile of shared memory a warp (row stride TSD: the 8 rows of an ldmatrix on distinct banks),
+     * which the warps' partials (wacc) reuse at the end. */
+    constexpr int TSD = D + 8, RT = 16 * W;
+    constexpr size_t WACC_B = sizeof(float) * W * GM * D, VT_B = TC ? sizeof(uint16_t) * W * 16 * TSD : 0;
     __shared__ __align__(16) float qs[GM][D];
     __shared__ __align__(16) uint16_t kn[LM_CUDA_DEC_RUN][D], vn[LM_CUDA_DEC_RUN][D];
     __shared__ float wm[W][GM], wl[W][GM];
-    __shared__ __align__(16) float wacc[W][GM][D];
+    __shared__ __align__(16) unsigned char dec_big[WACC_B > VT_B ? WACC_B : VT_B];
+    float(&wacc)[W][GM][D] = *reinterpret_cast<float(*)[W][GM][D]>(dec_big);
     const int g = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int grp = lane / LP, j = lane % LP;
@@ -919,13 +953,52 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
             }
         }
     };
-    load_round(p0);
+    /* TC: lane (gq, tq) holds K rows gq and gq + 8 of the warp's 16 positions, dims QD tq .. + QD - 1
+     * (RC 16-byte chunks each), in registers, and copies the same chunks of their V rows into the
+     * warp's tile (zeros past the cached positions). */
+    constexpr int QD = D / 4, RC = D / 32;
+    const int gq = lane >> 2, tq = lane & 3;
+    uint16_t *const vt = reinterpret_cast<uint16_t *>(dec_big) + (TC ? warp * 16 * TSD : 0);
+    uint4 kt[2][TC ? RC : 1];
+    auto load_tc = [&](int r0) {
+        if constexpr (TC) {
+            int tk[2], blk[2];
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                tk[x] = r0 + 16 * warp + gq + 8 * x;
+                blk[x] = tk[x] < lim ? bt[tk[x] / BS] : 0;
+            }
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const bool in = tk[x] < lim;
+                const size_t off = in ? kv_offset(a, blk[x], g, tk[x] % BS, D) + QD * tq : 0;
+#pragma unroll
+                for (int i = 0; i < RC; i++) {
+                    kt[x][i] = in ? *reinterpret_cast<const uint4 *>(a.k_cache + off + 8 * i) : make_uint4(0, 0, 0, 0);
+                    cp_async16(vt + (gq + 8 * x) * TSD + QD * tq + 8 * i, a.v_cache + off + 8 * i, !in);
+                }
+            }
+            cp_async_commit();
+        }
+    };
+    if constexpr (TC)
+        load_tc(p0);
+    else
+        load_round(p0);
     float rc[PER], rs[PER];
     dec_rope_cs<D>(a.inv_freq, pos, lane, rc, rs);
     /* The one-wave shape waits here for its round's K/V (a store that depends on every load; its
      * slot is written again at the end), so that after the wait the q/k/v row's loads do not queue
      * behind them (v43: +0.2 to +0.6% at batch 1). */
-    if constexpr (NPX == 0) {
+    if constexpr (TC) {
+        unsigned sx = 0;
+#pragma unroll
+        for (int x = 0; x < 2; x++)
+#pragma unroll
+            for (int i = 0; i < RC; i++) sx ^= kt[x][i].x;
+        cp_async_wait_all();
+        if (lane == 0) wm[warp][0] = __uint_as_float(sx);
+    } else if constexpr (NPX == 0) {
         unsigned sx = 0;
 #pragma unroll
         for (int p = 0; p < NP; p++) sx ^= kr[p][0].x ^ kr[p][1].x ^ vr[p][0].x ^ vr[p][1].x;
@@ -940,7 +1013,12 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
      * block of its own token computes it, so the bits equal a decode of one token at a time. */
     for (int vi = warp; vi <= G + np; vi += W) {
         if (vi < G) {
-            dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, &qs[vi][0], nullptr, nullptr);
+            if constexpr (TC) /* qs holds the hi parts [GM][D] then the lo parts, bf16 */
+                dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, nullptr, nullptr, nullptr,
+                                 reinterpret_cast<uint16_t *>(qs) + vi * D,
+                                 reinterpret_cast<uint16_t *>(qs) + (GM + vi) * D);
+            else
+                dec_norm_rope<D>(row + (g * G + vi) * D, a.q_norm, rc, rs, a.eps, lane, &qs[vi][0], nullptr, nullptr);
         } else if (vi == G + np) {
             if (own)
                 dec_norm_rope<D>(row + Q + g * D, a.k_norm, rc, rs, a.eps, lane, nullptr, a.k_cache + off_new, kn[np]);
@@ -962,178 +1040,306 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
         vn[i][d] = v;
     }
     __syncthreads();
-
-    float m[GM], l[GM], acc[GM][16];
+    if constexpr (TC) {
+        /* q.k: mma m16n8k16, A = the warp's 16 K rows (row-major: positions x dims), B = the query
+         * heads (n = head, 2 to 8 of the 8 columns live). The dims a k-step takes are a permutation
+         * (the sum does not care): lane (gq, tq)'s A words 2s and 2s + 1 of a row are dims
+         * QD tq + 4s + 0..3, so at k-step s index 2 tq + e is dim QD tq + 4s + e and 2 tq + 8 + e is
+         * QD tq + 4s + 2 + e, which B takes from the same four values of q: B's words are laid out
+         * as A's. q is split into bf16 hi + lo parts (k_attn_prefill's arithmetic: the scores lose no
+         * more than K's rounding), written so by the norm above. */
+        constexpr int KS = D / 16, NO = D / 8;
+        const uint16_t *qhs = reinterpret_cast<const uint16_t *>(qs), *qls = qhs + GM * D;
+        uint4 qhv[RC], qlv[RC];
 #pragma unroll
-    for (int h = 0; h < GM; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 16; e++) acc[h][e] = 0.f;
-    }
-    for (int r0 = p0; r0 < p1; r0 += RP) { /* positions at p1 and past it are masked */
-        if (r0 != p0) load_round(r0);
-        /* This step's positions (this token's and its run's): their K/V from shared memory. */
-#pragma unroll
-        for (int p = 0; p < NP; p++) {
-            const int tok = r0 + p * PP + warp * PW + grp, i = tok - pos0;
-            if (i >= 0 && i <= np && tok < p1) {
-                kr[p][0] = *reinterpret_cast<const uint4 *>(&kn[i][j * 8]);
-                kr[p][1] = *reinterpret_cast<const uint4 *>(&kn[i][(j + LP) * 8]);
-                vr[p][0] = *reinterpret_cast<const uint4 *>(&vn[i][j * 8]);
-                vr[p][1] = *reinterpret_cast<const uint4 *>(&vn[i][(j + LP) * 8]);
+        for (int c = 0; c < RC; c++) {
+            qhv[c] = qlv[c] = make_uint4(0, 0, 0, 0);
+            if (gq < G) {
+                qhv[c] = *reinterpret_cast<const uint4 *>(qhs + gq * D + QD * tq + 8 * c);
+                qlv[c] = *reinterpret_cast<const uint4 *>(qls + gq * D + QD * tq + 8 * c);
             }
         }
-        /* Passes of this round that hold any position < L (the same for the whole block: the
-         * loops below stop there, so short contexts skip the empty passes). */
-        const int npv = min(NP, (p1 - r0 + PP - 1) / PP);
-        /* q.k: each lane's 16 dims, then a sum over the LP lanes of the position. */
-        float s[NP][GM];
+        /* Lane (gq, tq)'s scores: positions gq and gq + 8 of the warp's 16 for heads 2 tq and
+         * 2 tq + 1 (the mma's C layout); its running maxima and partial sums of exponentials are
+         * for those heads. Its output accumulators o: head gq (rows gq + 8 stay zero), dims
+         * 8 n + 2 tq, + 1. */
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, o[NO][4];
+        const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 units (exp2f), as k_attn_prefill */
 #pragma unroll
+        for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+        for (int r0 = p0; r0 < p1; r0 += RT) { /* positions at p1 and past it are masked */
+            if (r0 + 16 * warp >= p1) break;   /* none of this warp's positions left */
+            if (r0 != p0) {
+                __syncwarp(); /* the last round's tile is read */
+                load_tc(r0);
+                cp_async_wait_all();
+            }
+            /* This step's positions (this token's and its run's): K and V from shared memory. */
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const int tok = r0 + 16 * warp + gq + 8 * x, i = tok - pos0;
+                if (i >= 0 && i <= np && tok < p1)
+#pragma unroll
+                    for (int c = 0; c < RC; c++) {
+                        kt[x][c] = *reinterpret_cast<const uint4 *>(&kn[i][QD * tq + 8 * c]);
+                        *reinterpret_cast<uint4 *>(vt + (gq + 8 * x) * TSD + QD * tq + 8 * c) =
+                            *reinterpret_cast<const uint4 *>(&vn[i][QD * tq + 8 * c]);
+                    }
+            }
+            __syncwarp(); /* the tile's rows are in (ldmatrix reads other lanes' chunks) */
+            /* Four independent accumulators (hi and lo parts, even and odd k-steps): shorter
+             * chains of dependent products. */
+            float sc[4][4] = {};
+#pragma unroll
+            for (int s2 = 0; s2 < KS; s2++) {
+                const int w0 = 2 * (s2 & 1);
+                const unsigned af[4] = {u4_word(kt[0][s2 / 2], w0), u4_word(kt[1][s2 / 2], w0),
+                                        u4_word(kt[0][s2 / 2], w0 + 1), u4_word(kt[1][s2 / 2], w0 + 1)};
+                mma_bf16(sc[s2 & 1], af, u4_word(qhv[s2 / 2], w0), u4_word(qhv[s2 / 2], w0 + 1));
+                mma_bf16(sc[2 + (s2 & 1)], af, u4_word(qlv[s2 / 2], w0), u4_word(qlv[s2 / 2], w0 + 1));
+            }
+            const int pa = r0 + 16 * warp + gq, pb = pa + 8;
+            float s0 = (sc[0][0] + sc[1][0]) + (sc[2][0] + sc[3][0]);
+            float s1 = (sc[0][1] + sc[1][1]) + (sc[2][1] + sc[3][1]);
+            float s2v = (sc[0][2] + sc[1][2]) + (sc[2][2] + sc[3][2]);
+            float s3 = (sc[0][3] + sc[1][3]) + (sc[2][3] + sc[3][3]);
+            s0 = pa < p1 ? s0 * sl2 : -INFINITY;
+            s1 = pa < p1 ? s1 * sl2 : -INFINITY;
+            s2v = pb < p1 ? s2v * sl2 : -INFINITY;
+            s3 = pb < p1 ? s3 * sl2 : -INFINITY;
+            float x0 = fmaxf(s0, s2v), x1 = fmaxf(s1, s3);
+#pragma unroll
+            for (int o2 = 4; o2 < 32; o2 <<= 1) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o2));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o2));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float z0 = n0 == -INFINITY ? 0.f : n0, z1 = n1 == -INFINITY ? 0.f : n1; /* as v7 */
+            const float al0 = exp2f(m0 - z0), al1 = exp2f(m1 - z1);
+            m0 = n0, m1 = n1;
+            const float pr0 = exp2f(s0 - z0), pr1 = exp2f(s1 - z1), pr2 = exp2f(s2v - z0), pr3 = exp2f(s3 - z1);
+            l0 = fmaf(l0, al0, pr0 + pr2);
+            l1 = fmaf(l1, al1, pr1 + pr3);
+            /* Head gq's factor from lane gq / 2 (tq' = gq / 2, component gq % 2), and P's A fragment
+             * (row gq: positions 2 tq, 2 tq + 1 and those + 8) from lanes 8 tq + gq / 2 and
+             * 8 tq + 4 + gq / 2, rounded to bf16 (as k_attn_prefill's P). */
+            const bool odd = gq & 1;
+            if (r0 != p0) {
+                const float f0 = __shfl_sync(0xffffffffu, al0, gq >> 1), f1 = __shfl_sync(0xffffffffu, al1, gq >> 1);
+                const float f = odd ? f1 : f0;
+#pragma unroll
+                for (int n = 0; n < NO; n++) o[n][0] *= f, o[n][1] *= f;
+            }
+            const int sa = 8 * tq + (gq >> 1), sb = sa + 4;
+            const float a00 = __shfl_sync(0xffffffffu, pr0, sa), a01 = __shfl_sync(0xffffffffu, pr1, sa);
+            const float b00 = __shfl_sync(0xffffffffu, pr0, sb), b01 = __shfl_sync(0xffffffffu, pr1, sb);
+            const float a20 = __shfl_sync(0xffffffffu, pr2, sa), a21 = __shfl_sync(0xffffffffu, pr3, sa);
+            const float b20 = __shfl_sync(0xffffffffu, pr2, sb), b21 = __shfl_sync(0xffffffffu, pr3, sb);
+            const unsigned pf[4] = {pack_bf2(odd ? a01 : a00, odd ? b01 : b00), 0u,
+                                    pack_bf2(odd ? a21 : a20, odd ? b21 : b20), 0u};
+            /* O += P V: the tile's rows are positions, so the transposing ldmatrix gives B. */
+#pragma unroll
+            for (int n = 0; n < NO; n += 2) {
+                unsigned b[4];
+                const int mi = lane >> 3;
+                ldsm_x4_t(b, vt + ((mi & 1) * 8 + (lane & 7)) * TSD + (n + (mi >> 1)) * 8);
+                mma_bf16(o[n], pf, b[0], b[1]);
+                mma_bf16(o[n + 1], pf, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+        }
+        __syncthreads(); /* every warp's tile is read: wacc takes their place */
+        if (gq < G)
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+                *reinterpret_cast<float2 *>(&wacc[warp][gq][8 * n + 2 * tq]) = make_float2(o[n][0], o[n][1]);
+        if (gq == 0) { /* the maxima back in natural units, as the merge takes them */
+            constexpr float LN2 = 0.6931471805599453f;
+            if (2 * tq < G) wm[warp][2 * tq] = m0 * LN2, wl[warp][2 * tq] = l0;
+            if (2 * tq + 1 < G) wm[warp][2 * tq + 1] = m1 * LN2, wl[warp][2 * tq + 1] = l1;
+        }
+        __syncthreads();
+        if (nused == 1)
+            attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
+        else
+            attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
+    } else {
+        float m[GM], l[GM], acc[GM][16];
+    #pragma unroll
         for (int h = 0; h < GM; h++) {
-            if (h >= G) break;
-            const float4 qa0 = *reinterpret_cast<const float4 *>(&qs[h][j * 4]);
-            const float4 qb0 = *reinterpret_cast<const float4 *>(&qs[h][D / 2 + j * 4]);
-            const float4 qa1 = *reinterpret_cast<const float4 *>(&qs[h][(j + LP) * 4]);
-            const float4 qb1 = *reinterpret_cast<const float4 *>(&qs[h][D / 2 + (j + LP) * 4]);
-#pragma unroll
-            for (int p = 0; p < NP; p++) {
-                if (p >= npv) break;
-                const uint4 k0 = kr[p][0], k1 = kr[p][1];
-                float x = qa0.x * bf_lo(k0.x);
-                float y = qa1.x * bf_lo(k1.x);
-                x = fmaf(qa0.y, bf_hi(k0.x), x);
-                y = fmaf(qa1.y, bf_hi(k1.x), y);
-                x = fmaf(qa0.z, bf_lo(k0.y), x);
-                y = fmaf(qa1.z, bf_lo(k1.y), y);
-                x = fmaf(qa0.w, bf_hi(k0.y), x);
-                y = fmaf(qa1.w, bf_hi(k1.y), y);
-                x = fmaf(qb0.x, bf_lo(k0.z), x);
-                y = fmaf(qb1.x, bf_lo(k1.z), y);
-                x = fmaf(qb0.y, bf_hi(k0.z), x);
-                y = fmaf(qb1.y, bf_hi(k1.z), y);
-                x = fmaf(qb0.z, bf_lo(k0.w), x);
-                y = fmaf(qb1.z, bf_lo(k1.w), y);
-                x = fmaf(qb0.w, bf_hi(k0.w), x);
-                y = fmaf(qb1.w, bf_hi(k1.w), y);
-                s[p][h] = x + y;
-            }
+            m[h] = -INFINITY;
+            l[h] = 0.f;
+    #pragma unroll
+            for (int e = 0; e < 16; e++) acc[h][e] = 0.f;
         }
-#pragma unroll
-        for (int o = 1; o < LP; o <<= 1)
-#pragma unroll
+        for (int r0 = p0; r0 < p1; r0 += RP) { /* positions at p1 and past it are masked */
+            if (r0 != p0) load_round(r0);
+            /* This step's positions (this token's and its run's): their K/V from shared memory. */
+    #pragma unroll
             for (int p = 0; p < NP; p++) {
-                if (p >= npv) break;
-#pragma unroll
-                for (int h = 0; h < GM; h++)
-                    if (h < G) s[p][h] += __shfl_xor_sync(0xffffffffu, s[p][h], o);
+                const int tok = r0 + p * PP + warp * PW + grp, i = tok - pos0;
+                if (i >= 0 && i <= np && tok < p1) {
+                    kr[p][0] = *reinterpret_cast<const uint4 *>(&kn[i][j * 8]);
+                    kr[p][1] = *reinterpret_cast<const uint4 *>(&kn[i][(j + LP) * 8]);
+                    vr[p][0] = *reinterpret_cast<const uint4 *>(&vn[i][j * 8]);
+                    vr[p][1] = *reinterpret_cast<const uint4 *>(&vn[i][(j + LP) * 8]);
+                }
             }
-        /* Online softmax per warp (the max is warp-wide; l is per position group until the end). */
-#pragma unroll
-        for (int h = 0; h < GM; h++) {
-            if (h >= G) break;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int p = 0; p < NP; p++) {
-                if (p >= npv) break;
-                const int tok = r0 + p * PP + warp * PW + grp;
-                s[p][h] = tok < p1 ? s[p][h] * a.scale : -INFINITY;
-                mx = fmaxf(mx, s[p][h]);
-            }
-#pragma unroll
-            for (int o = LP; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float mn = fmaxf(m[h], mx);
-            const float mr = mn == -INFINITY ? 0.f : mn; /* no position yet: keep everything 0 */
-            const float alpha = expf(m[h] - mr);
-            m[h] = mn;
-            l[h] *= alpha;
-#pragma unroll
-            for (int e = 0; e < 16; e++) acc[h][e] *= alpha;
-#pragma unroll
-            for (int p = 0; p < NP; p++) {
-                if (p >= npv) break;
-                const float pr = expf(s[p][h] - mr);
-                l[h] += pr;
-                const uint4 v0 = vr[p][0], v1 = vr[p][1];
-                acc[h][0] = fmaf(pr, bf_lo(v0.x), acc[h][0]);
-                acc[h][1] = fmaf(pr, bf_hi(v0.x), acc[h][1]);
-                acc[h][2] = fmaf(pr, bf_lo(v0.y), acc[h][2]);
-                acc[h][3] = fmaf(pr, bf_hi(v0.y), acc[h][3]);
-                acc[h][4] = fmaf(pr, bf_lo(v0.z), acc[h][4]);
-                acc[h][5] = fmaf(pr, bf_hi(v0.z), acc[h][5]);
-                acc[h][6] = fmaf(pr, bf_lo(v0.w), acc[h][6]);
-                acc[h][7] = fmaf(pr, bf_hi(v0.w), acc[h][7]);
-                acc[h][8] = fmaf(pr, bf_lo(v1.x), acc[h][8]);
-                acc[h][9] = fmaf(pr, bf_hi(v1.x), acc[h][9]);
-                acc[h][10] = fmaf(pr, bf_lo(v1.y), acc[h][10]);
-                acc[h][11] = fmaf(pr, bf_hi(v1.y), acc[h][11]);
-                acc[h][12] = fmaf(pr, bf_lo(v1.z), acc[h][12]);
-                acc[h][13] = fmaf(pr, bf_hi(v1.z), acc[h][13]);
-                acc[h][14] = fmaf(pr, bf_lo(v1.w), acc[h][14]);
-                acc[h][15] = fmaf(pr, bf_hi(v1.w), acc[h][15]);
-            }
-        }
-    }
-    /* Sum the warp's NG position groups (they share the warp's max), halving (tr_halve: 2 (NG - 1)
-     * GM 16 / NG shuffles, against 16 GM log2(NG) summing all in every lane; the same bits, v43):
-     * lane keeps NK of the NV = 16 GM sums, the flat index h * 16 + e from base, and stores them. */
-    constexpr int NG = 32 / LP, NV = GM * 16, NK = NV / (NG > 0 ? NG : 1);
-    if constexpr (NG >= 2 && NV % NG == 0 && NK % 4 == 0) {
-        float v[NV];
-#pragma unroll
-        for (int h = 0; h < GM; h++)
-#pragma unroll
-            for (int e = 0; e < 16; e++) v[h * 16 + e] = acc[h][e];
-        tr_halve<NV, LP, 32>(v, lane);
-        int base = 0;
-#pragma unroll
-        for (int o = LP, n = NV; o < 32; o <<= 1, n >>= 1) base += (lane & o) ? n / 2 : 0;
-#pragma unroll
-        for (int o = LP; o < 32; o <<= 1)
-#pragma unroll
-            for (int h = 0; h < GM; h++) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
-#pragma unroll
-        for (int k4 = 0; k4 < NK; k4 += 4) {
-            const int f = base + k4, h = f >> 4, e = f & 15;
-            const int d = e < 8 ? j * 8 + e : (j + LP) * 8 + e - 8;
-            if (h < G)
-                *reinterpret_cast<float4 *>(&wacc[warp][h][d]) = make_float4(v[k4], v[k4 + 1], v[k4 + 2], v[k4 + 3]);
-        }
-        if (lane == 0)
-#pragma unroll
-            for (int h = 0; h < GM; h++)
-                if (h < G) wm[warp][h] = m[h], wl[warp][h] = l[h];
-    } else { /* every lane sums all, the first group stores */
-#pragma unroll
-        for (int o = LP; o < 32; o <<= 1)
-#pragma unroll
+            /* Passes of this round that hold any position < L (the same for the whole block: the
+             * loops below stop there, so short contexts skip the empty passes). */
+            const int npv = min(NP, (p1 - r0 + PP - 1) / PP);
+            /* q.k: each lane's 16 dims, then a sum over the LP lanes of the position. */
+            float s[NP][GM];
+    #pragma unroll
             for (int h = 0; h < GM; h++) {
                 if (h >= G) break;
-                l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
-#pragma unroll
-                for (int e = 0; e < 16; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+                const float4 qa0 = *reinterpret_cast<const float4 *>(&qs[h][j * 4]);
+                const float4 qb0 = *reinterpret_cast<const float4 *>(&qs[h][D / 2 + j * 4]);
+                const float4 qa1 = *reinterpret_cast<const float4 *>(&qs[h][(j + LP) * 4]);
+                const float4 qb1 = *reinterpret_cast<const float4 *>(&qs[h][D / 2 + (j + LP) * 4]);
+    #pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    if (p >= npv) break;
+                    const uint4 k0 = kr[p][0], k1 = kr[p][1];
+                    float x = qa0.x * bf_lo(k0.x);
+                    float y = qa1.x * bf_lo(k1.x);
+                    x = fmaf(qa0.y, bf_hi(k0.x), x);
+                    y = fmaf(qa1.y, bf_hi(k1.x), y);
+                    x = fmaf(qa0.z, bf_lo(k0.y), x);
+                    y = fmaf(qa1.z, bf_lo(k1.y), y);
+                    x = fmaf(qa0.w, bf_hi(k0.y), x);
+                    y = fmaf(qa1.w, bf_hi(k1.y), y);
+                    x = fmaf(qb0.x, bf_lo(k0.z), x);
+                    y = fmaf(qb1.x, bf_lo(k1.z), y);
+                    x = fmaf(qb0.y, bf_hi(k0.z), x);
+                    y = fmaf(qb1.y, bf_hi(k1.z), y);
+                    x = fmaf(qb0.z, bf_lo(k0.w), x);
+                    y = fmaf(qb1.z, bf_lo(k1.w), y);
+                    x = fmaf(qb0.w, bf_hi(k0.w), x);
+                    y = fmaf(qb1.w, bf_hi(k1.w), y);
+                    s[p][h] = x + y;
+                }
             }
-        if (grp == 0) {
-#pragma unroll
+    #pragma unroll
+            for (int o = 1; o < LP; o <<= 1)
+    #pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    if (p >= npv) break;
+    #pragma unroll
+                    for (int h = 0; h < GM; h++)
+                        if (h < G) s[p][h] += __shfl_xor_sync(0xffffffffu, s[p][h], o);
+                }
+            /* Online softmax per warp (the max is warp-wide; l is per position group until the end). */
+    #pragma unroll
             for (int h = 0; h < GM; h++) {
                 if (h >= G) break;
-                *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8]) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-                *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8 + 4]) = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
-                *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8]) = make_float4(acc[h][8], acc[h][9], acc[h][10], acc[h][11]);
-                *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8 + 4]) = make_float4(acc[h][12], acc[h][13], acc[h][14], acc[h][15]);
-                if (j == 0) {
-                    wm[warp][h] = m[h];
-                    wl[warp][h] = l[h];
+                float mx = -INFINITY;
+    #pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    if (p >= npv) break;
+                    const int tok = r0 + p * PP + warp * PW + grp;
+                    s[p][h] = tok < p1 ? s[p][h] * a.scale : -INFINITY;
+                    mx = fmaxf(mx, s[p][h]);
+                }
+    #pragma unroll
+                for (int o = LP; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float mn = fmaxf(m[h], mx);
+                const float mr = mn == -INFINITY ? 0.f : mn; /* no position yet: keep everything 0 */
+                const float alpha = expf(m[h] - mr);
+                m[h] = mn;
+                l[h] *= alpha;
+    #pragma unroll
+                for (int e = 0; e < 16; e++) acc[h][e] *= alpha;
+    #pragma unroll
+                for (int p = 0; p < NP; p++) {
+                    if (p >= npv) break;
+                    const float pr = expf(s[p][h] - mr);
+                    l[h] += pr;
+                    const uint4 v0 = vr[p][0], v1 = vr[p][1];
+                    acc[h][0] = fmaf(pr, bf_lo(v0.x), acc[h][0]);
+                    acc[h][1] = fmaf(pr, bf_hi(v0.x), acc[h][1]);
+                    acc[h][2] = fmaf(pr, bf_lo(v0.y), acc[h][2]);
+                    acc[h][3] = fmaf(pr, bf_hi(v0.y), acc[h][3]);
+                    acc[h][4] = fmaf(pr, bf_lo(v0.z), acc[h][4]);
+                    acc[h][5] = fmaf(pr, bf_hi(v0.z), acc[h][5]);
+                    acc[h][6] = fmaf(pr, bf_lo(v0.w), acc[h][6]);
+                    acc[h][7] = fmaf(pr, bf_hi(v0.w), acc[h][7]);
+                    acc[h][8] = fmaf(pr, bf_lo(v1.x), acc[h][8]);
+                    acc[h][9] = fmaf(pr, bf_hi(v1.x), acc[h][9]);
+                    acc[h][10] = fmaf(pr, bf_lo(v1.y), acc[h][10]);
+                    acc[h][11] = fmaf(pr, bf_hi(v1.y), acc[h][11]);
+                    acc[h][12] = fmaf(pr, bf_lo(v1.z), acc[h][12]);
+                    acc[h][13] = fmaf(pr, bf_hi(v1.z), acc[h][13]);
+                    acc[h][14] = fmaf(pr, bf_lo(v1.w), acc[h][14]);
+                    acc[h][15] = fmaf(pr, bf_hi(v1.w), acc[h][15]);
                 }
             }
         }
+        /* Sum the warp's NG position groups (they share the warp's max), halving (tr_halve: 2 (NG - 1)
+         * GM 16 / NG shuffles, against 16 GM log2(NG) summing all in every lane; the same bits, v43):
+         * lane keeps NK of the NV = 16 GM sums, the flat index h * 16 + e from base, and stores them. */
+        constexpr int NG = 32 / LP, NV = GM * 16, NK = NV / (NG > 0 ? NG : 1);
+        if constexpr (NG >= 2 && NV % NG == 0 && NK % 4 == 0) {
+            float v[NV];
+    #pragma unroll
+            for (int h = 0; h < GM; h++)
+    #pragma unroll
+                for (int e = 0; e < 16; e++) v[h * 16 + e] = acc[h][e];
+            tr_halve<NV, LP, 32>(v, lane);
+            int base = 0;
+    #pragma unroll
+            for (int o = LP, n = NV; o < 32; o <<= 1, n >>= 1) base += (lane & o) ? n / 2 : 0;
+    #pragma unroll
+            for (int o = LP; o < 32; o <<= 1)
+    #pragma unroll
+                for (int h = 0; h < GM; h++) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+    #pragma unroll
+            for (int k4 = 0; k4 < NK; k4 += 4) {
+                const int f = base + k4, h = f >> 4, e = f & 15;
+                const int d = e < 8 ? j * 8 + e : (j + LP) * 8 + e - 8;
+                if (h < G)
+                    *reinterpret_cast<float4 *>(&wacc[warp][h][d]) = make_float4(v[k4], v[k4 + 1], v[k4 + 2], v[k4 + 3]);
+            }
+            if (lane == 0)
+    #pragma unroll
+                for (int h = 0; h < GM; h++)
+                    if (h < G) wm[warp][h] = m[h], wl[warp][h] = l[h];
+        } else { /* every lane sums all, the first group stores */
+    #pragma unroll
+            for (int o = LP; o < 32; o <<= 1)
+    #pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    if (h >= G) break;
+                    l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+    #pragma unroll
+                    for (int e = 0; e < 16; e++) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+                }
+            if (grp == 0) {
+    #pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    if (h >= G) break;
+                    *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8]) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+                    *reinterpret_cast<float4 *>(&wacc[warp][h][j * 8 + 4]) = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+                    *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8]) = make_float4(acc[h][8], acc[h][9], acc[h][10], acc[h][11]);
+                    *reinterpret_cast<float4 *>(&wacc[warp][h][(j + LP) * 8 + 4]) = make_float4(acc[h][12], acc[h][13], acc[h][14], acc[h][15]);
+                    if (j == 0) {
+                        wm[warp][h] = m[h];
+                        wl[warp][h] = l[h];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (nused == 1) {
+            attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
+            return;
+        }
+        attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
     }
-    __syncthreads();
-    if (nused == 1) {
-        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
-        return;
-    }
-    attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
 }
 
 } // namespace
@@ -1172,11 +1378,22 @@ static bool one_wave(const lm_cuda_ctx *c, const void *fn, int threads, const lm
     return (long)a.n_kv_heads * n <= (long)lm_cuda_occupancy(fn, threads, 0) * c->sm_count;
 }
 
+using dec_kernel = void (*)(const lm_cuda_attn);
+
 /* True when a fused launch of n tokens runs k_attn_dec (the 8-warp decode kernel). */
+/* The 8-warp kernel a launch runs: its tensor-core rounds where the context allows them (attn_tc),
+ * the shape has them and the output is bf16 (P's bf16 rounding stays under the output's). */
+template <int D, int GM>
+static dec_kernel dec_one_wave(const lm_cuda_ctx *c, const lm_cuda_attn &a) {
+    if constexpr (dec_tc_ok<D, GM>())
+        if (c->attn_tc && a.out_bf16) return k_attn_dec<D, GM, DEC_WARPS, 0, true>;
+    return k_attn_dec<D, GM, DEC_WARPS, 0>;
+}
+
 template <int D, int GM>
 static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     if constexpr (GM * D <= 1024)
-        return c->attn_dec && one_wave(c, (const void *)k_attn_dec<D, GM, DEC_WARPS, 0>, DEC_THREADS, a, n);
+        return c->attn_dec && one_wave(c, (const void *)dec_one_wave<D, GM>(c, a), DEC_THREADS, a, n);
     else
         return false;
 }
@@ -1187,7 +1404,6 @@ static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
  * wave (ctx attn_batch on, groups of up to 4 query heads); larger launches keep k_attention,
  * whose lighter blocks fit more at once. Returns the kernel, or NULL for k_attention. */
 constexpr int DEC_BATCH_W = 4, DEC_BATCH_NP = 2;
-using dec_kernel = void (*)(const lm_cuda_attn);
 template <int D, int GM>
 static dec_kernel batch_dec(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
     if constexpr (GM <= 4 && GM * D <= 1024) { /* acc: 16 GM registers a lane */
@@ -1218,7 +1434,7 @@ static cudaError_t launch_attention_g(const lm_cuda_ctx *c, const lm_cuda_attn &
     /* Decode launches that fit the GPU in one wave: the 8-warp kernel (v7). */
     if constexpr (GM * D <= 1024)
         if (fused) {
-            auto fn = k_attn_dec<D, GM, DEC_WARPS, 0>;
+            const dec_kernel fn = dec_one_wave<D, GM>(c, a);
             if (dec_fits_g<D, GM>(c, a, n)) {
                 if (a.n_splits <= 1 || !a.split_part || !a.split_count)
                     return lm_launch(c, grid, dim3(DEC_THREADS), 0, fn, a);

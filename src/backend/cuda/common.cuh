@@ -37,6 +37,8 @@ struct lm_cuda_ctx {
     unsigned long long *trace; /* GEMV timeline buffer (lm_cuda_ctx_trace) or NULL */
     bool attn_dec;       /* small decode launches use the 8-warp attention kernel (attention.cu) */
     bool attn_batch;     /* batched decode launches of one wave use the decode kernel (attention.cu batch_dec) */
+    bool attn_tc;        /* the 8-warp decode kernel's rounds on the tensor cores where the output is
+                            bf16 (attention.cu dec_one_wave) */
     int gemm_tc_rows;    /* lm_cuda_gemm: k_gemm_tc up to this many rows (gemm.cu; 0: cuBLAS) */
     int gemm_tc_splits;  /* its splits (0: lm_cuda_gemm_tc_splits' plan), for benchmarks */
     bool gemm_wgmma;     /* k_gemm_tc's products on wgmma where the device code has it (gemm.cu) */

@@ -112,6 +112,13 @@ long lm_cuda_ctx_gemv_dealt(const struct lm_cuda_ctx *c);
  * k_attention, as for larger launches; a run of one sequence's tokens needs it). The setter
  * overrides the variable: `lumen cudabench --micro` and `--variants` set it per row. */
 void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on);
+/* The 8-warp decode attention's rounds on the tensor cores (perf-notes v44): a warp's 16 positions
+ * a round as mma.sync m16n8k16 products, q.k with q split into bf16 hi + lo parts and p.V with the
+ * probabilities rounded to bf16 (k_attn_prefill's arithmetic), for head sizes 32, 64 and 128 and
+ * groups of up to 8 query heads, where the output is bf16 (lm_cuda_attn.out_bf16; float32 outputs
+ * keep the float32 rounds). On by default; LM_CUDA_ATTN_TC=0 turns it off for A/B runs. Set it
+ * before a model captures its step graphs. */
+void lm_cuda_ctx_set_attn_tc(struct lm_cuda_ctx *c, bool on);
 /* Batched decode's attention: fused launches past one wave of the 8-warp kernel (with or without
  * a work list) whose tokens fit one wave of the decode kernel's 4-warp shape run that shape (on,
  * perf-notes v21); off, or for larger launches, k_attention (v6). Default on; LM_CUDA_ATTN_BATCH=0

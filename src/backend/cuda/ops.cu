@@ -161,6 +161,7 @@ extern "C" lm_status lm_cuda_ctx_create(const struct lm_cuda_ctx_params *params,
     c->smem_optin = info.smem_optin;
     c->attn_dec = p.attn_dec && lm_env_flag("LM_CUDA_ATTN_DEC", true);
     c->attn_batch = lm_env_flag("LM_CUDA_ATTN_BATCH", true);
+    c->attn_tc = lm_env_flag("LM_CUDA_ATTN_TC", true);
     c->gemm_tc_rows = lm_cuda_gemm_tc_default_rows();
     c->gemm_tc_splits = (int)lm_env_int("LM_CUDA_GEMM_TC_SPLITS", 0, 0, 8);
     c->gemm_wgmma = lm_env_flag("LM_CUDA_GEMM_WGMMA", true);
@@ -216,6 +217,7 @@ extern "C" void lm_cuda_ctx_set_gemv_dyn_rows(struct lm_cuda_ctx *c, int rows) {
 extern "C" int lm_cuda_ctx_gemv_dyn_rows(const struct lm_cuda_ctx *c) { return c->gemv_dyn_rows; }
 extern "C" long lm_cuda_ctx_gemv_dealt(const struct lm_cuda_ctx *c) { return c->gemv_dealt; }
 extern "C" void lm_cuda_ctx_set_attn_dec(struct lm_cuda_ctx *c, bool on) { c->attn_dec = on; }
+extern "C" void lm_cuda_ctx_set_attn_tc(struct lm_cuda_ctx *c, bool on) { c->attn_tc = on; }
 extern "C" void lm_cuda_ctx_set_attn_batch(struct lm_cuda_ctx *c, bool on) { c->attn_batch = on; }
 extern "C" bool lm_cuda_ctx_attn_batch(const struct lm_cuda_ctx *c) { return c->attn_batch; }
 extern "C" void lm_cuda_ctx_set_gemm_tc(struct lm_cuda_ctx *c, int rows, int splits) {
