@@ -1380,7 +1380,6 @@ static bool one_wave(const lm_cuda_ctx *c, const void *fn, int threads, const lm
 
 using dec_kernel = void (*)(const lm_cuda_attn);
 
-/* True when a fused launch of n tokens runs k_attn_dec (the 8-warp decode kernel). */
 /* The 8-warp kernel a launch runs: its tensor-core rounds where the context allows them (attn_tc),
  * the shape has them and the output is bf16 (P's bf16 rounding stays under the output's). */
 template <int D, int GM>
@@ -1390,12 +1389,21 @@ static dec_kernel dec_one_wave(const lm_cuda_ctx *c, const lm_cuda_attn &a) {
     return k_attn_dec<D, GM, DEC_WARPS, 0>;
 }
 
+/* True when a fused launch of n tokens runs k_attn_dec (the 8-warp decode kernel): n tokens' blocks
+ * fit one wave of both forms the context could launch, so that the answer does not depend on
+ * out_bf16 (the host plans work lists and runs by it before it knows the output's type). */
 template <int D, int GM>
 static bool dec_fits_g(const lm_cuda_ctx *c, const lm_cuda_attn &a, int n) {
-    if constexpr (GM * D <= 1024)
-        return c->attn_dec && one_wave(c, (const void *)dec_one_wave<D, GM>(c, a), DEC_THREADS, a, n);
-    else
+    if constexpr (GM * D <= 1024) {
+        if (!c->attn_dec || !one_wave(c, (const void *)k_attn_dec<D, GM, DEC_WARPS, 0>, DEC_THREADS, a, n))
+            return false;
+        if constexpr (dec_tc_ok<D, GM>())
+            if (c->attn_tc && !one_wave(c, (const void *)k_attn_dec<D, GM, DEC_WARPS, 0, true>, DEC_THREADS, a, n))
+                return false;
+        return true;
+    } else {
         return false;
+    }
 }
 
 /* Batched decode on the decode kernel (v21): a fused launch of n tokens past one wave of the
