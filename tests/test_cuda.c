@@ -1293,6 +1293,11 @@ static int g_attn_dec = 1; /* which decode kernel test_attention_case runs (lm_c
  * by (sequence, position), which mode 0's must equal: a token's bits do not depend on its tile). */
 static int g_shuffle = 1, g_flash_min = 4, g_case = 0;
 static uint16_t *g_flash_bits[8];
+/* Mode 1's decode (phase 1) bf16 outputs and their token count, by case: mode 3 (the same inputs,
+ * the 8-warp kernel's float32 rounds) must differ from them where mode 1 took the tensor-core
+ * rounds (D 32, 64, 128 in one wave) and equal them elsewhere (the same kernel). */
+static uint16_t *g_dec_bits[8];
+static int g_dec_n[8];
 
 struct attn_case {
     int D, n_heads, n_kv, block_size;
@@ -1517,6 +1522,22 @@ static void test_attention_case(const struct attn_case *ac) {
                           "between tiles of one token and tiles in sequence order (%d tiles, %d others)",
                           D, NH, NKV, differ, n_tiles, n_rest);
                 }
+                if (phase == 1 && g_attn_dec == 1) {
+                    free(g_dec_bits[g_case]);
+                    g_dec_bits[g_case] = malloc(2 * (size_t)n * Q);
+                    memcpy(g_dec_bits[g_case], ob, 2 * (size_t)n * Q);
+                    g_dec_n[g_case] = n;
+                } else if (phase == 1 && g_attn_dec == 3) {
+                    const bool tc = (D == 32 || D == 64 || D == 128) && lm_cuda_attn_dec_fits(g_ctx, &a, n);
+                    int differ = 0;
+                    CHECK(g_dec_bits[g_case] && g_dec_n[g_case] == n, "attention D=%d: mode 3 decodes %d tokens, "
+                          "mode 1 %d", D, n, g_dec_n[g_case]);
+                    for (int t = 0; t < n && g_dec_bits[g_case] && g_dec_n[g_case] == n; t++)
+                        differ += memcmp(g_dec_bits[g_case] + (size_t)t * Q, ob + (size_t)t * Q, 2 * (size_t)Q) != 0;
+                    CHECK(tc ? differ > 0 : differ == 0, "attention D=%d heads %d/%d: %d of %d decode tokens' bf16 "
+                          "outputs differ between the tensor-core and the float32 rounds (%s expected)", D, NH, NKV,
+                          differ, n, tc ? "some" : "none: one kernel");
+                }
                 free(ob);
             } else {
                 lm_cuda_download(out, dout, sizeof(float) * n * Q);
@@ -1577,10 +1598,10 @@ static void test_attention(void) {
         lm_cuda_ctx_set_attn_tc(g_ctx, dec != 3);
         lm_cuda_ctx_set_attn_batch(g_ctx, dec >= 5);
         g_attn_dec = dec;
-        /* Prefill: tiles of one token and up in sequence order (1), of one token (0, 5: shuffled),
+        /* Prefill: tiles of one token and up in sequence order (1, 3), of one token (0, 5: shuffled),
          * in sequence order with smaller tiles on k_attention (2), all on k_attention (4, 6). */
         g_shuffle = dec == 0 || dec >= 4;
-        g_flash_min = dec <= 1 ? 1 : 4;
+        g_flash_min = dec <= 1 || dec == 3 ? 1 : 4;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             g_case = (int)i;
             test_attention_case(&cases[i]);
@@ -1590,7 +1611,7 @@ static void test_attention(void) {
     lm_cuda_ctx_set_attn_dec(g_ctx, true);
     lm_cuda_ctx_set_attn_tc(g_ctx, true);
     lm_cuda_ctx_set_attn_batch(g_ctx, batch0);
-    for (int i = 0; i < 8; i++) free(g_flash_bits[i]), g_flash_bits[i] = NULL;
+    for (int i = 0; i < 8; i++) free(g_flash_bits[i]), g_flash_bits[i] = NULL, free(g_dec_bits[i]), g_dec_bits[i] = NULL;
 }
 
 /* The batched decode planner (lm_cuda_attn_plan_work) on random steps: every context tiled by its

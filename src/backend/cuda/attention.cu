@@ -990,18 +990,18 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
     /* The one-wave shape waits here for its round's K/V (a store that depends on every load; its
      * slot is written again at the end), so that after the wait the q/k/v row's loads do not queue
      * behind them (v43: +0.2 to +0.6% at batch 1). */
-    if constexpr (TC) {
+    if constexpr (NPX == 0) {
         unsigned sx = 0;
+        if constexpr (TC) { /* V's copies waited for, K's loads in the store */
 #pragma unroll
-        for (int x = 0; x < 2; x++)
+            for (int x = 0; x < 2; x++)
 #pragma unroll
-            for (int i = 0; i < RC; i++) sx ^= kt[x][i].x;
-        cp_async_wait_all();
-        if (lane == 0) wm[warp][0] = __uint_as_float(sx);
-    } else if constexpr (NPX == 0) {
-        unsigned sx = 0;
+                for (int i = 0; i < RC; i++) sx ^= kt[x][i].x;
+            cp_async_wait_all();
+        } else {
 #pragma unroll
-        for (int p = 0; p < NP; p++) sx ^= kr[p][0].x ^ kr[p][1].x ^ vr[p][0].x ^ vr[p][1].x;
+            for (int p = 0; p < NP; p++) sx ^= kr[p][0].x ^ kr[p][1].x ^ vr[p][0].x ^ vr[p][1].x;
+        }
         if (lane == 0) wm[warp][0] = __uint_as_float(sx);
     }
 
@@ -1162,11 +1162,6 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
             if (2 * tq < G) wm[warp][2 * tq] = m0 * LN2, wl[warp][2 * tq] = l0;
             if (2 * tq + 1 < G) wm[warp][2 * tq + 1] = m1 * LN2, wl[warp][2 * tq + 1] = l1;
         }
-        __syncthreads();
-        if (nused == 1)
-            attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
-        else
-            attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
     } else {
         float m[GM], l[GM], acc[GM][16];
     #pragma unroll
@@ -1333,13 +1328,12 @@ __global__ void __launch_bounds__(W * 32, NPX == 0 ? 1 : W * NPX * GM <= 16 ? 4 
                 }
             }
         }
-        __syncthreads();
-        if (nused == 1) {
-            attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
-            return;
-        }
-        attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
     }
+    __syncthreads(); /* every warp's (max, sum, weighted V sum) written */
+    if (nused == 1)
+        attn_merge_warps(a, wm, wl, wacc, t, g, G, Q, NT);
+    else
+        attn_split_merge(a, wm, wl, wacc, t, slot, g, G, Q, z, nz, nused, NT);
 }
 
 } // namespace
